@@ -1,0 +1,278 @@
+//! Example cases with explicit clocks, then properties over random histories.
+
+use super::*;
+use proptest::prelude::*;
+
+const T0: i64 = 1_700_000_000_000_000;
+
+fn params(rate_per_sec: f64, burst: f64) -> Params {
+    Params::new(rate_per_sec, burst).expect("valid params")
+}
+
+fn cost(tokens: f64) -> Cost {
+    Cost::new(tokens).expect("valid cost")
+}
+
+/// Replays calls `(offset_us, cost)` against one bucket, writing back what each decision asks for, as the glue
+/// does. Returns every decision.
+fn replay(p: &Params, calls: &[(i64, f64)]) -> Vec<Decision> {
+    let mut stored: Option<State> = None;
+    calls
+        .iter()
+        .map(|&(offset_us, c)| {
+            let decision = acquire(stored, T0 + offset_us, p, cost(c));
+            if let Some(write) = decision.write {
+                stored = Some(write.state);
+            }
+            decision
+        })
+        .collect()
+}
+
+#[test]
+#[rustfmt::skip]
+fn rate_limits_case_table() {
+    // rate 10/s, burst 3: one token per 100 ms.
+    let p = params(10.0, 3.0);
+    struct Case { num: u32, at_us: i64, cost: f64, allowed: bool, remaining: i64, retry_ms: i64, reset_ms: i64 }
+    let cases = [
+        Case { num: 0,  at_us: 0,         cost: 1.0, allowed: true,  remaining: 2, retry_ms: 0,   reset_ms: 100 },
+        Case { num: 1,  at_us: 0,         cost: 1.0, allowed: true,  remaining: 1, retry_ms: 0,   reset_ms: 200 },
+        Case { num: 2,  at_us: 0,         cost: 1.0, allowed: true,  remaining: 0, retry_ms: 0,   reset_ms: 300 },
+        Case { num: 3,  at_us: 0,         cost: 1.0, allowed: false, remaining: 0, retry_ms: 100, reset_ms: 300 },
+        Case { num: 4,  at_us: 50_000,    cost: 1.0, allowed: false, remaining: 0, retry_ms: 50,  reset_ms: 250 },
+        Case { num: 5,  at_us: 100_000,   cost: 1.0, allowed: true,  remaining: 0, retry_ms: 0,   reset_ms: 300 },
+        Case { num: 6,  at_us: 100_000,   cost: 0.0, allowed: true,  remaining: 0, retry_ms: 0,   reset_ms: 300 },
+        Case { num: 7,  at_us: 100_000,   cost: 4.0, allowed: false, remaining: 0, retry_ms: -1,  reset_ms: 300 },
+        Case { num: 8,  at_us: 250_000,   cost: 1.5, allowed: true,  remaining: 0, retry_ms: 0,   reset_ms: 300 },
+        Case { num: 9,  at_us: 10_000_000, cost: 0.0, allowed: true, remaining: 3, retry_ms: 0,   reset_ms: 0 },
+        Case { num: 10, at_us: 10_000_000, cost: 3.0, allowed: true, remaining: 0, retry_ms: 0,   reset_ms: 300 },
+    ];
+    let calls: Vec<(i64, f64)> = cases.iter().map(|c| (c.at_us, c.cost)).collect();
+    for (case, got) in cases.iter().zip(replay(&p, &calls)) {
+        assert_eq!(
+            (got.allowed(), got.remaining, got.retry_after_ms, got.reset_after_ms),
+            (case.allowed, case.remaining, case.retry_ms, case.reset_ms),
+            "case {}", case.num
+        );
+    }
+}
+
+#[test]
+fn missing_bucket_is_full() {
+    let d = acquire(None, T0, &params(1.0, 5.0), cost(0.0));
+    assert_eq!((d.allowed(), d.remaining, d.reset_after_ms, d.write), (true, 5, 0, None));
+}
+
+#[test]
+fn allowed_write_expires_when_full_again() {
+    let d = acquire(None, T0, &params(2.0, 10.0), cost(3.0));
+    let write = d.write.expect("an allowed call writes");
+    assert_eq!(write.state, State { tokens: 7.0, updated_us: T0 });
+    // 3 tokens at 2/s: 1.5 s.
+    assert_eq!(write.expire_at_ms, T0 / 1_000 + 1_500);
+    assert_eq!(d.reset_after_ms, 1_500);
+}
+
+#[test]
+fn denies_when_cost_exceeds_burst() {
+    let d = acquire(None, T0, &params(1.0, 2.0), cost(2.5));
+    assert_eq!(d.outcome, Outcome::Impossible);
+    assert_eq!((d.retry_after_ms, d.remaining, d.write), (-1, 2, None));
+}
+
+#[test]
+fn denied_call_writes_nothing() {
+    let stored = State { tokens: 0.25, updated_us: T0 };
+    let d = acquire(Some(stored), T0, &params(1.0, 2.0), cost(1.0));
+    assert_eq!((d.outcome, d.write), (Outcome::Denied, None));
+    assert_eq!(d.retry_after_ms, 750);
+}
+
+#[test]
+fn clock_stepping_back_never_mints_tokens() {
+    let p = params(1_000.0, 10.0);
+    let stored = State { tokens: 0.0, updated_us: T0 };
+    // Our clock reads 5 s before the last write: no refill, and the write keeps the later timestamp.
+    let d = acquire(Some(stored), T0 - 5_000_000, &p, cost(1.0));
+    assert_eq!(d.outcome, Outcome::Denied);
+    // 1 ms of refill after the stored time, plus the 5 s our clock is behind.
+    assert_eq!(d.retry_after_ms, 5_001);
+    let later = acquire(Some(stored), T0 + 2_000, &p, cost(1.0));
+    assert_eq!(later.write.map(|w| w.state.updated_us), Some(T0 + 2_000));
+}
+
+#[test]
+fn smaller_burst_caps_stored_tokens() {
+    let stored = State { tokens: 100.0, updated_us: T0 };
+    let d = acquire(Some(stored), T0, &params(1.0, 10.0), cost(1.0));
+    assert_eq!((d.allowed(), d.remaining), (true, 9));
+}
+
+#[test]
+fn fractional_values_work() {
+    let p = params(0.5, 1.5);
+    let d = replay(&p, &[(0, 1.0), (0, 1.0), (1_000_000, 1.0)]);
+    assert_eq!(d.iter().map(Decision::allowed).collect::<Vec<_>>(), [true, false, true]);
+    assert_eq!(d[1].retry_after_ms, 1_000);
+}
+
+#[test]
+#[rustfmt::skip]
+fn extreme_values_saturate() {
+    let cases: [(f64, f64, f64); 6] = [
+        (1e-9, 1e15, 1e15), (1e12, 1e15, 1.0), (1e-9, 2.0, 2.0),
+        (f64::MAX, f64::MAX, f64::MAX), (f64::MIN_POSITIVE, f64::MAX, 1.0), (5e-324, 1.0, 1.0),
+    ];
+    for (rate, burst, c) in cases {
+        let p = params(rate, burst);
+        let first = acquire(None, T0, &p, cost(c));
+        assert!(first.allowed(), "{rate} {burst} {c}");
+        let write = first.write.expect("allowed with cost > 0 writes");
+        assert!(write.expire_at_ms <= T0 / 1_000 + MAX_TTL_MS);
+        assert!(write.expire_at_ms >= T0 / 1_000);
+        let second = acquire(Some(write.state), T0 + 1, &p, cost(burst));
+        assert!(second.reset_after_ms >= 0 && second.retry_after_ms >= -1);
+        assert!(second.remaining >= 0);
+    }
+}
+
+#[test]
+fn params_refuse_bad_numbers() {
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        assert_eq!(Params::new(bad, 1.0), Err(ParamError::Rate));
+        assert_eq!(Params::new(1.0, bad), Err(ParamError::Burst));
+    }
+    for bad in [-1.0, -1e-300, f64::NAN, f64::INFINITY] {
+        assert_eq!(Cost::new(bad), Err(ParamError::Cost));
+    }
+    assert_eq!(Cost::new(-0.0).map(|c| c.tokens().is_sign_positive()), Ok(true));
+}
+
+fn arb_params() -> impl Strategy<Value = Params> {
+    (1e-3f64..1e4, 1e-2f64..1e4).prop_map(|(rate, burst)| params(rate, burst))
+}
+
+fn arb_state(p: Params) -> impl Strategy<Value = State> {
+    (0.0..=p.burst(), -10_000_000i64..10_000_000)
+        .prop_map(|(tokens, offset_us)| State { tokens, updated_us: T0 + offset_us })
+}
+
+fn arb_history() -> impl Strategy<Value = (Params, Vec<(i64, f64)>)> {
+    arb_params().prop_flat_map(|p| {
+        let step = (0i64..2_000_000, 0.0..=p.burst() * 1.2);
+        (Just(p), prop::collection::vec(step, 1..60))
+    })
+}
+
+proptest! {
+    #[test]
+    fn tokens_stay_within_zero_and_burst((p, steps) in arb_history()) {
+        let mut stored: Option<State> = None;
+        let mut now_us = T0;
+        for (gap_us, c) in steps {
+            now_us += gap_us;
+            let d = acquire(stored, now_us, &p, cost(c));
+            if let Some(write) = d.write {
+                prop_assert!(write.state.tokens >= 0.0 && write.state.tokens <= p.burst());
+                stored = Some(write.state);
+            }
+        }
+    }
+
+    #[test]
+    fn allowed_call_takes_exactly_cost(p in arb_params(), now_off in 0i64..5_000_000,
+                                       frac in 0.0f64..1.0, state_frac in 0.0f64..=1.0) {
+        let stored = State { tokens: p.burst() * state_frac, updated_us: T0 };
+        let now_us = T0 + now_off;
+        let before = stored.tokens_at(now_us, &p);
+        let c = before * frac;
+        let d = acquire(Some(stored), now_us, &p, cost(c));
+        prop_assert!(d.allowed());
+        if c > 0.0 {
+            let write = d.write.expect("allowed with cost > 0 writes");
+            prop_assert_eq!(write.state.tokens, before - c);
+            prop_assert_eq!(write.state.updated_us, now_us);
+        } else {
+            prop_assert_eq!(d.write, None);
+        }
+    }
+
+    #[test]
+    fn waiting_never_lowers_tokens(p in arb_params(), at in -5_000_000i64..5_000_000,
+                                   wait in 0i64..5_000_000, tokens_frac in 0.0f64..=1.0) {
+        let state = State { tokens: p.burst() * tokens_frac, updated_us: T0 };
+        prop_assert!(state.tokens_at(T0 + at + wait, &p) >= state.tokens_at(T0 + at, &p));
+        let peek_now = acquire(Some(state), T0 + at, &p, cost(0.0));
+        let peek_later = acquire(Some(state), T0 + at + wait, &p, cost(0.0));
+        prop_assert!(peek_later.remaining >= peek_now.remaining);
+        prop_assert!(peek_later.reset_after_ms <= peek_now.reset_after_ms);
+    }
+
+    #[test]
+    fn retry_after_is_exact(p in arb_params(), state_seed in any::<u64>(),
+                            now_off in -2_000_000i64..2_000_000, cost_frac in 0.0f64..=1.0) {
+        let state = State {
+            tokens: p.burst() * (state_seed % 1_000) as f64 / 2_000.0,
+            updated_us: T0,
+        };
+        let now_us = T0 + now_off;
+        let c = cost(p.burst() * cost_frac);
+        let d = acquire(Some(state), now_us, &p, c);
+        prop_assume!(d.outcome == Outcome::Denied);
+        prop_assert!(d.retry_after_ms >= 1);
+        let at = |ms: i64| acquire(Some(state), now_us + ms * 1_000, &p, c);
+        prop_assert!(at(d.retry_after_ms).allowed(), "not allowed after {} ms", d.retry_after_ms);
+        prop_assert!(!at(d.retry_after_ms - 1).allowed(), "allowed 1 ms before {} ms", d.retry_after_ms);
+    }
+
+    #[test]
+    fn denial_leaves_state_untouched(p in arb_params(), seed in any::<u64>(), extra in 0.0f64..1.0) {
+        let state = State { tokens: p.burst() * (seed % 100) as f64 / 200.0, updated_us: T0 };
+        let c = cost((state.tokens + extra * p.burst()).min(p.burst()));
+        let d = acquire(Some(state), T0, &p, c);
+        if !d.allowed() {
+            prop_assert_eq!(d.write, None);
+        }
+    }
+
+    #[test]
+    fn grants_never_exceed_burst_plus_refill((p, steps) in arb_history()) {
+        let mut stored: Option<State> = None;
+        let mut now_us = T0;
+        let mut grants: Vec<(i64, f64)> = Vec::new();
+        for (gap_us, c) in steps {
+            now_us += gap_us;
+            let d = acquire(stored, now_us, &p, cost(c));
+            if let Some(write) = d.write {
+                stored = Some(write.state);
+            }
+            if d.allowed() {
+                grants.push((now_us, c));
+            }
+        }
+        // Every window [grants[i], grants[j]] granted at most burst + rate · (its length).
+        for i in 0..grants.len() {
+            let mut sum = 0.0;
+            for j in i..grants.len() {
+                sum += grants[j].1;
+                let window_s = (grants[j].0 - grants[i].0) as f64 / 1e6;
+                let bound = p.burst() + p.rate_per_sec() * window_s;
+                prop_assert!(sum <= bound * (1.0 + 1e-9) + 1e-9, "{} > {}", sum, bound);
+            }
+        }
+    }
+
+    #[test]
+    fn expiry_is_when_full(p in arb_params(), frac in 0.0f64..=1.0) {
+        let c = cost(p.burst() * frac);
+        let d = acquire(None, T0, &p, c);
+        if let Some(write) = d.write {
+            let full = write.state.tokens_at(write.expire_at_ms * 1_000, &p);
+            prop_assert!(full >= p.burst());
+            // And not a whole millisecond later than needed.
+            let early = write.state.tokens_at((write.expire_at_ms - 1) * 1_000, &p);
+            prop_assert!(early < p.burst());
+        }
+    }
+}

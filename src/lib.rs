@@ -1,0 +1,67 @@
+//! redis-tb: a native token-bucket rate limiter for Redis, `TB.ACQUIRE key rate burst [cost]`.
+//!
+//! Layout:
+//! - `bucket`: the pure token-bucket arithmetic (state + now + parameters -> decision + new state). No Redis,
+//!   no clock, no I/O; the only public module, so benches and property tests drive it directly.
+//! - `command`: the glue and the command contract: parsing, hash state I/O, expiry, replication, replies.
+//! - `server`: the one place with `unsafe`, a safe face over the few raw server calls `command` needs.
+//!
+//! This file only registers the module (name `tb`) and its command table.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+pub mod bucket;
+mod command;
+mod server;
+
+use redis_module::{redis_module, Context, RedisString, Status};
+
+/// The module version reported by `MODULE LIST`: Cargo's `major.minor.patch` as `major*10000 + minor*100 + patch`.
+const MODULE_VERSION: i32 = version_number(env!("CARGO_PKG_VERSION"));
+
+const fn version_number(version: &str) -> i32 {
+    let bytes = version.as_bytes();
+    let mut parts = [0i32; 3];
+    let mut part = 0;
+    let mut i = 0;
+    while i < bytes.len() && part < 3 {
+        let byte = bytes[i];
+        if byte == b'.' {
+            part += 1;
+        } else if byte.is_ascii_digit() {
+            parts[part] = parts[part] * 10 + (byte - b'0') as i32;
+        } else {
+            break;
+        }
+        i += 1;
+    }
+    parts[0] * 10_000 + parts[1] * 100 + parts[2]
+}
+
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    server::create_command::<command::Acquire>(
+        ctx,
+        command::ACQUIRE_NAME,
+        command::ACQUIRE_FLAGS,
+        1,
+        1,
+        1,
+    )
+}
+
+redis_module! {
+    name: "tb",
+    version: MODULE_VERSION,
+    // The system allocator, not the server's: no call path allocates, and it lets tests and benches link the
+    // rlib (the crate's Redis allocator aborts outside a server).
+    allocator: (std::alloc::System, std::alloc::System),
+    data_types: [],
+    init: init,
+}

@@ -1,0 +1,358 @@
+//! The only module that holds `unsafe`: a thin, safe face over the few server calls the commands need.
+//!
+//! Why not the `redis-module` crate's high-level API? Its command trampoline retains every argument into a
+//! `Vec`, its `hash_set` writes one field per call and needs a `RedisString` per value, it has no absolute
+//! expiry, and `Context::replicate` builds `CString`s on every call. Each costs on a path that must stay within
+//! a small factor of `HSET`. So this module calls the crate's generated `raw` bindings directly (no hand-written
+//! FFI declarations) and exposes only safe types: [`Call`] for one command invocation and [`Key`] for one opened
+//! key. Nothing here knows what a token bucket is.
+//!
+//! Every function pointer is checked before use: a server that lacks one (say `RedisModule_SetAbsExpire` on 6.2)
+//! gets a fallback or an error, never a null call. Nothing here panics.
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int, c_long};
+use std::ptr;
+use std::slice;
+
+use redis_module::raw;
+
+/// What a command handler reports back to the trampoline.
+pub trait Command {
+    /// Runs one invocation. Must reply exactly once through `call`.
+    fn run(call: &Call<'_>);
+}
+
+/// Registers `C` under `name` with the server. Called from the module's init function only.
+pub fn create_command<C: Command>(
+    ctx: &redis_module::Context,
+    name: &CStr,
+    flags: &CStr,
+    first_key: c_int,
+    last_key: c_int,
+    key_step: c_int,
+) -> redis_module::Status {
+    let Some(create) = (unsafe { raw::RedisModule_CreateCommand }) else {
+        return redis_module::Status::Err;
+    };
+    // SAFETY: `ctx` is the live module context of `RedisModule_OnLoad`; `name` and `flags` are NUL-terminated
+    // and outlive the call (the server copies them).
+    let status = unsafe {
+        create(
+            ctx.ctx,
+            name.as_ptr(),
+            Some(trampoline::<C>),
+            flags.as_ptr(),
+            first_key,
+            last_key,
+            key_step,
+        )
+    };
+    if status == raw::REDISMODULE_OK as c_int {
+        redis_module::Status::Ok
+    } else {
+        redis_module::Status::Err
+    }
+}
+
+extern "C" fn trampoline<C: Command>(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    let args: &[*mut raw::RedisModuleString] = match usize::try_from(argc) {
+        // SAFETY: the server passes `argc` valid string pointers at `argv` for the duration of the call.
+        Ok(len) if !argv.is_null() => unsafe { slice::from_raw_parts(argv, len) },
+        _ => &[],
+    };
+    C::run(&Call { ctx, args });
+    raw::REDISMODULE_OK as c_int
+}
+
+/// One command invocation: its arguments (name included, at index 0) and the means to reply.
+pub struct Call<'a> {
+    ctx: *mut raw::RedisModuleCtx,
+    args: &'a [*mut raw::RedisModuleString],
+}
+
+impl<'a> Call<'a> {
+    /// Number of arguments, the command name included.
+    pub fn arg_count(&self) -> usize {
+        self.args.len()
+    }
+
+    /// The bytes of argument `index`, or `None` past the end.
+    pub fn arg(&self, index: usize) -> Option<&'a [u8]> {
+        self.args.get(index).map(|&s| string_bytes(s))
+    }
+
+    /// Opens argument `index` as a key for reading and writing. `None` past the end of the arguments.
+    pub fn open_key(&self, index: usize) -> Option<Key<'_>> {
+        let name = *self.args.get(index)?;
+        let open = unsafe { raw::RedisModule_OpenKey }?;
+        let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
+        // SAFETY: `ctx` and `name` are live for this call; the key is closed by `Key::drop`.
+        let key = unsafe { open(self.ctx, name, mode) }.cast::<raw::RedisModuleKey>();
+        (!key.is_null()).then_some(Key {
+            ctx: self.ctx,
+            name,
+            key,
+            _call: std::marker::PhantomData,
+        })
+    }
+
+    /// Replies with an array of integers.
+    pub fn reply_integers(&self, values: &[i64]) {
+        let (Some(array), Some(integer)) = (unsafe { raw::RedisModule_ReplyWithArray }, unsafe {
+            raw::RedisModule_ReplyWithLongLong
+        }) else {
+            return;
+        };
+        let Ok(len) = c_long::try_from(values.len()) else {
+            return;
+        };
+        // SAFETY: `ctx` is the live context of this call.
+        unsafe {
+            array(self.ctx, len);
+            for &value in values {
+                integer(self.ctx, value);
+            }
+        }
+    }
+
+    /// Replies with an error. `message` must carry its own prefix (`ERR `, `WRONGTYPE `): the server sends it
+    /// as it is.
+    pub fn reply_error(&self, message: &CStr) {
+        if let Some(reply) = unsafe { raw::RedisModule_ReplyWithError } {
+            // SAFETY: live context, NUL-terminated message copied by the server.
+            unsafe { reply(self.ctx, message.as_ptr()) };
+        }
+    }
+
+    /// Sends `HSET <key> <field_a> <value_a> <field_b> <value_b>` and `PEXPIREAT <key> <at_ms>` to replicas and
+    /// the AOF, after this command. The server wraps them in one `MULTI`/`EXEC` with anything else the command
+    /// propagates.
+    pub fn replicate_hset_pexpireat(
+        &self,
+        key: &Key<'_>,
+        fields: [(&CStr, &[u8]); 2],
+        expire_at_ms: i64,
+    ) -> Result<(), ()> {
+        let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(())?;
+        let [(field_a, value_a), (field_b, value_b)] = fields;
+        // SAFETY: format "scbcb" takes a RedisModuleString, then (C string, buffer pointer, length) twice; every
+        // pointer is live for the call and the server copies what it keeps. "sl" takes a string and a long long.
+        let (hset, pexpireat) = unsafe {
+            (
+                replicate(
+                    self.ctx,
+                    c"HSET".as_ptr(),
+                    c"scbcb".as_ptr(),
+                    key.name,
+                    field_a.as_ptr(),
+                    value_a.as_ptr().cast::<c_char>(),
+                    value_a.len(),
+                    field_b.as_ptr(),
+                    value_b.as_ptr().cast::<c_char>(),
+                    value_b.len(),
+                ),
+                replicate(
+                    self.ctx,
+                    c"PEXPIREAT".as_ptr(),
+                    c"sl".as_ptr(),
+                    key.name,
+                    expire_at_ms,
+                ),
+            )
+        };
+        status(hset).and(status(pexpireat))
+    }
+}
+
+/// What an opened key holds, as far as the commands care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    Empty,
+    Hash,
+    Other,
+}
+
+/// An opened key, closed when dropped. Borrowed from the [`Call`] that opened it.
+pub struct Key<'c> {
+    ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    key: *mut raw::RedisModuleKey,
+    _call: std::marker::PhantomData<&'c ()>,
+}
+
+impl Key<'_> {
+    pub fn kind(&self) -> KeyKind {
+        let Some(key_type) = (unsafe { raw::RedisModule_KeyType }) else {
+            return KeyKind::Other;
+        };
+        // SAFETY: `self.key` is open until drop.
+        match unsafe { key_type(self.key) } as isize {
+            raw::REDISMODULE_KEYTYPE_EMPTY => KeyKind::Empty,
+            raw::REDISMODULE_KEYTYPE_HASH => KeyKind::Hash,
+            _ => KeyKind::Other,
+        }
+    }
+
+    /// Number of fields of a hash (0 for an empty key).
+    pub fn hash_len(&self) -> usize {
+        match unsafe { raw::RedisModule_ValueLength } {
+            // SAFETY: `self.key` is open until drop.
+            Some(value_length) => unsafe { value_length(self.key) },
+            None => 0,
+        }
+    }
+
+    /// Reads two fields of a hash in one call and hands their bytes (`None`: field missing) to `read`. The
+    /// bytes live only for that closure: the server's copies are freed right after.
+    pub fn hash_get2<R>(
+        &self,
+        fields: [&CStr; 2],
+        read: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> R,
+    ) -> R {
+        let mut value_a: *mut raw::RedisModuleString = ptr::null_mut();
+        let mut value_b: *mut raw::RedisModuleString = ptr::null_mut();
+        if let Some(hash_get) = unsafe { raw::RedisModule_HashGet } {
+            // SAFETY: CFIELDS takes NUL-terminated field names, each followed by a pointer that receives a new
+            // string (or NULL); the list ends with a NULL.
+            unsafe {
+                hash_get(
+                    self.key,
+                    raw::REDISMODULE_HASH_CFIELDS as c_int,
+                    fields[0].as_ptr(),
+                    &mut value_a as *mut *mut raw::RedisModuleString,
+                    fields[1].as_ptr(),
+                    &mut value_b as *mut *mut raw::RedisModuleString,
+                    ptr::null::<c_char>(),
+                );
+            }
+        }
+        let result = read(
+            (!value_a.is_null()).then(|| string_bytes(value_a)),
+            (!value_b.is_null()).then(|| string_bytes(value_b)),
+        );
+        self.free_string(value_a);
+        self.free_string(value_b);
+        result
+    }
+
+    /// Sets two fields of the hash (creating the key if it is empty) in one call.
+    pub fn hash_set2(&self, fields: [(&CStr, &[u8]); 2]) -> Result<(), ()> {
+        let hash_set = unsafe { raw::RedisModule_HashSet }.ok_or(())?;
+        let [(field_a, bytes_a), (field_b, bytes_b)] = fields;
+        let value_a = self.create_string(bytes_a);
+        let value_b = self.create_string(bytes_b);
+        let counted = if value_a.is_null() || value_b.is_null() {
+            None
+        } else {
+            set_errno(0);
+            // SAFETY: CFIELDS pairs of (C string, RedisModuleString), NULL-terminated; the server copies values.
+            Some(unsafe {
+                hash_set(
+                    self.key,
+                    raw::REDISMODULE_HASH_CFIELDS as c_int,
+                    field_a.as_ptr(),
+                    value_a,
+                    field_b.as_ptr(),
+                    value_b,
+                    ptr::null::<c_char>(),
+                )
+            })
+        };
+        self.free_string(value_a);
+        self.free_string(value_b);
+        // HashSet counts only the fields it replaced, so 0 is normal for a new bucket; a failure is 0 with errno
+        // EINVAL or ENOTSUP (ENOENT just says nothing was counted).
+        match counted {
+            Some(0) if matches!(errno(), libc::EINVAL | libc::ENOTSUP) => Err(()),
+            Some(_) => Ok(()),
+            None => Err(()),
+        }
+    }
+
+    /// Makes the key expire at `at_ms` (Unix milliseconds). Servers without `SetAbsExpire` (6.2) get the
+    /// equivalent relative expiry; replicas still receive the absolute `PEXPIREAT`.
+    pub fn set_expire_at(&self, at_ms: i64) -> Result<(), ()> {
+        if let Some(set_abs) = unsafe { raw::RedisModule_SetAbsExpire } {
+            // SAFETY: `self.key` is open for writing until drop.
+            return status(unsafe { set_abs(self.key, at_ms) });
+        }
+        let set_relative = unsafe { raw::RedisModule_SetExpire }.ok_or(())?;
+        let ttl_ms = at_ms.saturating_sub(now_us() / 1_000).max(1);
+        // SAFETY: as above.
+        status(unsafe { set_relative(self.key, ttl_ms) })
+    }
+
+    fn create_string(&self, bytes: &[u8]) -> *mut raw::RedisModuleString {
+        match unsafe { raw::RedisModule_CreateString } {
+            // SAFETY: the server copies `bytes`; the string is freed by `free_string`.
+            Some(create) => unsafe { create(self.ctx, bytes.as_ptr().cast::<c_char>(), bytes.len()) },
+            None => ptr::null_mut(),
+        }
+    }
+
+    fn free_string(&self, string: *mut raw::RedisModuleString) {
+        if string.is_null() {
+            return;
+        }
+        if let Some(free) = unsafe { raw::RedisModule_FreeString } {
+            // SAFETY: `string` was created for us with `self.ctx` and is freed once.
+            unsafe { free(self.ctx, string) };
+        }
+    }
+}
+
+impl Drop for Key<'_> {
+    fn drop(&mut self) {
+        if let Some(close) = unsafe { raw::RedisModule_CloseKey } {
+            // SAFETY: opened by `Call::open_key`, closed exactly once.
+            unsafe { close(self.key) };
+        }
+    }
+}
+
+/// The server's wall clock in microseconds since the Unix epoch (`CLOCK_REALTIME`, the clock Redis itself uses
+/// for expiry). Read once per call. Redis 7.0 exports no microsecond clock to modules, so we ask the OS.
+pub fn now_us() -> i64 {
+    let mut spec = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `spec` is a valid out-pointer; CLOCK_REALTIME always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut spec) };
+    i64::from(spec.tv_sec)
+        .saturating_mul(1_000_000)
+        .saturating_add(i64::from(spec.tv_nsec) / 1_000)
+}
+
+fn string_bytes<'a>(string: *const raw::RedisModuleString) -> &'a [u8] {
+    let Some(ptr_len) = (unsafe { raw::RedisModule_StringPtrLen }) else {
+        return &[];
+    };
+    let mut len: usize = 0;
+    // SAFETY: `string` is a live server string; the bytes stay valid while it does, which every caller bounds.
+    let data = unsafe { ptr_len(string, &mut len) };
+    if data.is_null() {
+        return &[];
+    }
+    // SAFETY: the server guarantees `len` readable bytes at `data`.
+    unsafe { slice::from_raw_parts(data.cast::<u8>(), len) }
+}
+
+fn errno() -> c_int {
+    // SAFETY: the calling thread's errno location is always valid.
+    unsafe { *libc::__errno_location() }
+}
+
+fn set_errno(value: c_int) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = value };
+}
+
+fn status(code: c_int) -> Result<(), ()> {
+    if code == raw::REDISMODULE_OK as c_int { Ok(()) } else { Err(()) }
+}
