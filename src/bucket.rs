@@ -196,7 +196,7 @@ pub fn acquire(stored: Option<State>, now_us: i64, params: &Params, cost: Cost) 
     let mut decision = reply_for(Outcome::Allowed, &after, 0);
     if cost.0 > 0.0 {
         let full_at_ms = ceil_div(full_at_us(&after, params), MICROS_PER_MS);
-        let cap_ms = ceil_div(now_us, MICROS_PER_MS).saturating_add(MAX_TTL_MS);
+        let cap_ms = now_us.div_euclid(MICROS_PER_MS).saturating_add(MAX_TTL_MS);
         decision.write = Some(Write {
             state: after,
             expire_at_ms: full_at_ms.min(cap_ms),
@@ -248,8 +248,12 @@ fn retry_after_ms(current: &State, now_us: i64, params: &Params, cost: Cost) -> 
     wait_ms
 }
 
-/// Whole milliseconds from `now_us` to `at_us`, rounded up; 0 if `at_us` is not in the future.
+/// Whole milliseconds from `now_us` to `at_us`, rounded up; 0 if `at_us` is not in the future. An `at_us` that
+/// saturated (beyond the year 294,000 of the microsecond timeline) stays saturated: `i64::MAX`.
 fn ms_until(now_us: i64, at_us: i64) -> i64 {
+    if at_us == i64::MAX {
+        return i64::MAX;
+    }
     ceil_div(at_us.saturating_sub(now_us).max(0), MICROS_PER_MS)
 }
 

@@ -1,0 +1,31 @@
+# Shortcuts only: every target is a cargo or redis-server command you could type yourself. `make help` lists them.
+
+PORT ?= 6379
+MODULE := target/release/libredis_tb.so
+REDIS_SERVER ?= redis-server
+
+.PHONY: help deps build run test unit integration lint bench clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+deps: ## Install what a fresh Debian machine lacks (redis-server, libclang for bindgen)
+	@bash scripts/deps.sh
+
+build: deps ## Build the module: target/release/libredis_tb.so
+	cargo build --release
+
+run: build ## Start redis-server in the foreground with the module loaded (PORT=6379)
+	$(REDIS_SERVER) --port $(PORT) --save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
+
+test: build ## Unit, property and integration tests (integration tests spawn their own servers)
+	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) cargo test --all-targets
+
+lint: deps ## cargo fmt --check, clippy -D warnings, and the purity check on src/bucket.rs
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+	@! grep -nE 'redis_module|SystemTime|Instant|clock_gettime|libc::' src/bucket.rs src/bucket/*.rs \
+		|| (echo "src/bucket.rs must stay pure: no redis_module, no clock"; exit 1)
+
+clean: ## Remove build output
+	cargo clean
