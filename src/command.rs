@@ -176,7 +176,10 @@ fn with_encoded<R>(state: &State, use_bytes: impl FnOnce(&[u8], &[u8]) -> R) -> 
     } else {
         float_text.format(state.tokens)
     };
-    use_bytes(tokens.as_bytes(), updated_text.format(state.updated_us).as_bytes())
+    use_bytes(
+        tokens.as_bytes(),
+        updated_text.format(state.updated_us).as_bytes(),
+    )
 }
 
 #[cfg(test)]
@@ -185,25 +188,41 @@ mod tests {
     use proptest::prelude::*;
 
     fn round_trip(state: State) -> Option<State> {
-        with_encoded(&state, |tokens, updated_us| decode_state(Some(tokens), Some(updated_us)))
+        with_encoded(&state, |tokens, updated_us| {
+            decode_state(Some(tokens), Some(updated_us))
+        })
     }
 
     #[test]
     fn integral_tokens_are_stored_as_integers() {
-        let state = State { tokens: 7.0, updated_us: 1_700_000_000_000_000 };
+        let state = State {
+            tokens: 7.0,
+            updated_us: 1_700_000_000_000_000,
+        };
         with_encoded(&state, |tokens, updated_us| {
             assert_eq!((tokens, updated_us), (&b"7"[..], &b"1700000000000000"[..]));
         });
-        let fractional = State { tokens: 0.1, updated_us: 0 };
+        let fractional = State {
+            tokens: 0.1,
+            updated_us: 0,
+        };
         with_encoded(&fractional, |tokens, _| assert_eq!(tokens, b"0.1"));
     }
 
     #[test]
     fn parse_number_accepts_decimals_only() {
-        for (text, want) in [("1", 1.0), ("0.5", 0.5), ("2.5e-3", 0.0025), ("1e15", 1e15), ("-1", -1.0)] {
+        for (text, want) in [
+            ("1", 1.0),
+            ("0.5", 0.5),
+            ("2.5e-3", 0.0025),
+            ("1e15", 1e15),
+            ("-1", -1.0),
+        ] {
             assert_eq!(parse_number(Some(text.as_bytes())), Some(want), "{text}");
         }
-        for text in ["", "abc", "nan", "inf", "-inf", "1e400", "0x10", " 1", "1 ", "1abc", "1,5"] {
+        for text in [
+            "", "abc", "nan", "inf", "-inf", "1e400", "0x10", " 1", "1 ", "1abc", "1,5",
+        ] {
             assert_eq!(parse_number(Some(text.as_bytes())), None, "{text:?}");
         }
         assert_eq!(parse_number(Some(&[0xff, b'1'])), None);
@@ -212,8 +231,18 @@ mod tests {
 
     #[test]
     fn decode_refuses_what_we_never_write() {
-        for (tokens, updated) in [("-1", "5"), ("abc", "5"), ("inf", "5"), ("1", "x"), ("1", "1.5"), ("1", "-3")] {
-            assert_eq!(decode_state(Some(tokens.as_bytes()), Some(updated.as_bytes())), None);
+        for (tokens, updated) in [
+            ("-1", "5"),
+            ("abc", "5"),
+            ("inf", "5"),
+            ("1", "x"),
+            ("1", "1.5"),
+            ("1", "-3"),
+        ] {
+            assert_eq!(
+                decode_state(Some(tokens.as_bytes()), Some(updated.as_bytes())),
+                None
+            );
         }
         assert_eq!(decode_state(None, Some(b"1")), None);
         assert_eq!(decode_state(Some(b"1"), None), None);
@@ -232,7 +261,10 @@ mod tests {
         ];
         for error in all {
             let text = error.wire_text().to_str().expect("ascii");
-            assert!(text.starts_with("ERR ") || text.starts_with("WRONGTYPE "), "{text}");
+            assert!(
+                text.starts_with("ERR ") || text.starts_with("WRONGTYPE "),
+                "{text}"
+            );
         }
     }
 

@@ -23,26 +23,20 @@ mod server;
 
 use redis_module::{redis_module, Context, RedisString, Status};
 
-/// The module version reported by `MODULE LIST`: Cargo's `major.minor.patch` as `major*10000 + minor*100 + patch`.
-const MODULE_VERSION: i32 = version_number(env!("CARGO_PKG_VERSION"));
+/// The module version reported by `MODULE LIST`, from Cargo.toml: `major*10000 + minor*100 + patch`.
+const MODULE_VERSION: i32 = decimal(env!("CARGO_PKG_VERSION_MAJOR")) * 10_000
+    + decimal(env!("CARGO_PKG_VERSION_MINOR")) * 100
+    + decimal(env!("CARGO_PKG_VERSION_PATCH"));
 
-const fn version_number(version: &str) -> i32 {
-    let bytes = version.as_bytes();
-    let mut parts = [0i32; 3];
-    let mut part = 0;
-    let mut i = 0;
-    while i < bytes.len() && part < 3 {
-        let byte = bytes[i];
-        if byte == b'.' {
-            part += 1;
-        } else if byte.is_ascii_digit() {
-            parts[part] = parts[part] * 10 + (byte - b'0') as i32;
-        } else {
-            break;
-        }
-        i += 1;
+/// A decimal version component, evaluated at compile time.
+const fn decimal(digits: &str) -> i32 {
+    let mut value = 0;
+    let mut rest = digits.as_bytes();
+    while let [digit, tail @ ..] = rest {
+        value = value * 10 + (*digit - b'0') as i32;
+        rest = tail;
     }
-    parts[0] * 10_000 + parts[1] * 100 + parts[2]
+    value
 }
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {

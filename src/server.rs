@@ -290,7 +290,9 @@ impl Key<'_> {
     fn create_string(&self, bytes: &[u8]) -> *mut raw::RedisModuleString {
         match unsafe { raw::RedisModule_CreateString } {
             // SAFETY: the server copies `bytes`; the string is freed by `free_string`.
-            Some(create) => unsafe { create(self.ctx, bytes.as_ptr().cast::<c_char>(), bytes.len()) },
+            Some(create) => unsafe {
+                create(self.ctx, bytes.as_ptr().cast::<c_char>(), bytes.len())
+            },
             None => ptr::null_mut(),
         }
     }
@@ -324,9 +326,9 @@ pub fn now_us() -> i64 {
     };
     // SAFETY: `spec` is a valid out-pointer; CLOCK_REALTIME always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut spec) };
-    i64::from(spec.tv_sec)
+    spec.tv_sec
         .saturating_mul(1_000_000)
-        .saturating_add(i64::from(spec.tv_nsec) / 1_000)
+        .saturating_add(spec.tv_nsec / 1_000)
 }
 
 fn string_bytes<'a>(string: *const raw::RedisModuleString) -> &'a [u8] {
@@ -354,5 +356,9 @@ fn set_errno(value: c_int) {
 }
 
 fn status(code: c_int) -> Result<(), ()> {
-    if code == raw::REDISMODULE_OK as c_int { Ok(()) } else { Err(()) }
+    if code == raw::REDISMODULE_OK as c_int {
+        Ok(())
+    } else {
+        Err(())
+    }
 }

@@ -18,11 +18,22 @@ fn reply_fields_follow_the_contract() {
     let mut conn = server.conn();
     // rate 1/s, burst 3: slow enough that nothing refills meaningfully during the test.
     assert_eq!(acquire(&mut conn, "k", "1", "3", None), [1, 2, 0, 1_000]);
-    assert_eq!(acquire(&mut conn, "k", "1", "3", Some("2")), [1, 0, 0, 3_000]);
+    assert_eq!(
+        acquire(&mut conn, "k", "1", "3", Some("2")),
+        [1, 0, 0, 3_000]
+    );
     let denied = acquire(&mut conn, "k", "1", "3", None);
     assert_eq!(denied[..2], [0, 0]);
-    assert!((990..=1_000).contains(&denied[2]), "retry_after_ms {}", denied[2]);
-    assert!((2_990..=3_000).contains(&denied[3]), "reset_after_ms {}", denied[3]);
+    assert!(
+        (990..=1_000).contains(&denied[2]),
+        "retry_after_ms {}",
+        denied[2]
+    );
+    assert!(
+        (2_990..=3_000).contains(&denied[3]),
+        "reset_after_ms {}",
+        denied[3]
+    );
     // cost > burst can never succeed.
     let impossible = acquire(&mut conn, "k", "1", "3", Some("4"));
     assert_eq!((impossible[0], impossible[2]), (0, -1));
@@ -40,7 +51,10 @@ fn state_is_a_plain_hash_with_tokens_and_ts() {
     assert_eq!(fields[0].1.parse::<f64>().expect("decimal tokens"), 7.5);
     assert_eq!(fields[1].0, "ts");
     let ts: i64 = fields[1].1.parse().expect("integer microseconds");
-    assert!(ts >= before_us && ts < before_us + 5_000_000, "ts {ts} vs {before_us}");
+    assert!(
+        ts >= before_us && ts < before_us + 5_000_000,
+        "ts {ts} vs {before_us}"
+    );
 }
 
 #[test]
@@ -53,11 +67,20 @@ fn tokens_refill_over_time() {
     }
     let denied = acquire(&mut conn, "k", "100", "5", None);
     assert_eq!(denied[0], 0);
-    assert!((1..=10).contains(&denied[2]), "retry_after_ms {}", denied[2]);
+    assert!(
+        (1..=10).contains(&denied[2]),
+        "retry_after_ms {}",
+        denied[2]
+    );
     // Poll until a token is back; it must come within a few refill periods, not instantly, not never.
-    assert!(wait_until(Duration::from_secs(2), || acquire(&mut conn, "k", "100", "5", None)[0] == 1));
+    assert!(wait_until(Duration::from_secs(2), || acquire(
+        &mut conn, "k", "100", "5", None
+    )[0] == 1));
     let peek = acquire(&mut conn, "k", "100", "5", Some("0"));
-    assert!(peek[1] <= 1, "a refill of 10 ms per token cannot have refilled more than a couple: {peek:?}");
+    assert!(
+        peek[1] <= 1,
+        "a refill of 10 ms per token cannot have refilled more than a couple: {peek:?}"
+    );
 }
 
 #[test]
@@ -69,9 +92,15 @@ fn key_expires_exactly_when_full() {
     let after_ms = now_ms(&mut conn);
     // Two tokens at 10/s refill in 200 ms.
     let expire_at = pexpiretime(&mut conn, "k");
-    assert!(expire_at >= before_ms + 200 && expire_at <= after_ms + 201, "{before_ms} {expire_at} {after_ms}");
+    assert!(
+        expire_at >= before_ms + 200 && expire_at <= after_ms + 201,
+        "{before_ms} {expire_at} {after_ms}"
+    );
     assert!(wait_until(Duration::from_secs(3), || {
-        let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut conn).expect("EXISTS");
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg("k")
+            .query(&mut conn)
+            .expect("EXISTS");
         exists == 0
     }));
     assert_eq!(acquire(&mut conn, "k", "10", "5", Some("0")), [1, 5, 0, 0]);
@@ -91,15 +120,25 @@ fn denied_call_writes_nothing() {
     }
     assert_eq!(hgetall(&mut conn, "k"), fields);
     assert_eq!(pexpiretime(&mut conn, "k"), expire_at);
-    assert_eq!(dirty(&mut conn), dirty_before, "a denial must not touch the dataset");
+    assert_eq!(
+        dirty(&mut conn),
+        dirty_before,
+        "a denial must not touch the dataset"
+    );
 }
 
 #[test]
 fn peek_creates_and_writes_nothing() {
     let server = Server::start();
     let mut conn = server.conn();
-    assert_eq!(acquire(&mut conn, "fresh", "1", "4", Some("0")), [1, 4, 0, 0]);
-    let exists: i64 = redis::cmd("EXISTS").arg("fresh").query(&mut conn).expect("EXISTS");
+    assert_eq!(
+        acquire(&mut conn, "fresh", "1", "4", Some("0")),
+        [1, 4, 0, 0]
+    );
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("fresh")
+        .query(&mut conn)
+        .expect("EXISTS");
     assert_eq!(exists, 0);
     acquire(&mut conn, "k", "0.001", "4", Some("3"));
     let fields = hgetall(&mut conn, "k");
@@ -121,10 +160,17 @@ fn smaller_burst_caps_tokens() {
 fn fractional_arguments_work() {
     let server = Server::start();
     let mut conn = server.conn();
-    assert_eq!(acquire(&mut conn, "k", "0.5", "1.5", Some("1"))[..2], [1, 0]);
+    assert_eq!(
+        acquire(&mut conn, "k", "0.5", "1.5", Some("1"))[..2],
+        [1, 0]
+    );
     let denied = acquire(&mut conn, "k", "0.5", "1.5", Some("1"));
     assert_eq!(denied[0], 0);
-    assert!((990..=1_000).contains(&denied[2]), "half a token at 0.5/s: about 1 s, got {}", denied[2]);
+    assert!(
+        (990..=1_000).contains(&denied[2]),
+        "half a token at 0.5/s: about 1 s, got {}",
+        denied[2]
+    );
     assert_eq!(acquire(&mut conn, "k", "2.5e-3", "1.5", Some("0.25"))[0], 1);
 }
 
@@ -136,9 +182,15 @@ fn extreme_values_saturate() {
     let huge = acquire(&mut conn, "slow", "1e-9", "1e15", Some("1e15"));
     assert_eq!(huge[..3], [1, 0, 0]);
     assert!(huge[3] > 0);
-    let ttl_ms: i64 = redis::cmd("PTTL").arg("slow").query(&mut conn).expect("PTTL");
+    let ttl_ms: i64 = redis::cmd("PTTL")
+        .arg("slow")
+        .query(&mut conn)
+        .expect("PTTL");
     // The TTL saturates at 100 years (measured against the server's cached clock: a few ms of slack).
-    assert!(ttl_ms > 3_155_000_000_000 && ttl_ms <= 3_155_760_000_000 + 10, "{ttl_ms}");
+    assert!(
+        ttl_ms > 3_155_000_000_000 && ttl_ms <= 3_155_760_000_000 + 10,
+        "{ttl_ms}"
+    );
     assert!(pexpiretime(&mut conn, "slow") >= now + 3_155_000_000_000);
     let fast = acquire(&mut conn, "fast", "1e12", "1e15", Some("1"));
     assert_eq!(fast[0], 1);
@@ -146,10 +198,17 @@ fn extreme_values_saturate() {
     assert_eq!(tiny[0], 1);
     let denied = acquire(&mut conn, "tiny", "1e-300", "1e-300", Some("1e-300"));
     assert_eq!(denied[0], 0);
-    assert_eq!(denied[2], 1_000, "1e-300 tokens at 1e-300 per second: one second");
+    assert_eq!(
+        denied[2], 1_000,
+        "1e-300 tokens at 1e-300 per second: one second"
+    );
     acquire(&mut conn, "glacial", "1e-300", "1", Some("1"));
     let never = acquire(&mut conn, "glacial", "1e-300", "1", Some("1"));
-    assert_eq!(never[..3], [0, 0, i64::MAX], "a wait beyond i64 milliseconds saturates");
+    assert_eq!(
+        never[..3],
+        [0, 0, i64::MAX],
+        "a wait beyond i64 milliseconds saturates"
+    );
     assert_eq!(never[3], i64::MAX);
     common::ping(&mut conn);
 }
@@ -160,14 +219,28 @@ fn works_inside_multi_and_lua() {
     let mut conn = server.conn();
     let replies: Vec<Vec<i64>> = redis::pipe()
         .atomic()
-        .cmd("TB.ACQUIRE").arg("k").arg(1).arg(2)
-        .cmd("TB.ACQUIRE").arg("k").arg(1).arg(2)
-        .cmd("TB.ACQUIRE").arg("k").arg(1).arg(2)
+        .cmd("TB.ACQUIRE")
+        .arg("k")
+        .arg(1)
+        .arg(2)
+        .cmd("TB.ACQUIRE")
+        .arg("k")
+        .arg(1)
+        .arg(2)
+        .cmd("TB.ACQUIRE")
+        .arg("k")
+        .arg(1)
+        .arg(2)
         .query(&mut conn)
         .expect("MULTI/EXEC");
     assert_eq!(replies.iter().map(|r| r[0]).collect::<Vec<_>>(), [1, 1, 0]);
     let script = redis::Script::new("return redis.call('TB.ACQUIRE', KEYS[1], ARGV[1], ARGV[2])");
-    let from_lua: Vec<i64> = script.key("lua").arg(1).arg(5).invoke(&mut conn).expect("EVAL");
+    let from_lua: Vec<i64> = script
+        .key("lua")
+        .arg(1)
+        .arg(5)
+        .invoke(&mut conn)
+        .expect("EVAL");
     assert_eq!(from_lua[..2], [1, 4]);
 }
 
@@ -194,12 +267,25 @@ fn expired_or_deleted_bucket_is_full() {
     let _: i64 = redis::cmd("DEL").arg("k").query(&mut conn).expect("DEL");
     assert_eq!(acquire(&mut conn, "k", "0.001", "3", Some("0"))[1], 3);
     acquire(&mut conn, "k", "0.001", "3", Some("3"));
-    let _: i64 = redis::cmd("PEXPIRE").arg("k").arg(1).query(&mut conn).expect("PEXPIRE");
-    assert!(wait_until(Duration::from_secs(2), || acquire(&mut conn, "k", "0.001", "3", Some("0"))[1] == 3));
+    let _: i64 = redis::cmd("PEXPIRE")
+        .arg("k")
+        .arg(1)
+        .query(&mut conn)
+        .expect("PEXPIRE");
+    assert!(wait_until(Duration::from_secs(2), || acquire(
+        &mut conn,
+        "k",
+        "0.001",
+        "3",
+        Some("0")
+    )[1] == 3));
 }
 
 fn dirty(conn: &mut redis::Connection) -> i64 {
-    let info: String = redis::cmd("INFO").arg("persistence").query(conn).expect("INFO");
+    let info: String = redis::cmd("INFO")
+        .arg("persistence")
+        .query(conn)
+        .expect("INFO");
     info.lines()
         .find_map(|line| line.strip_prefix("rdb_changes_since_last_save:"))
         .and_then(|v| v.trim().parse().ok())

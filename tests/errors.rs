@@ -14,7 +14,8 @@ const NOT_A_BUCKET: &str =
 
 /// Values that are not finite decimals, or not positive.
 const NOT_POSITIVE: [&str; 14] = [
-    "abc", "0", "-1", "nan", "NaN", "inf", "-inf", "1e400", "0x10", "", "1abc", " 1", "1e-400", "-0",
+    "abc", "0", "-1", "nan", "NaN", "inf", "-inf", "1e400", "0x10", "", "1abc", " 1", "1e-400",
+    "-0",
 ];
 
 /// Snapshot of a key: its fields and absolute expiry.
@@ -39,16 +40,31 @@ fn bad_numbers_name_their_argument_and_change_nothing() {
     acquire(&mut conn, "k", "0.001", "5", Some("2"));
     let before = snapshot(&mut conn, "k");
     for bad in NOT_POSITIVE {
-        assert_eq!(acquire_error(&mut conn, &["k", bad, "5"]), RATE, "rate {bad:?}");
-        assert_eq!(acquire_error(&mut conn, &["k", "1", bad, "1"]), BURST, "burst {bad:?}");
+        assert_eq!(
+            acquire_error(&mut conn, &["k", bad, "5"]),
+            RATE,
+            "rate {bad:?}"
+        );
+        assert_eq!(
+            acquire_error(&mut conn, &["k", "1", bad, "1"]),
+            BURST,
+            "burst {bad:?}"
+        );
     }
     for bad in ["abc", "-1", "-0.5", "nan", "inf", "1e400", "0x1", "", "2x"] {
-        assert_eq!(acquire_error(&mut conn, &["k", "1", "5", bad]), COST, "cost {bad:?}");
+        assert_eq!(
+            acquire_error(&mut conn, &["k", "1", "5", bad]),
+            COST,
+            "cost {bad:?}"
+        );
     }
     assert_eq!(snapshot(&mut conn, "k"), before);
     // A refused call on a missing key creates nothing.
     assert_eq!(acquire_error(&mut conn, &["nokey", "0", "5"]), RATE);
-    let exists: i64 = redis::cmd("EXISTS").arg("nokey").query(&mut conn).expect("EXISTS");
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("nokey")
+        .query(&mut conn)
+        .expect("EXISTS");
     assert_eq!(exists, 0);
     ping(&mut conn);
 }
@@ -66,8 +82,16 @@ fn zero_cost_is_a_valid_peek_but_negative_zero_rate_is_not() {
 fn key_of_another_type_is_wrongtype() {
     let server = Server::start();
     let mut conn = server.conn();
-    let _: () = redis::cmd("SET").arg("s").arg("value").query(&mut conn).expect("SET");
-    let _: i64 = redis::cmd("RPUSH").arg("l").arg("a").query(&mut conn).expect("RPUSH");
+    let _: () = redis::cmd("SET")
+        .arg("s")
+        .arg("value")
+        .query(&mut conn)
+        .expect("SET");
+    let _: i64 = redis::cmd("RPUSH")
+        .arg("l")
+        .arg("a")
+        .query(&mut conn)
+        .expect("RPUSH");
     assert_eq!(acquire_error(&mut conn, &["s", "1", "1"]), WRONGTYPE);
     assert_eq!(acquire_error(&mut conn, &["l", "1", "1", "0"]), WRONGTYPE);
     let value: String = redis::cmd("GET").arg("s").query(&mut conn).expect("GET");
@@ -100,8 +124,16 @@ fn hash_that_is_not_a_bucket_is_refused_and_kept() {
         }
         let _: i64 = hset.query(&mut conn).expect("HSET");
         let before = snapshot(&mut conn, &key);
-        assert_eq!(acquire_error(&mut conn, &[&key, "1", "5"]), NOT_A_BUCKET, "{fields:?}");
-        assert_eq!(acquire_error(&mut conn, &[&key, "1", "5", "0"]), NOT_A_BUCKET, "{fields:?}");
+        assert_eq!(
+            acquire_error(&mut conn, &[&key, "1", "5"]),
+            NOT_A_BUCKET,
+            "{fields:?}"
+        );
+        assert_eq!(
+            acquire_error(&mut conn, &[&key, "1", "5", "0"]),
+            NOT_A_BUCKET,
+            "{fields:?}"
+        );
         assert_eq!(snapshot(&mut conn, &key), before, "{fields:?}");
     }
     ping(&mut conn);
@@ -112,8 +144,28 @@ fn random_argument_vectors_never_hurt_the_server() {
     let server = Server::start();
     let mut conn = server.conn();
     const POOL: [&str; 22] = [
-        "k", "1", "0", "-1", "0.5", "1e15", "1e-9", "1e12", "1e400", "nan", "inf", "", "abc", "2.5e-3",
-        "999999999999999999999", "1e308", "5e-324", "-0", "0x10", "\u{0}", "k2", "10",
+        "k",
+        "1",
+        "0",
+        "-1",
+        "0.5",
+        "1e15",
+        "1e-9",
+        "1e12",
+        "1e400",
+        "nan",
+        "inf",
+        "",
+        "abc",
+        "2.5e-3",
+        "999999999999999999999",
+        "1e308",
+        "5e-324",
+        "-0",
+        "0x10",
+        "\u{0}",
+        "k2",
+        "10",
     ];
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move || {
@@ -145,5 +197,8 @@ fn random_argument_vectors_never_hurt_the_server() {
     }
     ping(&mut conn);
     let log = server.log();
-    assert!(!log.contains("crashed"), "server log reports a crash:\n{log}");
+    assert!(
+        !log.contains("crashed"),
+        "server log reports a crash:\n{log}"
+    );
 }

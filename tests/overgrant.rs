@@ -57,9 +57,21 @@ fn sixty_four_clients_never_over_grant() {
     // Every grant happened within `elapsed` of the first one, so burst + rate · elapsed bounds them.
     let bound = (BURST + RATE * elapsed).floor() as i64;
     println!("over-grant: {granted} grants of {calls} calls in {elapsed:.3} s (bound {bound})");
-    assert!(calls > 1_000, "the load was too light to prove anything: {calls} calls");
-    assert!(granted <= bound, "{granted} grants exceed burst + rate * t = {bound}");
-    assert!(granted <= MAX_GRANTS, "{granted} grants exceed {MAX_GRANTS}");
+    assert!(
+        calls > 1_000,
+        "the load was too light to prove anything: {calls} calls"
+    );
+    assert!(
+        granted <= bound,
+        "{granted} grants exceed burst + rate * t = {bound}"
+    );
+    assert!(
+        granted <= MAX_GRANTS,
+        "{granted} grants exceed {MAX_GRANTS}"
+    );
     // And the limiter is not simply refusing: the refill must have been granted too.
-    assert!(granted >= (BURST + RATE * RUN.as_secs_f64() * 0.8) as i64, "only {granted} grants");
+    assert!(
+        granted >= (BURST + RATE * RUN.as_secs_f64() * 0.8) as i64,
+        "only {granted} grants"
+    );
 }

@@ -61,14 +61,23 @@ fn rate_limits_case_table() {
 #[test]
 fn missing_bucket_is_full() {
     let d = acquire(None, T0, &params(1.0, 5.0), cost(0.0));
-    assert_eq!((d.allowed(), d.remaining, d.reset_after_ms, d.write), (true, 5, 0, None));
+    assert_eq!(
+        (d.allowed(), d.remaining, d.reset_after_ms, d.write),
+        (true, 5, 0, None)
+    );
 }
 
 #[test]
 fn allowed_write_expires_when_full_again() {
     let d = acquire(None, T0, &params(2.0, 10.0), cost(3.0));
     let write = d.write.expect("an allowed call writes");
-    assert_eq!(write.state, State { tokens: 7.0, updated_us: T0 });
+    assert_eq!(
+        write.state,
+        State {
+            tokens: 7.0,
+            updated_us: T0
+        }
+    );
     // 3 tokens at 2/s: 1.5 s.
     assert_eq!(write.expire_at_ms, T0 / 1_000 + 1_500);
     assert_eq!(d.reset_after_ms, 1_500);
@@ -83,7 +92,10 @@ fn denies_when_cost_exceeds_burst() {
 
 #[test]
 fn denied_call_writes_nothing() {
-    let stored = State { tokens: 0.25, updated_us: T0 };
+    let stored = State {
+        tokens: 0.25,
+        updated_us: T0,
+    };
     let d = acquire(Some(stored), T0, &params(1.0, 2.0), cost(1.0));
     assert_eq!((d.outcome, d.write), (Outcome::Denied, None));
     assert_eq!(d.retry_after_ms, 750);
@@ -92,7 +104,10 @@ fn denied_call_writes_nothing() {
 #[test]
 fn clock_stepping_back_never_mints_tokens() {
     let p = params(1_000.0, 10.0);
-    let stored = State { tokens: 0.0, updated_us: T0 };
+    let stored = State {
+        tokens: 0.0,
+        updated_us: T0,
+    };
     // Our clock reads 5 s before the last write: no refill, and the write keeps the later timestamp.
     let d = acquire(Some(stored), T0 - 5_000_000, &p, cost(1.0));
     assert_eq!(d.outcome, Outcome::Denied);
@@ -104,7 +119,10 @@ fn clock_stepping_back_never_mints_tokens() {
 
 #[test]
 fn smaller_burst_caps_stored_tokens() {
-    let stored = State { tokens: 100.0, updated_us: T0 };
+    let stored = State {
+        tokens: 100.0,
+        updated_us: T0,
+    };
     let d = acquire(Some(stored), T0, &params(1.0, 10.0), cost(1.0));
     assert_eq!((d.allowed(), d.remaining), (true, 9));
 }
@@ -113,7 +131,10 @@ fn smaller_burst_caps_stored_tokens() {
 fn fractional_values_work() {
     let p = params(0.5, 1.5);
     let d = replay(&p, &[(0, 1.0), (0, 1.0), (1_000_000, 1.0)]);
-    assert_eq!(d.iter().map(Decision::allowed).collect::<Vec<_>>(), [true, false, true]);
+    assert_eq!(
+        d.iter().map(Decision::allowed).collect::<Vec<_>>(),
+        [true, false, true]
+    );
     assert_eq!(d[1].retry_after_ms, 1_000);
 }
 
@@ -146,16 +167,14 @@ fn params_refuse_bad_numbers() {
     for bad in [-1.0, -1e-300, f64::NAN, f64::INFINITY] {
         assert_eq!(Cost::new(bad), Err(ParamError::Cost));
     }
-    assert_eq!(Cost::new(-0.0).map(|c| c.tokens().is_sign_positive()), Ok(true));
+    assert_eq!(
+        Cost::new(-0.0).map(|c| c.tokens().is_sign_positive()),
+        Ok(true)
+    );
 }
 
 fn arb_params() -> impl Strategy<Value = Params> {
     (1e-3f64..1e4, 1e-2f64..1e4).prop_map(|(rate, burst)| params(rate, burst))
-}
-
-fn arb_state(p: Params) -> impl Strategy<Value = State> {
-    (0.0..=p.burst(), -10_000_000i64..10_000_000)
-        .prop_map(|(tokens, offset_us)| State { tokens, updated_us: T0 + offset_us })
 }
 
 fn arb_history() -> impl Strategy<Value = (Params, Vec<(i64, f64)>)> {

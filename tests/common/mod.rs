@@ -81,7 +81,9 @@ impl Server {
                 }
             }
         }
-        panic!("redis-server did not start after {STARTUP_ATTEMPTS} attempts; last log:\n{last_log}");
+        panic!(
+            "redis-server did not start after {STARTUP_ATTEMPTS} attempts; last log:\n{last_log}"
+        );
     }
 
     pub fn url(&self) -> String {
@@ -201,7 +203,13 @@ pub fn wait_until(deadline: Duration, mut condition: impl FnMut() -> bool) -> bo
 }
 
 /// `TB.ACQUIRE key rate burst [cost]`, expecting the 4-integer reply.
-pub fn acquire(conn: &mut redis::Connection, key: &str, rate: &str, burst: &str, cost: Option<&str>) -> [i64; 4] {
+pub fn acquire(
+    conn: &mut redis::Connection,
+    key: &str,
+    rate: &str,
+    burst: &str,
+    cost: Option<&str>,
+) -> [i64; 4] {
     let mut command = redis::cmd("TB.ACQUIRE");
     command.arg(key).arg(rate).arg(burst);
     if let Some(cost) = cost {
@@ -231,16 +239,22 @@ pub fn error_text(error: &redis::RedisError) -> String {
 
 /// `HGETALL key` as sorted pairs.
 pub fn hgetall(conn: &mut redis::Connection, key: &str) -> Vec<(String, String)> {
-    let mut pairs: Vec<(String, String)> = redis::cmd("HGETALL").arg(key).query(conn).expect("HGETALL");
+    let mut pairs: Vec<(String, String)> =
+        redis::cmd("HGETALL").arg(key).query(conn).expect("HGETALL");
     pairs.sort();
     pairs
 }
 
 pub fn pexpiretime(conn: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("PEXPIRETIME").arg(key).query(conn).expect("PEXPIRETIME")
+    redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query(conn)
+        .expect("PEXPIRETIME")
 }
 
 pub fn ping(conn: &mut redis::Connection) {
-    let pong: String = redis::cmd("PING").query(conn).expect("server still answers");
+    let pong: String = redis::cmd("PING")
+        .query(conn)
+        .expect("server still answers");
     assert_eq!(pong, "PONG");
 }
