@@ -4,7 +4,10 @@ PORT ?= 6379
 MODULE := target/release/libredis_tb.so
 REDIS_SERVER ?= redis-server
 
-.PHONY: help deps build run test unit integration lint bench clean
+VENV := .venv
+PYTHON := $(CURDIR)/$(VENV)/bin/python
+
+.PHONY: help deps venv build run test lint bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -18,8 +21,11 @@ build: deps ## Build the module: target/release/libredis_tb.so
 run: build ## Start redis-server in the foreground with the module loaded (PORT=6379)
 	$(REDIS_SERVER) --port $(PORT) --save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
 
-test: build ## Unit, property and integration tests (integration tests spawn their own servers)
-	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) cargo test --all-targets
+venv: ## A project-local Python environment with redis-py, for the client example test
+	@$(PYTHON) -c 'import redis' 2>/dev/null || (python3 -m venv $(VENV) && $(PYTHON) -m pip install -q redis)
+
+test: build venv ## Unit, property and integration tests (integration tests spawn their own servers)
+	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) TB_PYTHON=$(PYTHON) cargo test --all-targets
 
 lint: deps ## cargo fmt --check, clippy -D warnings, and the purity check on src/bucket.rs
 	cargo fmt --check

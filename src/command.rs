@@ -37,13 +37,44 @@
 
 use std::ffi::CStr;
 
-use crate::bucket::{self, Cost, ParamError, Params, State, Write};
-use crate::server::{self, Call, Command, Key, KeyKind};
+use crate::bucket::{self, Cost, Decision, ParamError, Params, State, Write};
+use crate::server::{self, ArgDoc, ArgKind, Call, Command, CommandDocs, EventClass, Key, KeyKind};
+use crate::stats;
 
 /// The command's name as registered.
 pub const ACQUIRE_NAME: &CStr = c"tb.acquire";
 /// Registration flags: it writes, may grow memory (refused under OOM), and is O(1).
 pub const ACQUIRE_FLAGS: &CStr = c"write deny-oom fast";
+/// What `COMMAND DOCS` and `COMMAND INFO` say about it.
+pub const ACQUIRE_DOCS: CommandDocs = CommandDocs {
+    summary: c"Refills the token bucket at key on the server clock and takes cost tokens if it holds them.",
+    complexity: c"O(1)",
+    since: c"0.1.0",
+    arity: -4,
+    first_key: 1,
+    last_key: 0,
+    key_step: 1,
+    args: &[
+        arg(c"key", ArgKind::Key, false),
+        arg(c"rate", ArgKind::Double, false),
+        arg(c"burst", ArgKind::Double, false),
+        arg(c"cost", ArgKind::Double, true),
+    ],
+};
+
+const fn arg(name: &'static CStr, kind: ArgKind, optional: bool) -> ArgDoc {
+    ArgDoc {
+        name,
+        kind,
+        optional,
+        multiple: false,
+        subargs: &[],
+    }
+}
+
+/// Keyspace events a write fires: those of the native commands it replicates as (`HSET`, `PEXPIREAT`).
+const EVENT_HSET: &CStr = c"hset";
+const EVENT_EXPIRE: &CStr = c"expire";
 
 /// Hash field holding the token count.
 const FIELD_TOKENS: &CStr = c"tokens";
@@ -93,13 +124,29 @@ pub struct Acquire;
 impl Command for Acquire {
     fn run(call: &Call<'_>) {
         match acquire(call) {
-            Ok(reply) => call.reply_integers(&reply),
-            Err(error) => call.reply_error(error.wire_text()),
+            Ok((decision, cost)) => {
+                stats::record(&decision, cost.tokens());
+                call.reply_integers(&reply_fields(&decision));
+            }
+            Err(error) => {
+                stats::record_error();
+                call.reply_error(error.wire_text());
+            }
         }
     }
 }
 
-fn acquire(call: &Call<'_>) -> Result<[i64; 4], TbError> {
+/// The four reply integers: allowed, remaining, retry_after_ms, reset_after_ms.
+fn reply_fields(decision: &Decision) -> [i64; 4] {
+    [
+        i64::from(decision.allowed()),
+        decision.remaining,
+        decision.retry_after_ms,
+        decision.reset_after_ms,
+    ]
+}
+
+fn acquire(call: &Call<'_>) -> Result<(Decision, Cost), TbError> {
     if !(4..=5).contains(&call.arg_count()) {
         return Err(TbError::WrongArity);
     }
@@ -117,12 +164,7 @@ fn acquire(call: &Call<'_>) -> Result<[i64; 4], TbError> {
     if let Some(write) = decision.write {
         write_state(call, &key, &write)?;
     }
-    Ok([
-        i64::from(decision.allowed()),
-        decision.remaining,
-        decision.retry_after_ms,
-        decision.reset_after_ms,
-    ])
+    Ok((decision, cost))
 }
 
 /// Parses a decimal argument: what Rust's `f64` grammar accepts (`1`, `0.5`, `2.5e-3`), finite only. Hex, empty
@@ -146,7 +188,8 @@ fn read_state(key: &Key<'_>) -> Result<Option<State>, TbError> {
     }
 }
 
-/// Writes the new state and its expiry, then replicates exactly those effects.
+/// Writes the new state and its expiry, replicates exactly those effects, and fires the keyspace events the
+/// equivalent native commands would.
 fn write_state(call: &Call<'_>, key: &Key<'_>, write: &Write) -> Result<(), TbError> {
     with_encoded(&write.state, |tokens, updated_us| {
         let fields = [(FIELD_TOKENS, tokens), (FIELD_UPDATED_US, updated_us)];
@@ -154,7 +197,10 @@ fn write_state(call: &Call<'_>, key: &Key<'_>, write: &Write) -> Result<(), TbEr
             .and_then(|()| key.set_expire_at(write.expire_at_ms))
             .and_then(|()| call.replicate_hset_pexpireat(key, fields, write.expire_at_ms))
             .map_err(|()| TbError::WriteFailed)
-    })
+    })?;
+    call.notify(EventClass::Hash, EVENT_HSET, key);
+    call.notify(EventClass::Generic, EVENT_EXPIRE, key);
+    Ok(())
 }
 
 /// Decodes the two stored fields; `None` if either is missing or not what [`with_encoded`] writes.

@@ -169,6 +169,31 @@ impl<'a> Call<'a> {
     }
 }
 
+/// The class of a keyspace event, as `notify-keyspace-events` filters them.
+#[derive(Clone, Copy)]
+pub enum EventClass {
+    /// `g`: generic events such as `expire` and `del`.
+    Generic,
+    /// `h`: hash events such as `hset`.
+    Hash,
+}
+
+impl Call<'_> {
+    /// Fires keyspace event `event` on `key`, as a native command would. A no-op for the classes the server's
+    /// `notify-keyspace-events` leaves out.
+    pub fn notify(&self, class: EventClass, event: &CStr, key: &Key<'_>) {
+        let Some(notify) = (unsafe { raw::RedisModule_NotifyKeyspaceEvent }) else {
+            return;
+        };
+        let class = match class {
+            EventClass::Generic => raw::REDISMODULE_NOTIFY_GENERIC,
+            EventClass::Hash => raw::REDISMODULE_NOTIFY_HASH,
+        };
+        // SAFETY: live context and key name; the server copies what it publishes.
+        unsafe { notify(self.ctx, class, event.as_ptr(), key.name) };
+    }
+}
+
 /// What an opened key holds, as far as the commands care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyKind {
@@ -360,5 +385,264 @@ fn status(code: c_int) -> Result<(), ()> {
         Ok(())
     } else {
         Err(())
+    }
+}
+
+/// Static self-description of a command for `COMMAND DOCS`/`COMMAND INFO`: what `RedisModule_SetCommandInfo`
+/// takes, in safe types.
+pub struct CommandDocs {
+    pub summary: &'static CStr,
+    pub complexity: &'static CStr,
+    pub since: &'static CStr,
+    /// Redis arity: positive for exact, negative for "at least |arity|" (command name included).
+    pub arity: c_int,
+    /// Where the keys are: index of the first key, then the range (`last_key` relative to it, -1 for the last
+    /// argument) and the step between keys. Every key is read and written (RW + UPDATE).
+    pub first_key: c_int,
+    pub last_key: c_int,
+    pub key_step: c_int,
+    pub args: &'static [ArgDoc],
+}
+
+/// One argument of [`CommandDocs`].
+pub struct ArgDoc {
+    pub name: &'static CStr,
+    pub kind: ArgKind,
+    pub optional: bool,
+    pub multiple: bool,
+    /// Nested arguments (a block).
+    pub subargs: &'static [ArgDoc],
+}
+
+#[derive(Clone, Copy)]
+pub enum ArgKind {
+    Key,
+    Double,
+}
+
+/// What became of a request to describe a command.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Support {
+    Done,
+    /// The server lacks the API (e.g. `SetCommandInfo` on Redis 6.2).
+    Unsupported,
+    Failed,
+}
+
+/// The layout version of the structures below, as `redismodule.h` defines it for `RedisModule_SetCommandInfo`.
+static COMMAND_INFO_VERSION: raw::RedisModuleCommandInfoVersion =
+    raw::RedisModuleCommandInfoVersion {
+        version: 1,
+        sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
+        sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
+        sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
+    };
+
+/// Gives the registered command `name` its arity, key spec and documentation. Load time only.
+pub fn set_command_info(ctx: &redis_module::Context, name: &CStr, docs: &CommandDocs) -> Support {
+    let (Some(get_command), Some(set_info)) = (unsafe { raw::RedisModule_GetCommand }, unsafe {
+        raw::RedisModule_SetCommandInfo
+    }) else {
+        return Support::Unsupported;
+    };
+    // SAFETY: live load-time context and a NUL-terminated name.
+    let command = unsafe { get_command(ctx.ctx, name.as_ptr()) };
+    if command.is_null() {
+        return Support::Failed;
+    }
+    let key_specs = [
+        raw::RedisModuleCommandKeySpec {
+            notes: ptr::null(),
+            flags: u64::from(raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE),
+            begin_search_type: raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX,
+            bs: raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
+                index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 {
+                    pos: docs.first_key,
+                },
+            },
+            find_keys_type: raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE,
+            fk: raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+                range: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
+                    lastkey: docs.last_key,
+                    keystep: docs.key_step,
+                    limit: 0,
+                },
+            },
+        },
+        // SAFETY: an all-zero key spec is the documented terminator.
+        unsafe { std::mem::zeroed() },
+    ];
+    let mut arg_storage: Vec<Vec<raw::RedisModuleCommandArg>> = Vec::new();
+    let args = raw_args(docs.args, &mut arg_storage);
+    let mut info = raw::RedisModuleCommandInfo {
+        version: &COMMAND_INFO_VERSION,
+        summary: docs.summary.as_ptr(),
+        complexity: docs.complexity.as_ptr(),
+        since: docs.since.as_ptr(),
+        history: ptr::null_mut(),
+        tips: ptr::null(),
+        arity: docs.arity,
+        key_specs: key_specs.as_ptr().cast_mut(),
+        args,
+    };
+    // SAFETY: every pointer in `info` is live until this returns; the server copies what it keeps.
+    match status(unsafe { set_info(command, &mut info) }) {
+        Ok(()) => Support::Done,
+        Err(()) => Support::Failed,
+    }
+}
+
+/// Lays out `docs` as a NULL-terminated raw array kept alive by `storage`, subargs first.
+fn raw_args(
+    docs: &[ArgDoc],
+    storage: &mut Vec<Vec<raw::RedisModuleCommandArg>>,
+) -> *mut raw::RedisModuleCommandArg {
+    if docs.is_empty() {
+        return ptr::null_mut();
+    }
+    let mut array: Vec<raw::RedisModuleCommandArg> = Vec::with_capacity(docs.len() + 1);
+    for doc in docs {
+        let subargs = raw_args(doc.subargs, storage);
+        let mut flags = 0;
+        if doc.optional {
+            flags |= raw::REDISMODULE_CMD_ARG_OPTIONAL;
+        }
+        if doc.multiple {
+            flags |= raw::REDISMODULE_CMD_ARG_MULTIPLE;
+        }
+        array.push(raw::RedisModuleCommandArg {
+            name: doc.name.as_ptr(),
+            type_: match doc.kind {
+                ArgKind::Key => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
+                ArgKind::Double => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
+            },
+            key_spec_index: if matches!(doc.kind, ArgKind::Key) {
+                0
+            } else {
+                -1
+            },
+            token: ptr::null(),
+            summary: ptr::null(),
+            since: ptr::null(),
+            flags: c_int::try_from(flags).unwrap_or(0),
+            deprecated_since: ptr::null(),
+            subargs,
+            display_text: ptr::null(),
+        });
+    }
+    // SAFETY: an all-zero argument is the documented terminator.
+    array.push(unsafe { std::mem::zeroed() });
+    // Moving the Vec into `storage` does not move its heap buffer, so the pointer stays valid.
+    let pointer = array.as_mut_ptr();
+    storage.push(array);
+    pointer
+}
+
+/// Adds a module-defined ACL category (Redis 7.4+, Valkey). Load time only.
+pub fn add_acl_category(ctx: &redis_module::Context, name: &CStr) -> Support {
+    let Some(add) = (unsafe { raw::RedisModule_AddACLCategory }) else {
+        return Support::Unsupported;
+    };
+    // SAFETY: live load-time context, NUL-terminated name.
+    match status(unsafe { add(ctx.ctx, name.as_ptr()) }) {
+        Ok(()) => Support::Done,
+        Err(()) => Support::Failed,
+    }
+}
+
+/// Puts the registered command `name` in the space-separated ACL `categories` (Redis 7.2+, Valkey).
+pub fn set_acl_categories(ctx: &redis_module::Context, name: &CStr, categories: &CStr) -> Support {
+    let (Some(get_command), Some(set_categories)) =
+        (unsafe { raw::RedisModule_GetCommand }, unsafe {
+            raw::RedisModule_SetCommandACLCategories
+        })
+    else {
+        return Support::Unsupported;
+    };
+    // SAFETY: live load-time context and NUL-terminated strings.
+    let command = unsafe { get_command(ctx.ctx, name.as_ptr()) };
+    if command.is_null() {
+        return Support::Failed;
+    }
+    // SAFETY: as above.
+    match status(unsafe { set_categories(command, categories.as_ptr()) }) {
+        Ok(()) => Support::Done,
+        Err(()) => Support::Failed,
+    }
+}
+
+/// Something to run when a client sends `CONFIG RESETSTAT`.
+pub trait ResetHook {
+    fn reset();
+}
+
+/// Runs `H::reset` whenever any client issues `CONFIG RESETSTAT`, through a command filter. The filter sees every
+/// command, so it does as little as possible: an argument count, then two short comparisons.
+pub fn on_config_resetstat<H: ResetHook>(ctx: &redis_module::Context) -> Support {
+    let Some(register) = (unsafe { raw::RedisModule_RegisterCommandFilter }) else {
+        return Support::Unsupported;
+    };
+    // SAFETY: live load-time context; the filter lives as long as the module.
+    let filter = unsafe {
+        register(
+            ctx.ctx,
+            Some(resetstat_filter::<H>),
+            raw::REDISMODULE_CMDFILTER_NOSELF as c_int,
+        )
+    };
+    if filter.is_null() {
+        Support::Failed
+    } else {
+        Support::Done
+    }
+}
+
+extern "C" fn resetstat_filter<H: ResetHook>(filter: *mut raw::RedisModuleCommandFilterCtx) {
+    let (Some(count), Some(get)) = (unsafe { raw::RedisModule_CommandFilterArgsCount }, unsafe {
+        raw::RedisModule_CommandFilterArgGet
+    }) else {
+        return;
+    };
+    // SAFETY: `filter` is live for this callback; arguments are only read.
+    let is_resetstat = unsafe {
+        count(filter) == 2
+            && string_bytes(get(filter, 0)).eq_ignore_ascii_case(b"config")
+            && string_bytes(get(filter, 1)).eq_ignore_ascii_case(b"resetstat")
+    };
+    if is_resetstat {
+        H::reset();
+    }
+}
+
+/// A field of the module's `INFO` section.
+pub enum InfoValue {
+    Count(u64),
+    Number(f64),
+}
+
+/// Adds `section` (shown as `tb_<section>` under `INFO tb`) with its fields.
+pub fn add_info_section(
+    ctx: &redis_module::InfoContext,
+    section: &CStr,
+    fields: &[(&CStr, InfoValue)],
+) {
+    let (Some(add_section), Some(add_count), Some(add_number)) = (
+        unsafe { raw::RedisModule_InfoAddSection },
+        unsafe { raw::RedisModule_InfoAddFieldULongLong },
+        unsafe { raw::RedisModule_InfoAddFieldDouble },
+    ) else {
+        return;
+    };
+    // SAFETY: `ctx.ctx` is the live INFO context of this callback; names are NUL-terminated.
+    unsafe {
+        if add_section(ctx.ctx, section.as_ptr()) != raw::REDISMODULE_OK as c_int {
+            return;
+        }
+        for (name, value) in fields {
+            match *value {
+                InfoValue::Count(count) => add_count(ctx.ctx, name.as_ptr(), count),
+                InfoValue::Number(number) => add_number(ctx.ctx, name.as_ptr(), number),
+            };
+        }
     }
 }

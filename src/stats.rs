@@ -1,0 +1,105 @@
+//! Counters for `INFO tb`: what the module has decided since the server started or since the last
+//! `CONFIG RESETSTAT`.
+//!
+//! Every call lands in exactly one of `allowed`, `denied`, `denied_cost_exceeds_burst`, `peeks` and `errors`, so
+//! they add up to `calls`. `tokens_granted` sums the cost of allowed calls.
+//!
+//! Commands, INFO and the RESETSTAT hook all run on the server's main thread, so the counters need no
+//! read-modify-write atomics: a relaxed load and store is enough and costs what a plain `u64` would. They are
+//! atomics only because a `static` must be `Sync`.
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::bucket::{Decision, Outcome};
+
+/// A counter bumped only from the server's main thread.
+struct Counter(AtomicU64);
+
+impl Counter {
+    const fn new() -> Counter {
+        Counter(AtomicU64::new(0))
+    }
+
+    fn add(&self, n: u64) {
+        self.0.store(self.get().wrapping_add(n), Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn reset(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+}
+
+static CALLS: Counter = Counter::new();
+static ALLOWED: Counter = Counter::new();
+static DENIED: Counter = Counter::new();
+static DENIED_COST_EXCEEDS_BURST: Counter = Counter::new();
+static PEEKS: Counter = Counter::new();
+static ERRORS: Counter = Counter::new();
+/// An `f64` sum of granted costs, kept as its bit pattern.
+static TOKENS_GRANTED_BITS: Counter = Counter::new();
+
+/// Counts one decided call that asked for `cost` tokens.
+pub fn record(decision: &Decision, cost: f64) {
+    CALLS.add(1);
+    match decision.outcome {
+        Outcome::Allowed if cost == 0.0 => PEEKS.add(1),
+        Outcome::Allowed => {
+            ALLOWED.add(1);
+            let granted = f64::from_bits(TOKENS_GRANTED_BITS.get()) + cost;
+            TOKENS_GRANTED_BITS
+                .0
+                .store(granted.to_bits(), Ordering::Relaxed);
+        }
+        Outcome::Denied => DENIED.add(1),
+        Outcome::Impossible => DENIED_COST_EXCEEDS_BURST.add(1),
+    }
+}
+
+/// Counts one call refused with an error.
+pub fn record_error() {
+    CALLS.add(1);
+    ERRORS.add(1);
+}
+
+/// Zeroes every counter (`CONFIG RESETSTAT`).
+pub fn reset() {
+    for counter in [
+        &CALLS,
+        &ALLOWED,
+        &DENIED,
+        &DENIED_COST_EXCEEDS_BURST,
+        &PEEKS,
+        &ERRORS,
+        &TOKENS_GRANTED_BITS,
+    ] {
+        counter.reset();
+    }
+}
+
+/// The counters as `INFO` shows them, in order.
+pub struct Snapshot {
+    pub calls: u64,
+    pub allowed: u64,
+    pub denied: u64,
+    pub denied_cost_exceeds_burst: u64,
+    pub peeks: u64,
+    pub errors: u64,
+    pub tokens_granted: f64,
+}
+
+pub fn snapshot() -> Snapshot {
+    Snapshot {
+        calls: CALLS.get(),
+        allowed: ALLOWED.get(),
+        denied: DENIED.get(),
+        denied_cost_exceeds_burst: DENIED_COST_EXCEEDS_BURST.get(),
+        peeks: PEEKS.get(),
+        errors: ERRORS.get(),
+        tokens_granted: f64::from_bits(TOKENS_GRANTED_BITS.get()),
+    }
+}

@@ -1,0 +1,334 @@
+//! What operators see next to native commands: COMMAND INFO/DOCS, INFO tb, keyspace events, ACL, loading.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{
+    acquire, acquire_error, error_text, free_port, fresh_dir, module_path, server_binary,
+    wait_until,
+};
+use common::{Options, Server};
+use redis::Value;
+
+/// Flattens a RESP reply into its leaf strings and integers, in order, for simple containment checks.
+fn leaves(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Array(items) | Value::Set(items) => items.iter().for_each(|item| leaves(item, out)),
+        Value::Map(pairs) => pairs.iter().for_each(|(k, v)| {
+            leaves(k, out);
+            leaves(v, out);
+        }),
+        Value::BulkString(bytes) => out.push(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(text) => out.push(text.clone()),
+        Value::Int(n) => out.push(n.to_string()),
+        _ => {}
+    }
+}
+
+fn flat(conn: &mut redis::Connection, args: &[&str]) -> Vec<String> {
+    let value: Value = redis::cmd(args[0])
+        .arg(&args[1..])
+        .query(conn)
+        .expect("command");
+    let mut out = Vec::new();
+    leaves(&value, &mut out);
+    out
+}
+
+/// The value that follows `name` in a flattened reply.
+fn after<'a>(items: &'a [String], name: &str) -> &'a str {
+    let at = items
+        .iter()
+        .position(|item| item == name)
+        .unwrap_or_else(|| panic!("{name} in {items:?}"));
+    &items[at + 1]
+}
+
+fn info_tb(conn: &mut redis::Connection) -> Vec<(String, String)> {
+    let text: String = redis::cmd("INFO").arg("tb").query(conn).expect("INFO tb");
+    text.lines()
+        .filter_map(|line| line.split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+fn stat(stats: &[(String, String)], name: &str) -> f64 {
+    stats
+        .iter()
+        .find(|(k, _)| k == name)
+        .unwrap_or_else(|| panic!("{name} in {stats:?}"))
+        .1
+        .parse()
+        .expect("number")
+}
+
+#[test]
+fn command_info_describes_arity_flags_and_key() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    let info = flat(&mut conn, &["COMMAND", "INFO", "TB.ACQUIRE"]);
+    assert_eq!(info[..2], ["tb.acquire", "-4"]);
+    for flag in ["write", "denyoom", "fast"] {
+        assert!(info.contains(&flag.to_string()), "{flag} in {info:?}");
+    }
+    // first key, last key, step.
+    let at = info.iter().position(|item| item == "fast").expect("flags") + 1;
+    assert_eq!(info[at..at + 3], ["1", "1", "1"], "{info:?}");
+    // The key spec: read-write, update, index 1.
+    assert!(
+        info.contains(&"RW".to_string()) && info.contains(&"update".to_string()),
+        "{info:?}"
+    );
+    assert_eq!(after(&info, "index"), "spec");
+}
+
+#[test]
+fn command_docs_lists_summary_and_arguments() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    let docs = flat(&mut conn, &["COMMAND", "DOCS", "TB.ACQUIRE"]);
+    assert!(after(&docs, "summary").contains("token bucket"), "{docs:?}");
+    assert_eq!(after(&docs, "complexity"), "O(1)");
+    assert_eq!(after(&docs, "since"), "0.1.0");
+    assert_eq!(after(&docs, "group"), "module");
+    assert!(docs.windows(2).any(|w| w == ["module", "tb"]), "{docs:?}");
+    let names: Vec<&str> = docs
+        .windows(4)
+        .filter(|w| w[0] == "name" && w[2] == "type")
+        .map(|w| w[1].as_str())
+        .collect();
+    assert_eq!(names, ["key", "rate", "burst", "cost"]);
+    assert_eq!(after(&docs, "key"), "type");
+    assert_eq!(docs.iter().filter(|item| *item == "double").count(), 3);
+    assert_eq!(
+        docs.last().map(String::as_str),
+        Some("optional"),
+        "cost is optional: {docs:?}"
+    );
+}
+
+#[test]
+fn info_tb_counts_outcomes_and_resets() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    acquire(&mut conn, "k", "0.001", "5", Some("2"));
+    acquire(&mut conn, "k", "0.001", "5", Some("2.5"));
+    acquire(&mut conn, "k", "0.001", "5", Some("2")); // denied: 0.5 left
+    acquire(&mut conn, "k", "0.001", "5", Some("6")); // cost > burst
+    acquire(&mut conn, "k", "0.001", "5", Some("0")); // peek
+    acquire_error(&mut conn, &["k", "nope", "5"]);
+    let stats = info_tb(&mut conn);
+    let expected = [
+        ("tb_calls", 6.0),
+        ("tb_allowed", 2.0),
+        ("tb_denied", 1.0),
+        ("tb_denied_cost_exceeds_burst", 1.0),
+        ("tb_peeks", 1.0),
+        ("tb_errors", 1.0),
+        ("tb_tokens_granted", 4.5),
+    ];
+    for (name, value) in expected {
+        assert_eq!(stat(&stats, name), value, "{name}: {stats:?}");
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .expect("RESETSTAT");
+    for (name, _) in expected {
+        assert_eq!(
+            stat(&info_tb(&mut conn), name),
+            0.0,
+            "{name} after RESETSTAT"
+        );
+    }
+    acquire(&mut conn, "k2", "1", "5", None);
+    assert_eq!(stat(&info_tb(&mut conn), "tb_allowed"), 1.0);
+}
+
+#[test]
+fn writes_fire_keyspace_events_and_denials_fire_none() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("KEA")
+        .query(&mut conn)
+        .expect("CONFIG SET");
+    let mut subscriber = server.conn();
+    let mut pubsub = subscriber.as_pubsub();
+    pubsub.psubscribe("__keyspace@0__:*").expect("PSUBSCRIBE");
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut next_event = || -> (String, String) {
+        let message = pubsub.get_message().expect("a keyspace event");
+        let channel = message.get_channel_name().to_string();
+        let event: String = message.get_payload().expect("payload");
+        (
+            channel.trim_start_matches("__keyspace@0__:").to_string(),
+            event,
+        )
+    };
+
+    acquire(&mut conn, "bucket", "0.001", "2", Some("2"));
+    assert_eq!(next_event(), ("bucket".to_string(), "hset".to_string()));
+    assert_eq!(next_event(), ("bucket".to_string(), "expire".to_string()));
+    // A denial and a peek fire nothing: the next event is the marker written after them.
+    acquire(&mut conn, "bucket", "0.001", "2", Some("1"));
+    acquire(&mut conn, "bucket", "0.001", "2", Some("0"));
+    acquire(&mut conn, "fresh", "1", "2", Some("0"));
+    let _: () = redis::cmd("SET")
+        .arg("marker")
+        .arg(1)
+        .query(&mut conn)
+        .expect("SET");
+    assert_eq!(next_event(), ("marker".to_string(), "set".to_string()));
+}
+
+#[test]
+fn acl_rules_grant_and_deny_the_command() {
+    let server = Server::start();
+    let mut admin = server.conn();
+    let setuser = |conn: &mut redis::Connection, rules: &[&str]| {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(rules)
+            .query(conn)
+            .expect("ACL SETUSER");
+    };
+    setuser(&mut admin, &["limiter", "on", ">pw", "~*", "+tb.acquire"]);
+    setuser(
+        &mut admin,
+        &["nolimit", "on", ">pw", "~*", "+@all", "-tb.acquire"],
+    );
+    let login = |user: &str| {
+        redis::Client::open(format!("redis://{user}:pw@127.0.0.1:{}/", server.port))
+            .expect("client")
+            .get_connection()
+            .expect("login")
+    };
+    let mut limiter = login("limiter");
+    assert_eq!(acquire(&mut limiter, "k", "1", "5", None)[0], 1);
+    let denied: redis::RedisResult<Value> = redis::cmd("HGETALL").arg("k").query(&mut limiter);
+    assert!(error_text(&denied.expect_err("HGETALL is not granted")).starts_with("NOPERM"));
+    let mut nolimit = login("nolimit");
+    assert!(acquire_error(&mut nolimit, &["k", "1", "5"]).starts_with("NOPERM"));
+
+    // Where the server lets modules declare ACL categories (Redis 7.2+, Valkey), the command is in
+    // @write, @fast and the module's own @ratelimit; on Redis 7.0 it is in none, as the README says.
+    let categories: Vec<String> = redis::cmd("ACL")
+        .arg("CAT")
+        .query(&mut admin)
+        .expect("ACL CAT");
+    if categories.iter().any(|c| c == "ratelimit") {
+        setuser(
+            &mut admin,
+            &["bycategory", "on", ">pw", "~*", "+@ratelimit"],
+        );
+        let mut by_category = login("bycategory");
+        assert_eq!(acquire(&mut by_category, "k2", "1", "5", None)[0], 1);
+        let fast: Vec<String> = redis::cmd("ACL")
+            .arg("CAT")
+            .arg("fast")
+            .query(&mut admin)
+            .expect("ACL CAT");
+        assert!(fast.iter().any(|c| c == "tb.acquire"), "{fast:?}");
+    }
+}
+
+#[test]
+fn module_list_unload_and_reload() {
+    let server = Server::start_with(Options {
+        args: vec!["--enable-module-command".into(), "yes".into()],
+        ..Options::default()
+    });
+    let mut conn = server.conn();
+    let list = flat(&mut conn, &["MODULE", "LIST"]);
+    assert_eq!(after(&list, "name"), "tb");
+    let version: Vec<i64> = env!("CARGO_PKG_VERSION")
+        .split('.')
+        .map(|p| p.parse().expect("digit"))
+        .collect();
+    let expected = version[0] * 10_000 + version[1] * 100 + version[2];
+    assert_eq!(after(&list, "ver"), expected.to_string());
+
+    acquire(&mut conn, "k", "0.001", "5", Some("3"));
+    let _: () = redis::cmd("MODULE")
+        .arg("UNLOAD")
+        .arg("tb")
+        .query(&mut conn)
+        .expect("MODULE UNLOAD");
+    let gone: redis::RedisResult<Value> = redis::cmd("TB.ACQUIRE")
+        .arg("k")
+        .arg(1)
+        .arg(5)
+        .query(&mut conn);
+    assert!(error_text(&gone.expect_err("unloaded")).contains("unknown command"));
+    // The bucket is plain data: it survives the module.
+    assert_eq!(common::hgetall(&mut conn, "k").len(), 2);
+    let _: () = redis::cmd("MODULE")
+        .arg("LOAD")
+        .arg(module_path().to_string_lossy().as_ref())
+        .query(&mut conn)
+        .expect("MODULE LOAD");
+    assert_eq!(acquire(&mut conn, "k", "0.001", "5", Some("0"))[1], 2);
+}
+
+#[test]
+fn unknown_module_argument_refuses_to_load() {
+    let dir = fresh_dir();
+    std::fs::create_dir_all(&dir).expect("dir");
+    let log = dir.join("server.log");
+    let mut child = Command::new(server_binary())
+        .arg("--port")
+        .arg(free_port().to_string())
+        .args(["--bind", "127.0.0.1", "--save", ""])
+        .arg("--logfile")
+        .arg(&log)
+        .arg("--loadmodule")
+        .arg(module_path())
+        .arg("no-such-option")
+        .spawn()
+        .expect("spawn");
+    let exited = wait_until(Duration::from_secs(10), || {
+        matches!(child.try_wait(), Ok(Some(_)))
+    });
+    if !exited {
+        let _ = child.kill();
+    }
+    let status = child.wait().expect("wait");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        exited && !status.success(),
+        "the server must refuse to start: {status:?}\n{text}"
+    );
+    assert!(
+        text.contains("refusing to load with: no-such-option"),
+        "{text}"
+    );
+}
+
+#[test]
+fn python_client_example_runs() {
+    let server = Server::start();
+    let python = std::env::var("TB_PYTHON")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/python").to_string());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/ratelimit.py");
+    let output = Command::new(&python)
+        .arg(script)
+        .arg("--port")
+        .arg(server.port.to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("run {python} (make test creates .venv with redis-py): {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("python client example: ok"), "{stdout}");
+}
