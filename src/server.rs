@@ -474,7 +474,7 @@ pub fn set_command_info(ctx: &redis_module::Context, name: &CStr, docs: &Command
     ];
     let mut arg_storage: Vec<Vec<raw::RedisModuleCommandArg>> = Vec::new();
     let args = raw_args(docs.args, &mut arg_storage);
-    let mut info = raw::RedisModuleCommandInfo {
+    let info = raw::RedisModuleCommandInfo {
         version: &COMMAND_INFO_VERSION,
         summary: docs.summary.as_ptr(),
         complexity: docs.complexity.as_ptr(),
@@ -486,7 +486,7 @@ pub fn set_command_info(ctx: &redis_module::Context, name: &CStr, docs: &Command
         args,
     };
     // SAFETY: every pointer in `info` is live until this returns; the server copies what it keeps.
-    match status(unsafe { set_info(command, &mut info) }) {
+    match status(unsafe { set_info(command, &info) }) {
         Ok(()) => Support::Done,
         Err(()) => Support::Failed,
     }
