@@ -205,6 +205,79 @@ pub fn acquire(stored: Option<State>, now_us: i64, params: &Params, cost: Cost) 
     decision
 }
 
+/// The answer to a call on several buckets at once, which takes `cost` from every bucket only if all can pay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Combined {
+    /// `Allowed` only if every bucket allowed; `Impossible` if any bucket's burst is below the cost.
+    pub outcome: Outcome,
+    /// The smallest `remaining` over the buckets (after the call if allowed, as they stand if refused).
+    pub remaining: i64,
+    /// 0 when allowed; -1 when impossible; otherwise the longest wait, after which every bucket can pay.
+    pub retry_after_ms: i64,
+    /// The longest `reset_after_ms` over the buckets.
+    pub reset_after_ms: i64,
+    /// 0-based index of the bucket that decided the reply: when refused, the one that cannot pay (the first
+    /// impossible one, else the longest wait); when allowed, the one with the fewest tokens left, whose burst and
+    /// reset a caller should put in its rate-limit headers. Ties go to the earlier bucket.
+    pub limiting_index: usize,
+    /// One entry per bucket, in order: the write for an allowed call, all `None` for a refused one.
+    pub writes: Vec<Option<Write>>,
+}
+
+/// Decides one call that takes `cost` from every bucket in `buckets` (stored state, parameters), all or none.
+pub fn acquire_all(buckets: &[(Option<State>, Params)], now_us: i64, cost: Cost) -> Combined {
+    let decisions: Vec<Decision> = buckets
+        .iter()
+        .map(|(stored, params)| acquire(*stored, now_us, params, cost))
+        .collect();
+    let all_allowed = decisions.iter().all(Decision::allowed);
+    // When refused, buckets that could have paid are reported as they stand: nothing was taken from them.
+    let reported: Vec<Decision> = if all_allowed {
+        decisions
+    } else {
+        buckets
+            .iter()
+            .zip(decisions)
+            .map(|((stored, params), decision)| match decision.outcome {
+                Outcome::Allowed => acquire(*stored, now_us, params, Cost(0.0)),
+                Outcome::Denied | Outcome::Impossible => decision,
+            })
+            .collect()
+    };
+    let fewest_left = first_extreme(&reported, |d| std::cmp::Reverse(d.remaining));
+    let limiting_index = if all_allowed {
+        fewest_left
+    } else {
+        let impossible = reported
+            .iter()
+            .position(|d| d.outcome == Outcome::Impossible);
+        impossible.unwrap_or_else(|| first_extreme(&reported, |d| d.retry_after_ms))
+    };
+    let (outcome, retry_after_ms) = match reported.get(limiting_index) {
+        Some(limiting) if !all_allowed => (limiting.outcome, limiting.retry_after_ms),
+        _ => (Outcome::Allowed, 0),
+    };
+    Combined {
+        outcome,
+        remaining: reported.iter().map(|d| d.remaining).min().unwrap_or(0),
+        retry_after_ms,
+        reset_after_ms: reported.iter().map(|d| d.reset_after_ms).max().unwrap_or(0),
+        limiting_index,
+        writes: reported.iter().map(|d| d.write).collect(),
+    }
+}
+
+/// Index of the first element with the largest `key` (0 for an empty slice).
+fn first_extreme<K: Ord>(decisions: &[Decision], key: impl Fn(&Decision) -> K) -> usize {
+    let mut best = 0;
+    for (index, decision) in decisions.iter().enumerate().skip(1) {
+        if decisions.get(best).is_some_and(|b| key(decision) > key(b)) {
+            best = index;
+        }
+    }
+    best
+}
+
 /// The earliest microsecond at which `state` holds its full burst (saturating at `i64::MAX`).
 fn full_at_us(state: &State, params: &Params) -> i64 {
     let missing = params.burst - state.tokens;

@@ -37,8 +37,12 @@
 
 use std::ffi::CStr;
 
-use crate::bucket::{self, Cost, Decision, ParamError, Params, State, Write};
-use crate::server::{self, ArgDoc, ArgKind, Call, Command, CommandDocs, EventClass, Key, KeyKind};
+use crate::bucket::{self, Combined, Cost, Decision, Outcome, ParamError, Params, State, Write};
+use redis_module::{Context, RedisString, Status};
+
+use crate::server::{
+    self, ArgDoc, ArgKind, Call, Command, CommandDocs, EventClass, Key, KeyKind, Support,
+};
 use crate::stats;
 
 /// The command's name as registered.
@@ -72,6 +76,38 @@ const fn arg(name: &'static CStr, kind: ArgKind, optional: bool) -> ArgDoc {
     }
 }
 
+const ACQUIRE_ARITY_ERROR: &CStr = c"ERR wrong number of arguments for 'tb.acquire' command";
+
+/// The multi-bucket command's name as registered.
+pub const ACQUIRE_ALL_NAME: &CStr = c"tb.acquireall";
+/// Same flags as `TB.ACQUIRE`; O(N) in the number of buckets, which is small, so still `fast`.
+pub const ACQUIRE_ALL_FLAGS: &CStr = ACQUIRE_FLAGS;
+pub const ACQUIRE_ALL_DOCS: CommandDocs = CommandDocs {
+    summary:
+        c"Takes cost tokens from every listed token bucket if all of them hold it, else from none.",
+    complexity: c"O(N) where N is the number of buckets",
+    since: c"0.1.0",
+    arity: -5,
+    first_key: 2,
+    last_key: -1,
+    key_step: 3,
+    args: &[
+        arg(c"cost", ArgKind::Double, false),
+        ArgDoc {
+            name: c"bucket",
+            kind: ArgKind::Block,
+            optional: false,
+            multiple: true,
+            subargs: &[
+                arg(c"key", ArgKind::Key, false),
+                arg(c"rate", ArgKind::Double, false),
+                arg(c"burst", ArgKind::Double, false),
+            ],
+        },
+    ],
+};
+const ACQUIRE_ALL_ARITY_ERROR: &CStr = c"ERR wrong number of arguments for 'tb.acquireall' command";
+
 /// Keyspace events a write fires: those of the native commands it replicates as (`HSET`, `PEXPIREAT`).
 const EVENT_HSET: &CStr = c"hset";
 const EVENT_EXPIRE: &CStr = c"expire";
@@ -88,7 +124,9 @@ const MAX_EXACT_INTEGER: f64 = 9_007_199_254_740_992.0;
 /// Everything a call can refuse with. Its wire text is API: integration tests assert it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TbError {
-    WrongArity,
+    /// Carries the command's own message, which names it.
+    WrongArity(&'static CStr),
+    DuplicateKey,
     Param(ParamError),
     WrongType,
     NotABucket,
@@ -99,7 +137,8 @@ impl TbError {
     /// The error line sent to the client, prefix included.
     pub fn wire_text(self) -> &'static CStr {
         match self {
-            TbError::WrongArity => c"ERR wrong number of arguments for 'tb.acquire' command",
+            TbError::WrongArity(message) => message,
+            TbError::DuplicateKey => c"ERR each key may appear only once",
             TbError::Param(ParamError::Rate) => c"ERR rate must be a positive number",
             TbError::Param(ParamError::Burst) => c"ERR burst must be a positive number",
             TbError::Param(ParamError::Cost) => c"ERR cost must be a non-negative number",
@@ -118,6 +157,87 @@ impl From<ParamError> for TbError {
     }
 }
 
+/// The module's own ACL category, on servers that let modules add one.
+const ACL_CATEGORY: &CStr = c"ratelimit";
+
+/// Registers both commands with their docs and ACL categories, and the stats reset hook. Every server feature
+/// is detected by the presence of its API, never by version number; a missing one is logged once and skipped.
+pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
+    if !args.is_empty() {
+        let given: Vec<String> = args.iter().map(RedisString::to_string_lossy).collect();
+        ctx.log_warning(&format!(
+            "redis-tb takes no module arguments; refusing to load with: {}",
+            given.join(" ")
+        ));
+        return Status::Err;
+    }
+    // Added now, while loading: AddACLCategory is refused afterwards.
+    let categories = match server::add_acl_category(ctx, ACL_CATEGORY) {
+        Support::Done => c"write fast ratelimit",
+        Support::Unsupported | Support::Failed => c"write fast",
+    };
+    let registered = [
+        register_one::<Acquire>(ctx, ACQUIRE_NAME, ACQUIRE_FLAGS, &ACQUIRE_DOCS, categories),
+        register_one::<AcquireAll>(
+            ctx,
+            ACQUIRE_ALL_NAME,
+            ACQUIRE_ALL_FLAGS,
+            &ACQUIRE_ALL_DOCS,
+            categories,
+        ),
+    ];
+    if registered.contains(&Status::Err) {
+        return Status::Err;
+    }
+    if server::on_config_resetstat::<stats::ResetOnConfigResetstat>(ctx) != Support::Done {
+        ctx.log_notice("redis-tb: no command filter API: CONFIG RESETSTAT will not reset INFO tb");
+    }
+    Status::Ok
+}
+
+fn register_one<C: Command>(
+    ctx: &Context,
+    name: &CStr,
+    flags: &CStr,
+    docs: &CommandDocs,
+    categories: &CStr,
+) -> Status {
+    if server::create_command::<C>(
+        ctx,
+        name,
+        flags,
+        docs.first_key,
+        docs.legacy_last_key(),
+        docs.key_step,
+    ) == Status::Err
+    {
+        return Status::Err;
+    }
+    match server::set_command_info(ctx, name, docs) {
+        Support::Done => {}
+        Support::Unsupported => ctx.log_notice(
+            "redis-tb: this server has no RedisModule_SetCommandInfo (Redis < 7.0): no COMMAND DOCS or key specs",
+        ),
+        Support::Failed => {
+            ctx.log_warning("redis-tb: RedisModule_SetCommandInfo refused the command docs");
+            return Status::Err;
+        }
+    }
+    match server::set_acl_categories(ctx, name, categories) {
+        Support::Done => Status::Ok,
+        Support::Unsupported => {
+            ctx.log_notice(
+                "redis-tb: this server has no module ACL categories (Redis < 7.2): grant the commands by name",
+            );
+            Status::Ok
+        }
+        Support::Failed => {
+            ctx.log_warning("redis-tb: RedisModule_SetCommandACLCategories refused the categories");
+            Status::Err
+        }
+    }
+}
+
 /// `TB.ACQUIRE key rate burst [cost]`.
 pub struct Acquire;
 
@@ -125,37 +245,26 @@ impl Command for Acquire {
     fn run(call: &Call<'_>) {
         match acquire(call) {
             Ok((decision, cost)) => {
-                stats::record(&decision, cost.tokens());
-                call.reply_integers(&reply_fields(&decision));
+                stats::record(decision.outcome, cost.tokens());
+                call.reply_integers(&[
+                    i64::from(decision.allowed()),
+                    decision.remaining,
+                    decision.retry_after_ms,
+                    decision.reset_after_ms,
+                ]);
             }
-            Err(error) => {
-                stats::record_error();
-                call.reply_error(error.wire_text());
-            }
+            Err(error) => reply_error(call, error),
         }
     }
 }
 
-/// The four reply integers: allowed, remaining, retry_after_ms, reset_after_ms.
-fn reply_fields(decision: &Decision) -> [i64; 4] {
-    [
-        i64::from(decision.allowed()),
-        decision.remaining,
-        decision.retry_after_ms,
-        decision.reset_after_ms,
-    ]
-}
-
 fn acquire(call: &Call<'_>) -> Result<(Decision, Cost), TbError> {
     if !(4..=5).contains(&call.arg_count()) {
-        return Err(TbError::WrongArity);
+        return Err(TbError::WrongArity(ACQUIRE_ARITY_ERROR));
     }
-    let params = Params::new(
-        parse_number(call.arg(2)).ok_or(ParamError::Rate)?,
-        parse_number(call.arg(3)).ok_or(ParamError::Burst)?,
-    )?;
+    let params = parse_params(call, 2)?;
     let cost = match call.arg(4) {
-        Some(bytes) => Cost::new(parse_number(Some(bytes)).ok_or(ParamError::Cost)?)?,
+        Some(bytes) => parse_cost(bytes)?,
         None => Cost::new(1.0)?,
     };
     let key = call.open_key(1).ok_or(TbError::WriteFailed)?;
@@ -165,6 +274,91 @@ fn acquire(call: &Call<'_>) -> Result<(Decision, Cost), TbError> {
         write_state(call, &key, &write)?;
     }
     Ok((decision, cost))
+}
+
+/// `TB.ACQUIREALL cost key rate burst [key rate burst ...]`.
+pub struct AcquireAll;
+
+impl Command for AcquireAll {
+    fn run(call: &Call<'_>) {
+        match acquire_all(call) {
+            Ok((combined, cost)) => {
+                stats::record(combined.outcome, cost.tokens());
+                call.reply_integers(&[
+                    i64::from(combined.outcome == Outcome::Allowed),
+                    combined.remaining,
+                    combined.retry_after_ms,
+                    combined.reset_after_ms,
+                    i64::try_from(combined.limiting_index).unwrap_or(i64::MAX),
+                ]);
+            }
+            Err(error) => reply_error(call, error),
+        }
+    }
+}
+
+/// Arguments per bucket in `TB.ACQUIREALL`: key, rate, burst.
+const BUCKET_ARGS: usize = 3;
+/// Index of the first bucket's key in `TB.ACQUIREALL` (after the name and the cost).
+const FIRST_BUCKET_ARG: usize = 2;
+
+fn acquire_all(call: &Call<'_>) -> Result<(Combined, Cost), TbError> {
+    let argc = call.arg_count();
+    if argc <= FIRST_BUCKET_ARG || !(argc - FIRST_BUCKET_ARG).is_multiple_of(BUCKET_ARGS) {
+        return Err(TbError::WrongArity(ACQUIRE_ALL_ARITY_ERROR));
+    }
+    let cost = parse_cost(call.arg(1).unwrap_or_default())?;
+    let key_indexes: Vec<usize> = (FIRST_BUCKET_ARG..argc).step_by(BUCKET_ARGS).collect();
+    let params = key_indexes
+        .iter()
+        .map(|&key_index| parse_params(call, key_index + 1))
+        .collect::<Result<Vec<Params>, TbError>>()?;
+    for (n, &key_index) in key_indexes.iter().enumerate() {
+        let later = key_indexes.iter().skip(n + 1);
+        if later
+            .map(|&other| call.arg(other))
+            .any(|other| other == call.arg(key_index))
+        {
+            return Err(TbError::DuplicateKey);
+        }
+    }
+    let keys = key_indexes
+        .iter()
+        .map(|&key_index| call.open_key(key_index).ok_or(TbError::WriteFailed))
+        .collect::<Result<Vec<Key<'_>>, TbError>>()?;
+    let members = keys
+        .iter()
+        .zip(params)
+        .map(|(key, params)| Ok((read_state(key)?, params)))
+        .collect::<Result<Vec<(Option<State>, Params)>, TbError>>()?;
+    let combined = bucket::acquire_all(&members, server::now_us(), cost);
+    // Every key was read and checked above, so these writes cannot fail half-way for a reason we could
+    // have caught first; all of them reach replicas and the AOF inside the one MULTI/EXEC of this command.
+    for (key, write) in keys.iter().zip(&combined.writes) {
+        if let Some(write) = write {
+            write_state(call, key, write)?;
+        }
+    }
+    Ok((combined, cost))
+}
+
+fn reply_error(call: &Call<'_>, error: TbError) {
+    stats::record_error();
+    call.reply_error(error.wire_text());
+}
+
+/// Parses `rate` at `rate_index` and `burst` right after it.
+fn parse_params(call: &Call<'_>, rate_index: usize) -> Result<Params, TbError> {
+    Ok(Params::new(
+        parse_number(call.arg(rate_index)).ok_or(ParamError::Rate)?,
+        parse_number(call.arg(rate_index + 1)).ok_or(ParamError::Burst)?,
+    )?)
+}
+
+fn parse_cost(bytes: &[u8]) -> Result<Cost, TbError> {
+    Ok(Cost::new(
+        parse_number(Some(bytes)).ok_or(ParamError::Cost)?,
+    )?)
 }
 
 /// Parses a decimal argument: what Rust's `f64` grammar accepts (`1`, `0.5`, `2.5e-3`), finite only. Hex, empty
@@ -297,7 +491,9 @@ mod tests {
     #[test]
     fn error_texts_carry_a_redis_prefix() {
         let all = [
-            TbError::WrongArity,
+            TbError::WrongArity(ACQUIRE_ARITY_ERROR),
+            TbError::WrongArity(ACQUIRE_ALL_ARITY_ERROR),
+            TbError::DuplicateKey,
             TbError::Param(ParamError::Rate),
             TbError::Param(ParamError::Burst),
             TbError::Param(ParamError::Cost),

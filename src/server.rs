@@ -404,6 +404,17 @@ pub struct CommandDocs {
     pub args: &'static [ArgDoc],
 }
 
+impl CommandDocs {
+    /// The `lastkey` of the legacy `RedisModule_CreateCommand` triple: absolute, or -1 for "the last argument".
+    pub fn legacy_last_key(&self) -> c_int {
+        if self.last_key < 0 {
+            self.last_key
+        } else {
+            self.first_key + self.last_key
+        }
+    }
+}
+
 /// One argument of [`CommandDocs`].
 pub struct ArgDoc {
     pub name: &'static CStr,
@@ -418,6 +429,7 @@ pub struct ArgDoc {
 pub enum ArgKind {
     Key,
     Double,
+    Block,
 }
 
 /// What became of a request to describe a command.
@@ -515,6 +527,7 @@ fn raw_args(
             type_: match doc.kind {
                 ArgKind::Key => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
                 ArgKind::Double => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
+                ArgKind::Block => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
             },
             key_spec_index: if matches!(doc.kind, ArgKind::Key) {
                 0

@@ -11,7 +11,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::bucket::{Decision, Outcome};
+use crate::bucket::Outcome;
+use crate::server::{self, InfoValue};
 
 /// A counter bumped only from the server's main thread.
 struct Counter(AtomicU64);
@@ -43,10 +44,10 @@ static ERRORS: Counter = Counter::new();
 /// An `f64` sum of granted costs, kept as its bit pattern.
 static TOKENS_GRANTED_BITS: Counter = Counter::new();
 
-/// Counts one decided call that asked for `cost` tokens.
-pub fn record(decision: &Decision, cost: f64) {
+/// Counts one decided call that asked for `cost` tokens (from one bucket, or from each of several).
+pub fn record(outcome: Outcome, cost: f64) {
     CALLS.add(1);
-    match decision.outcome {
+    match outcome {
         Outcome::Allowed if cost == 0.0 => PEEKS.add(1),
         Outcome::Allowed => {
             ALLOWED.add(1);
@@ -101,5 +102,35 @@ pub fn snapshot() -> Snapshot {
         peeks: PEEKS.get(),
         errors: ERRORS.get(),
         tokens_granted: f64::from_bits(TOKENS_GRANTED_BITS.get()),
+    }
+}
+
+/// Adds the `tb_stats` section to `INFO tb`.
+pub fn add_info(ctx: &redis_module::InfoContext) {
+    let now = snapshot();
+    server::add_info_section(
+        ctx,
+        c"stats",
+        &[
+            (c"calls", InfoValue::Count(now.calls)),
+            (c"allowed", InfoValue::Count(now.allowed)),
+            (c"denied", InfoValue::Count(now.denied)),
+            (
+                c"denied_cost_exceeds_burst",
+                InfoValue::Count(now.denied_cost_exceeds_burst),
+            ),
+            (c"peeks", InfoValue::Count(now.peeks)),
+            (c"errors", InfoValue::Count(now.errors)),
+            (c"tokens_granted", InfoValue::Number(now.tokens_granted)),
+        ],
+    );
+}
+
+/// Hooks [`reset`] to `CONFIG RESETSTAT`.
+pub struct ResetOnConfigResetstat;
+
+impl server::ResetHook for ResetOnConfigResetstat {
+    fn reset() {
+        reset();
     }
 }

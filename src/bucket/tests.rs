@@ -295,3 +295,118 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn acquire_all_takes_from_every_bucket_or_none() {
+    let user = params(10.0, 2.0);
+    let tenant = params(100.0, 5.0);
+    let mut stored = [None, None];
+    let mut replies = Vec::new();
+    for _ in 0..3 {
+        let combined = acquire_all(&[(stored[0], user), (stored[1], tenant)], T0, cost(1.0));
+        for (slot, write) in stored.iter_mut().zip(&combined.writes) {
+            if let Some(write) = write {
+                *slot = Some(write.state);
+            }
+        }
+        replies.push(combined);
+    }
+    // Two pass; the third is refused by the user bucket (index 0), and the tenant keeps its 3 tokens.
+    assert_eq!(replies[0].outcome, Outcome::Allowed);
+    assert_eq!((replies[0].remaining, replies[0].limiting_index), (1, 0));
+    assert_eq!(replies[1].outcome, Outcome::Allowed);
+    let refused = &replies[2];
+    assert_eq!(refused.outcome, Outcome::Denied);
+    assert_eq!(
+        (
+            refused.remaining,
+            refused.retry_after_ms,
+            refused.limiting_index
+        ),
+        (0, 100, 0)
+    );
+    assert_eq!(refused.writes, [None, None]);
+    assert_eq!(stored[1].map(|s| s.tokens), Some(3.0));
+    assert_eq!(refused.reset_after_ms, 200);
+}
+
+#[test]
+fn acquire_all_reports_impossible_and_longest_wait() {
+    let a = params(1.0, 10.0);
+    let b = params(1.0, 2.0);
+    let combined = acquire_all(&[(None, a), (None, b)], T0, cost(3.0));
+    assert_eq!(
+        (
+            combined.outcome,
+            combined.retry_after_ms,
+            combined.limiting_index
+        ),
+        (Outcome::Impossible, -1, 1)
+    );
+    assert_eq!(combined.remaining, 2);
+    let drained = State {
+        tokens: 0.0,
+        updated_us: T0,
+    };
+    let slow = params(0.5, 10.0);
+    let combined = acquire_all(&[(Some(drained), a), (Some(drained), slow)], T0, cost(1.0));
+    assert_eq!(
+        (
+            combined.outcome,
+            combined.retry_after_ms,
+            combined.limiting_index
+        ),
+        (Outcome::Denied, 2_000, 1)
+    );
+}
+
+fn arb_multi_history() -> impl Strategy<Value = (Vec<Params>, Vec<(i64, f64)>)> {
+    prop::collection::vec(arb_params(), 1..4).prop_flat_map(|ps| {
+        let max_burst = ps.iter().map(Params::burst).fold(0.0, f64::max);
+        let step = (0i64..1_000_000, 0.0..=max_burst);
+        (Just(ps), prop::collection::vec(step, 1..50))
+    })
+}
+
+proptest! {
+    #[test]
+    fn acquire_all_grants_equally_within_every_bound((ps, steps) in arb_multi_history()) {
+        let mut stored: Vec<Option<State>> = vec![None; ps.len()];
+        let mut now_us = T0;
+        let mut grants: Vec<(i64, f64)> = Vec::new();
+        for (gap_us, c) in steps {
+            now_us += gap_us;
+            let members: Vec<(Option<State>, Params)> = stored.iter().copied().zip(ps.iter().copied()).collect();
+            let combined = acquire_all(&members, now_us, cost(c));
+            let wrote = combined.writes.iter().filter(|w| w.is_some()).count();
+            // All or nothing: every bucket writes (cost > 0 allowed) or none does.
+            prop_assert!(wrote == 0 || wrote == ps.len());
+            prop_assert_eq!(wrote == ps.len(), combined.outcome == Outcome::Allowed && c > 0.0);
+            for (slot, write) in stored.iter_mut().zip(&combined.writes) {
+                if let Some(write) = write {
+                    *slot = Some(write.state);
+                }
+            }
+            if combined.outcome == Outcome::Allowed {
+                grants.push((now_us, c));
+            }
+            if combined.outcome == Outcome::Denied {
+                let later = acquire_all(&members, now_us + combined.retry_after_ms * 1_000, cost(c));
+                prop_assert_eq!(later.outcome, Outcome::Allowed);
+                let earlier = acquire_all(&members, now_us + (combined.retry_after_ms - 1) * 1_000, cost(c));
+                prop_assert_ne!(earlier.outcome, Outcome::Allowed);
+            }
+        }
+        // Every bucket granted the same sequence, and none beyond its own burst + rate · t.
+        for p in &ps {
+            for i in 0..grants.len() {
+                let mut sum = 0.0;
+                for grant in &grants[i..] {
+                    sum += grant.1;
+                    let bound = p.burst() + p.rate_per_sec() * (grant.0 - grants[i].0) as f64 / 1e6;
+                    prop_assert!(sum <= bound * (1.0 + 1e-9) + 1e-9, "{} > {}", sum, bound);
+                }
+            }
+        }
+    }
+}
