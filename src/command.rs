@@ -186,8 +186,23 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
             categories,
         ),
     ];
-    if registered.contains(&Status::Err) {
-        return Status::Err;
+    let mut docs = Support::Done;
+    let mut acl = Support::Done;
+    for result in registered {
+        let Ok((command_docs, command_acl)) = result else {
+            return Status::Err;
+        };
+        docs = docs.min(command_docs);
+        acl = acl.min(command_acl);
+    }
+    if docs == Support::Unsupported {
+        ctx.log_notice("redis-tb: this server has no RedisModule_SetCommandInfo (Redis < 7.0): no COMMAND DOCS or key specs");
+    }
+    if acl == Support::Unsupported {
+        ctx.log_notice("redis-tb: this server has no module ACL categories (Redis < 7.2): grant the commands by name");
+    }
+    if !server::has_abs_expire() {
+        ctx.log_notice("redis-tb: this server has no RedisModule_SetAbsExpire (Redis < 7.0): expiries are set relative to now; replicas and the AOF still get the absolute PEXPIREAT");
     }
     if server::on_config_resetstat::<stats::ResetOnConfigResetstat>(ctx) != Support::Done {
         ctx.log_notice("redis-tb: no command filter API: CONFIG RESETSTAT will not reset INFO tb");
@@ -195,47 +210,31 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
     Status::Ok
 }
 
+/// Registers one command and describes it where the server can take it. `Err` fails the module load.
 fn register_one<C: Command>(
     ctx: &Context,
     name: &CStr,
     flags: &CStr,
     docs: &CommandDocs,
     categories: &CStr,
-) -> Status {
-    if server::create_command::<C>(
-        ctx,
-        name,
-        flags,
-        docs.first_key,
-        docs.legacy_last_key(),
-        docs.key_step,
-    ) == Status::Err
+) -> Result<(Support, Support), Status> {
+    let last_key = docs.legacy_last_key();
+    if server::create_command::<C>(ctx, name, flags, docs.first_key, last_key, docs.key_step)
+        == Status::Err
     {
-        return Status::Err;
+        return Err(Status::Err);
     }
-    match server::set_command_info(ctx, name, docs) {
-        Support::Done => {}
-        Support::Unsupported => ctx.log_notice(
-            "redis-tb: this server has no RedisModule_SetCommandInfo (Redis < 7.0): no COMMAND DOCS or key specs",
-        ),
-        Support::Failed => {
-            ctx.log_warning("redis-tb: RedisModule_SetCommandInfo refused the command docs");
-            return Status::Err;
-        }
+    let described = server::set_command_info(ctx, name, docs);
+    if described == Support::Failed {
+        ctx.log_warning("redis-tb: RedisModule_SetCommandInfo refused the command docs");
+        return Err(Status::Err);
     }
-    match server::set_acl_categories(ctx, name, categories) {
-        Support::Done => Status::Ok,
-        Support::Unsupported => {
-            ctx.log_notice(
-                "redis-tb: this server has no module ACL categories (Redis < 7.2): grant the commands by name",
-            );
-            Status::Ok
-        }
-        Support::Failed => {
-            ctx.log_warning("redis-tb: RedisModule_SetCommandACLCategories refused the categories");
-            Status::Err
-        }
+    let categorized = server::set_acl_categories(ctx, name, categories);
+    if categorized == Support::Failed {
+        ctx.log_warning("redis-tb: RedisModule_SetCommandACLCategories refused the categories");
+        return Err(Status::Err);
     }
+    Ok((described, categorized))
 }
 
 /// `TB.ACQUIRE key rate burst [cost]`.

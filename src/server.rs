@@ -342,6 +342,11 @@ impl Drop for Key<'_> {
     }
 }
 
+/// Whether the server can set an absolute expiry (`RedisModule_SetAbsExpire`, Redis 7.0+).
+pub fn has_abs_expire() -> bool {
+    unsafe { raw::RedisModule_SetAbsExpire }.is_some()
+}
+
 /// The server's wall clock in microseconds since the Unix epoch (`CLOCK_REALTIME`, the clock Redis itself uses
 /// for expiry). Read once per call. Redis 7.0 exports no microsecond clock to modules, so we ask the OS.
 pub fn now_us() -> i64 {
@@ -432,13 +437,14 @@ pub enum ArgKind {
     Block,
 }
 
-/// What became of a request to describe a command.
-#[derive(Debug, PartialEq, Eq)]
+/// What became of a request for an optional server feature. Ordered from worst to best, so the `min` over
+/// several requests is the one to report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Support {
-    Done,
+    Failed,
     /// The server lacks the API (e.g. `SetCommandInfo` on Redis 6.2).
     Unsupported,
-    Failed,
+    Done,
 }
 
 /// The layout version of the structures below, as `redismodule.h` defines it for `RedisModule_SetCommandInfo`.

@@ -19,7 +19,7 @@ const NOT_POSITIVE: [&str; 14] = [
 ];
 
 /// Snapshot of a key: its fields and absolute expiry.
-fn snapshot(conn: &mut redis::Connection, key: &str) -> (Vec<(String, String)>, i64) {
+fn snapshot(conn: &mut redis::Connection, key: &str) -> (Vec<(String, String)>, common::Expiry) {
     (hgetall(conn, key), pexpiretime(conn, key))
 }
 

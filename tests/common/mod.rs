@@ -245,11 +245,64 @@ pub fn hgetall(conn: &mut redis::Connection, key: &str) -> Vec<(String, String)>
     pairs
 }
 
-pub fn pexpiretime(conn: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("PEXPIRETIME")
-        .arg(key)
-        .query(conn)
-        .expect("PEXPIRETIME")
+/// A key's absolute expiry in Unix milliseconds (-1: none, -2: no key).
+///
+/// Exact where the server has `PEXPIRETIME` (7.0+, Valkey). Redis 6.2 has no way to read an absolute expiry, so
+/// there it is `TIME + PTTL` read in one `MULTI`, within a couple of milliseconds; equality then allows that slack.
+#[derive(Debug, Clone, Copy)]
+pub struct Expiry {
+    pub at_ms: i64,
+    pub exact: bool,
+}
+
+/// How far apart two expiries may be when one was reconstructed from `PTTL`.
+const EXPIRY_SLACK_MS: i64 = 2;
+
+impl PartialEq for Expiry {
+    fn eq(&self, other: &Expiry) -> bool {
+        let slack = if self.exact && other.exact {
+            0
+        } else {
+            EXPIRY_SLACK_MS
+        };
+        (self.at_ms - other.at_ms).abs() <= slack
+    }
+}
+
+impl Expiry {
+    /// The slack to allow when comparing this expiry with an exact time.
+    pub fn slack_ms(&self) -> i64 {
+        if self.exact {
+            0
+        } else {
+            EXPIRY_SLACK_MS
+        }
+    }
+}
+
+pub fn pexpiretime(conn: &mut redis::Connection, key: &str) -> Expiry {
+    match redis::cmd("PEXPIRETIME").arg(key).query::<i64>(conn) {
+        Ok(at_ms) => Expiry { at_ms, exact: true },
+        Err(e) if error_text(&e).to_lowercase().contains("unknown command") => {
+            let ((secs, micros), ttl_ms): ((i64, i64), i64) = redis::pipe()
+                .atomic()
+                .cmd("TIME")
+                .cmd("PTTL")
+                .arg(key)
+                .query(conn)
+                .expect("TIME + PTTL");
+            let at_ms = if ttl_ms < 0 {
+                ttl_ms
+            } else {
+                secs * 1_000 + micros / 1_000 + ttl_ms
+            };
+            Expiry {
+                at_ms,
+                exact: ttl_ms < 0,
+            }
+        }
+        Err(e) => panic!("PEXPIRETIME {key}: {e}"),
+    }
 }
 
 pub fn ping(conn: &mut redis::Connection) {
