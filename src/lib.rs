@@ -40,6 +40,7 @@ const fn decimal(digits: &str) -> i32 {
 }
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    server::signal_only_modified_keys(ctx);
     server::create_command::<command::Acquire>(
         ctx,
         command::ACQUIRE_NAME,

@@ -1,4 +1,4 @@
-//! A bucket is an ordinary key (issue #4): expiry, DEL, RENAME and COPY treat it like any hash, and it
+//! A bucket is an ordinary key (issue #4): expiry, DEL, RENAME, COPY and WATCH treat it like any hash, and it
 //! stays a small listpack-encoded hash.
 
 mod common;
@@ -164,4 +164,51 @@ fn buckets_stay_listpack_encoded() {
             .expect("OBJECT ENCODING");
         assert_eq!(encoding, "listpack", "{key}: {:?}", hgetall(&mut conn, key));
     }
+}
+
+/// `WATCH key; MULTI; PING; EXEC` around `between`: whether the transaction still ran.
+fn exec_survives(server: &Server, key: &str, between: impl FnOnce(&mut redis::Connection)) -> bool {
+    let mut watcher = server.conn();
+    let mut other = server.conn();
+    let _: () = redis::cmd("WATCH")
+        .arg(key)
+        .query(&mut watcher)
+        .expect("WATCH");
+    between(&mut other);
+    let _: () = redis::cmd("MULTI").query(&mut watcher).expect("MULTI");
+    let _: String = redis::cmd("PING").query(&mut watcher).expect("PING queued");
+    let exec: Option<Vec<String>> = redis::cmd("EXEC").query(&mut watcher).expect("EXEC");
+    exec.is_some()
+}
+
+#[test]
+fn only_writes_abort_transactions_watching_a_bucket() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    acquire(&mut conn, "k", "0.001", "2", Some("2"));
+    assert!(
+        exec_survives(&server, "k", |other| {
+            assert_eq!(acquire(other, "k", "0.001", "2", None)[0], 0);
+            assert_eq!(acquire(other, "k", "0.001", "2", Some("5"))[2], -1);
+        }),
+        "a denial aborted a transaction watching the bucket"
+    );
+    assert!(
+        exec_survives(&server, "k", |other| {
+            acquire(other, "k", "0.001", "2", Some("0"));
+        }),
+        "a peek aborted a transaction watching the bucket"
+    );
+    assert!(
+        exec_survives(&server, "missing", |other| {
+            acquire(other, "missing", "0.001", "2", Some("0"));
+        }),
+        "a peek at a missing bucket aborted a transaction watching it"
+    );
+    assert!(
+        !exec_survives(&server, "fresh", |other| {
+            assert_eq!(acquire(other, "fresh", "0.001", "2", None)[0], 1);
+        }),
+        "an allowed call must abort a transaction watching the bucket"
+    );
 }
