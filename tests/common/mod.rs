@@ -289,11 +289,6 @@ impl Server {
         );
         self.into_dir()
     }
-
-    /// The arguments it was started with (beyond the harness's own).
-    pub fn extra_args(&self) -> &[String] {
-        &self.args
-    }
 }
 
 /// Options for a replica of the server on `primary_port`, with or without the module.
