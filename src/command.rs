@@ -27,7 +27,8 @@
 //! ```
 //!
 //! Only allowed calls with a non-zero cost write. Denials and peeks leave the key, its expiry and the replication
-//! stream untouched: the refill is a pure function of time, so there is nothing to record.
+//! stream untouched: the refill is a pure function of time, so there is nothing to record. Nor do they signal the
+//! key as modified, so a client's `WATCH` on a bucket survives them (issue #4).
 //!
 //! Replication sends the *effects*, `HSET key tokens T ts TS` and `PEXPIREAT key MS`, with exactly the bytes
 //! written here, never the command itself. `RM_ReplicateVerbatim` is for commands that "deterministically
@@ -171,6 +172,7 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
         ));
         return Status::Err;
     }
+    server::signal_only_modified_keys(ctx);
     // Added now, while loading: AddACLCategory is refused afterwards.
     let categories = match server::add_acl_category(ctx, ACL_CATEGORY) {
         Support::Done => c"write fast ratelimit",

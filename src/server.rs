@@ -10,6 +10,7 @@
 //! Every function pointer is checked before use: a server that lacks one (say `RedisModule_SetAbsExpire` on 6.2)
 //! gets a fallback or an error, never a null call. Nothing here panics.
 
+use std::cell::Cell;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_long};
 use std::ptr;
@@ -97,6 +98,7 @@ impl<'a> Call<'a> {
             ctx: self.ctx,
             name,
             key,
+            modified: Cell::new(false),
             _call: std::marker::PhantomData,
         })
     }
@@ -207,6 +209,9 @@ pub struct Key<'c> {
     ctx: *mut raw::RedisModuleCtx,
     name: *mut raw::RedisModuleString,
     key: *mut raw::RedisModuleKey,
+    /// Whether this handle attempted a write; only then does dropping it signal the key as modified (see
+    /// [`signal_only_modified_keys`]).
+    modified: Cell<bool>,
     _call: std::marker::PhantomData<&'c ()>,
 }
 
@@ -268,6 +273,8 @@ impl Key<'_> {
     /// Sets two fields of the hash (creating the key if it is empty) in one call.
     pub fn hash_set2(&self, fields: [(&CStr, &[u8]); 2]) -> Result<(), ()> {
         let hash_set = unsafe { raw::RedisModule_HashSet }.ok_or(())?;
+        // Before the attempt: a write that fails halfway may still have changed the key.
+        self.modified.set(true);
         let [(field_a, bytes_a), (field_b, bytes_b)] = fields;
         let value_a = self.create_string(bytes_a);
         let value_b = self.create_string(bytes_b);
@@ -302,6 +309,7 @@ impl Key<'_> {
     /// Makes the key expire at `at_ms` (Unix milliseconds). Servers without `SetAbsExpire` (6.2) get the
     /// equivalent relative expiry; replicas still receive the absolute `PEXPIREAT`.
     pub fn set_expire_at(&self, at_ms: i64) -> Result<(), ()> {
+        self.modified.set(true);
         if let Some(set_abs) = unsafe { raw::RedisModule_SetAbsExpire } {
             // SAFETY: `self.key` is open for writing until drop.
             return status(unsafe { set_abs(self.key, at_ms) });
@@ -335,6 +343,12 @@ impl Key<'_> {
 
 impl Drop for Key<'_> {
     fn drop(&mut self) {
+        if self.modified.get() {
+            if let Some(signal) = unsafe { raw::RedisModule_SignalModifiedKey } {
+                // SAFETY: live context and key name of this call.
+                unsafe { signal(self.ctx, self.name) };
+            }
+        }
         if let Some(close) = unsafe { raw::RedisModule_CloseKey } {
             // SAFETY: opened by `Call::open_key`, closed exactly once.
             unsafe { close(self.key) };
@@ -345,6 +359,23 @@ impl Drop for Key<'_> {
 /// Whether the server can set an absolute expiry (`RedisModule_SetAbsExpire`, Redis 7.0+).
 pub fn has_abs_expire() -> bool {
     unsafe { raw::RedisModule_SetAbsExpire }.is_some()
+}
+
+/// Stops the server from signalling every key the module opens for writing as modified when it is closed, its
+/// default. A denial or a peek opens the bucket for writing but changes nothing, and that signal would abort a
+/// client's `WATCH` on it and invalidate client-side caches of it. [`Key`] signals the keys it wrote instead.
+/// Called once from the module's init function; it replaces any other module option (we set none). A server
+/// without module options keeps the implicit signal: spurious, never missing.
+pub fn signal_only_modified_keys(ctx: &redis_module::Context) {
+    if let Some(set_options) = unsafe { raw::RedisModule_SetModuleOptions } {
+        // SAFETY: `ctx` is the live module context of `RedisModule_OnLoad`.
+        unsafe {
+            set_options(
+                ctx.ctx,
+                raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED as c_int,
+            )
+        };
+    }
 }
 
 /// The server's wall clock in microseconds since the Unix epoch (`CLOCK_REALTIME`, the clock Redis itself uses

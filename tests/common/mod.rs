@@ -269,6 +269,50 @@ impl PartialEq for Expiry {
     }
 }
 
+impl PartialEq<i64> for Expiry {
+    fn eq(&self, at_ms: &i64) -> bool {
+        *self
+            == Expiry {
+                at_ms: *at_ms,
+                exact: true,
+            }
+    }
+}
+
+/// Orders by time; expiries equal within the slack compare equal.
+impl PartialOrd for Expiry {
+    fn partial_cmp(&self, other: &Expiry) -> Option<std::cmp::Ordering> {
+        if self == other {
+            Some(std::cmp::Ordering::Equal)
+        } else {
+            self.at_ms.partial_cmp(&other.at_ms)
+        }
+    }
+}
+
+impl PartialOrd<i64> for Expiry {
+    fn partial_cmp(&self, at_ms: &i64) -> Option<std::cmp::Ordering> {
+        self.partial_cmp(&Expiry {
+            at_ms: *at_ms,
+            exact: true,
+        })
+    }
+}
+
+impl std::fmt::Display for Expiry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.at_ms)
+    }
+}
+
+/// Whether the server has `PEXPIRETIME` (Redis 7.0+, Valkey), hence exact absolute expiries.
+pub fn has_pexpiretime(conn: &mut redis::Connection) -> bool {
+    redis::cmd("PEXPIRETIME")
+        .arg("redis-tb:probe")
+        .query::<i64>(conn)
+        .is_ok()
+}
+
 impl Expiry {
     /// The slack to allow when comparing this expiry with an exact time.
     pub fn slack_ms(&self) -> i64 {
@@ -310,4 +354,246 @@ pub fn ping(conn: &mut redis::Connection) {
         .query(conn)
         .expect("server still answers");
     assert_eq!(pong, "PONG");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Issue #4 helpers (replication, persistence, cluster, keyspace). Appended as one block so that edits above and
+// below stay independent; nothing here changes an existing signature.
+// ---------------------------------------------------------------------------------------------------------------
+
+/// One bucket as a client sees it: its fields (sorted) and its absolute expiry in Unix ms (`-1`: none).
+pub type Bucket = (Vec<(String, String)>, Expiry);
+
+impl Server {
+    /// Stops the server with SIGKILL and hands its directory to the caller, who restarts over it with
+    /// `Options { dir: Some(..) }` (that server's guard then deletes it). This guard no longer owns the
+    /// directory: its `Drop` is left a fresh path that never existed, so it deletes nothing.
+    pub fn into_dir(mut self) -> PathBuf {
+        self.kill();
+        std::mem::replace(&mut self.dir, fresh_dir())
+    }
+
+    /// Sends `SHUTDOWN <modifiers>` (which saves as configured), waits for the process to exit, and hands the
+    /// directory over as [`Server::into_dir`] does.
+    pub fn shutdown_into_dir(mut self, modifiers: &[&str]) -> PathBuf {
+        let mut conn = self.conn();
+        // The server closes the connection instead of replying, so the client reports an I/O error.
+        let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").arg(modifiers).query(&mut conn);
+        assert!(
+            self.wait_exit(Duration::from_secs(10)),
+            "server did not shut down; log:\n{}",
+            self.log()
+        );
+        self.into_dir()
+    }
+}
+
+/// Options for a replica of the server on `primary_port`, with or without the module.
+pub fn replica_of(primary_port: u16, with_module: bool) -> Options {
+    Options {
+        without_module: !with_module,
+        args: vec![
+            "--replicaof".to_string(),
+            "127.0.0.1".to_string(),
+            primary_port.to_string(),
+        ],
+        dir: None,
+    }
+}
+
+/// One `name:value` line of `INFO <section>`, or `None`.
+pub fn info_field(conn: &mut redis::Connection, section: &str, name: &str) -> Option<String> {
+    let info: String = redis::cmd("INFO").arg(section).query(conn).expect("INFO");
+    let prefix = format!("{name}:");
+    info.lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .map(|value| value.trim().to_string())
+}
+
+/// An integer field of `INFO <section>`.
+pub fn info_int(conn: &mut redis::Connection, section: &str, name: &str) -> i64 {
+    info_field(conn, section, name)
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("INFO {section} has no integer {name}"))
+}
+
+/// The server's clock (`TIME`) in Unix milliseconds.
+pub fn server_now_ms(conn: &mut redis::Connection) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(conn).expect("TIME");
+    secs * 1_000 + micros / 1_000
+}
+
+/// Waits until the primary reports `count` replicas online and in sync (`state=online` in INFO replication).
+pub fn wait_replicas_online(primary: &Server, count: usize) {
+    let mut conn = primary.conn();
+    let online = wait_until(Duration::from_secs(10), || {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut conn)
+            .expect("INFO replication");
+        info.lines()
+            .filter(|line| line.starts_with("slave") && line.contains("state=online"))
+            .count()
+            == count
+    });
+    assert!(
+        online,
+        "{count} replica(s) never came online; log:\n{}",
+        primary.log()
+    );
+}
+
+/// `WAIT replicas timeout_ms`, asserting every replica acknowledged.
+pub fn wait_acked(conn: &mut redis::Connection, replicas: i64, timeout_ms: i64) {
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(replicas)
+        .arg(timeout_ms)
+        .query(conn)
+        .expect("WAIT");
+    assert_eq!(acked, replicas, "replicas that acknowledged the stream");
+}
+
+/// Every key of the database with its fields and absolute expiry. A key that expires between `KEYS` and
+/// `HGETALL` is left out, as if `KEYS` had not seen it.
+pub fn buckets(conn: &mut redis::Connection) -> std::collections::BTreeMap<String, Bucket> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(conn).expect("KEYS");
+    keys.into_iter()
+        .filter_map(|key| {
+            let fields = hgetall(conn, &key);
+            let expire_at_ms = pexpiretime(conn, &key);
+            (!fields.is_empty() && expire_at_ms != -2).then_some((key, (fields, expire_at_ms)))
+        })
+        .collect()
+}
+
+/// A small deterministic generator (xorshift64) so that workloads are reproducible from their seed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// An index below `len`.
+    pub fn below(&mut self, len: usize) -> usize {
+        (self.next() % len as u64) as usize
+    }
+
+    pub fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[self.below(items.len())]
+    }
+}
+
+/// What a mixed workload did, counted from the replies.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Mix {
+    pub allowed: usize,
+    pub denied: usize,
+    pub in_multi: usize,
+    pub in_lua: usize,
+}
+
+/// Runs `calls` TB.ACQUIRE calls over keys `{prefix}0..{prefix}{keys}`: plain calls, batches inside
+/// MULTI/EXEC, and calls from a Lua script that takes two buckets. Key `n` always uses the same rate (from
+/// `rates`) and burst, so each key's history is a real bucket's; costs vary and include peeks (0) and costs above
+/// the burst (never allowed).
+pub fn mixed_workload(
+    conn: &mut redis::Connection,
+    prefix: &str,
+    keys: usize,
+    rates: &[&str],
+    calls: usize,
+    seed: u64,
+) -> Mix {
+    const BURSTS: [&str; 4] = ["2", "5", "10", "3.5"];
+    const COSTS: [&str; 7] = ["1", "1", "2", "0.5", "3", "0", "50"];
+    let script = redis::Script::new(
+        "local a = redis.call('TB.ACQUIRE', KEYS[1], ARGV[1], ARGV[2], ARGV[3]) \
+         local b = redis.call('TB.ACQUIRE', KEYS[2], ARGV[4], ARGV[5], ARGV[6]) \
+         return {a[1], b[1]}",
+    );
+    let mut rng = Rng::new(seed);
+    let mut mix = Mix::default();
+    let count = |mix: &mut Mix, allowed: i64| {
+        if allowed == 1 {
+            mix.allowed += 1;
+        } else {
+            mix.denied += 1;
+        }
+    };
+    let mut done = 0;
+    while done < calls {
+        let call = |rng: &mut Rng| {
+            let n = rng.below(keys);
+            (
+                format!("{prefix}{n}"),
+                rates[n % rates.len()],
+                BURSTS[n % BURSTS.len()],
+                rng.pick(&COSTS),
+            )
+        };
+        match rng.below(10) {
+            0 | 1 => {
+                let mut pipe = redis::pipe();
+                pipe.atomic();
+                let batch = 2 + rng.below(3);
+                for _ in 0..batch {
+                    let (key, rate, burst, cost) = call(&mut rng);
+                    pipe.cmd("TB.ACQUIRE")
+                        .arg(key)
+                        .arg(rate)
+                        .arg(burst)
+                        .arg(cost);
+                }
+                let replies: Vec<Vec<i64>> = pipe.query(conn).expect("MULTI/EXEC");
+                for reply in replies {
+                    count(&mut mix, reply[0]);
+                }
+                mix.in_multi += batch;
+                done += batch;
+            }
+            2 => {
+                let (key_a, rate_a, burst_a, cost_a) = call(&mut rng);
+                let (key_b, rate_b, burst_b, cost_b) = call(&mut rng);
+                let replies: Vec<i64> = script
+                    .key(key_a)
+                    .key(key_b)
+                    .arg(rate_a)
+                    .arg(burst_a)
+                    .arg(cost_a)
+                    .arg(rate_b)
+                    .arg(burst_b)
+                    .arg(cost_b)
+                    .invoke(conn)
+                    .expect("EVALSHA");
+                for reply in replies {
+                    count(&mut mix, reply);
+                }
+                mix.in_lua += 2;
+                done += 2;
+            }
+            _ => {
+                let (key, rate, burst, cost) = call(&mut rng);
+                count(&mut mix, acquire(conn, &key, rate, burst, Some(cost))[0]);
+                done += 1;
+            }
+        }
+    }
+    mix
+}
+
+/// Options for a primary that replicas will join: the full sync starts at once instead of after
+/// `repl-diskless-sync-delay` (5 s by default on 7.0, waiting for more replicas to share one transfer).
+pub fn primary_options() -> Options {
+    Options {
+        args: vec!["--repl-diskless-sync-delay".into(), "0".into()],
+        ..Options::default()
+    }
 }

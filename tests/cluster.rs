@@ -1,0 +1,276 @@
+//! Redis Cluster (issue #4): TB.ACQUIRE declares its key (position 1), so the server checks the slot, answers
+//! `MOVED` on the wrong node, and a cluster-aware client routes each bucket to its shard. Hash tags keep a
+//! user's buckets in one slot, where one script can take from several of them atomically.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{error_text, free_port, info_field, wait_until, Options, Server};
+
+/// A 3-primary cluster of module-loaded servers, no replicas.
+struct Cluster {
+    nodes: Vec<Server>,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let nodes: Vec<Server> = (0..3)
+            .map(|_| {
+                Server::start_with(Options {
+                    // The bus port defaults to port + 10000, which an OS-chosen port can push past 65535 or
+                    // onto a port in use: ask the OS for that one too.
+                    args: vec![
+                        "--cluster-enabled".into(),
+                        "yes".into(),
+                        "--cluster-config-file".into(),
+                        "nodes.conf".into(),
+                        "--cluster-port".into(),
+                        free_port().to_string(),
+                    ],
+                    ..Options::default()
+                })
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed:\n{}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        for node in &nodes {
+            let mut conn = node.conn();
+            let ok = wait_until(Duration::from_secs(10), || {
+                info_cluster(&mut conn, "cluster_state").as_deref() == Some("ok")
+            });
+            assert!(ok, "node {} never reached cluster_state:ok", node.port);
+        }
+        Cluster { nodes }
+    }
+
+    fn client(&self) -> redis::cluster::ClusterConnection {
+        let urls: Vec<String> = self.nodes.iter().map(Server::url).collect();
+        redis::cluster::ClusterClient::new(urls)
+            .expect("cluster client")
+            .get_connection()
+            .expect("connect to the cluster")
+    }
+
+    /// A plain (not cluster-aware) connection to each node.
+    fn direct(&self) -> Vec<redis::Connection> {
+        self.nodes.iter().map(Server::conn).collect()
+    }
+}
+
+/// The node that owns `key`'s slot, by asking every node directly: the owner answers, the others redirect.
+fn owner(direct: &mut [redis::Connection], key: &str) -> usize {
+    let mut owner = None;
+    for (n, conn) in direct.iter_mut().enumerate() {
+        let reply: redis::RedisResult<Vec<(String, String)>> =
+            redis::cmd("HGETALL").arg(key).query(conn);
+        match reply {
+            Ok(_) => {
+                assert_eq!(owner, None, "two nodes answer for {key}");
+                owner = Some(n);
+            }
+            Err(error) => assert_eq!(error.code(), Some("MOVED"), "{}", error_text(&error)),
+        }
+    }
+    owner.unwrap_or_else(|| panic!("no node owns {key}"))
+}
+
+/// One field of `CLUSTER INFO`.
+fn info_cluster(conn: &mut redis::Connection, name: &str) -> Option<String> {
+    let info: String = redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query(conn)
+        .expect("CLUSTER INFO");
+    let prefix = format!("{name}:");
+    info.lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .map(|value| value.trim().to_string())
+}
+
+fn keyslot(conn: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query(conn)
+        .expect("CLUSTER KEYSLOT")
+}
+
+fn dbsize(conn: &mut redis::Connection) -> i64 {
+    redis::cmd("DBSIZE").query(conn).expect("DBSIZE")
+}
+
+/// `TB.ACQUIRE` through any connection, the cluster client included.
+fn acquire(conn: &mut impl redis::ConnectionLike, key: &str, cost: &str) -> Vec<i64> {
+    redis::cmd("TB.ACQUIRE")
+        .arg(key)
+        .arg("0.001")
+        .arg("3")
+        .arg(cost)
+        .query(conn)
+        .expect("TB.ACQUIRE")
+}
+
+#[test]
+fn cluster_client_routes_each_bucket_to_its_shard() {
+    let cluster = Cluster::start();
+    let mut client = cluster.client();
+    let keys: Vec<String> = (0..60).map(|n| format!("bucket:{n}")).collect();
+    for key in &keys {
+        assert_eq!(acquire(&mut client, key, "1")[..2], [1, 2]);
+        assert_eq!(acquire(&mut client, key, "2")[..2], [1, 0]);
+        assert_eq!(acquire(&mut client, key, "1")[0], 0, "{key} over-granted");
+    }
+    // Every call went straight to its shard: no node ever had to redirect the client.
+    for node in &cluster.nodes {
+        let mut conn = node.conn();
+        assert_eq!(
+            info_field(&mut conn, "errorstats", "errorstat_MOVED"),
+            None,
+            "node {} redirected the cluster client",
+            node.port
+        );
+    }
+    let sizes: Vec<i64> = cluster
+        .nodes
+        .iter()
+        .map(|node| dbsize(&mut node.conn()))
+        .collect();
+    println!("60 buckets over 3 shards: {sizes:?}");
+    assert!(sizes.iter().all(|&size| size > 0), "{sizes:?}");
+    assert_eq!(sizes.iter().sum::<i64>(), 60);
+    let mut direct = cluster.direct();
+    for key in &keys {
+        let owner = owner(&mut direct, key);
+        let conn = &mut direct[owner];
+        let fields: Vec<(String, String)> =
+            redis::cmd("HGETALL").arg(key).query(conn).expect("HGETALL");
+        let tokens: f64 = fields[0].1.parse().expect("tokens");
+        assert!(tokens < 0.01, "{key} holds the drained bucket: {fields:?}");
+        // The owner serves the slot the key hashes to.
+        let slot = keyslot(conn, key);
+        let in_slot: i64 = redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query(conn)
+            .expect("COUNTKEYSINSLOT");
+        assert!(in_slot >= 1, "{key} slot {slot}");
+    }
+}
+
+#[test]
+fn wrong_node_answers_moved_and_getkeys_reports_the_key() {
+    let cluster = Cluster::start();
+    let mut conn = cluster.nodes[0].conn();
+    let keys: Vec<String> = redis::cmd("COMMAND")
+        .arg("GETKEYS")
+        .arg("TB.ACQUIRE")
+        .arg("user:42")
+        .arg("1")
+        .arg("2")
+        .arg("1")
+        .query(&mut conn)
+        .expect("COMMAND GETKEYS");
+    assert_eq!(keys, ["user:42"]);
+
+    let mut client = cluster.client();
+    assert_eq!(acquire(&mut client, "user:42", "1")[0], 1);
+    let home = owner(&mut cluster.direct(), "user:42");
+    let slot = keyslot(&mut conn, "user:42");
+    let wrong = (home + 1) % cluster.nodes.len();
+    let mut on_wrong = cluster.nodes[wrong].conn();
+    let size_before = dbsize(&mut on_wrong);
+    let moved: redis::RedisResult<Vec<i64>> = redis::cmd("TB.ACQUIRE")
+        .arg("user:42")
+        .arg("0.001")
+        .arg("3")
+        .query(&mut on_wrong);
+    let moved = error_text(&moved.expect_err("the wrong node refuses"));
+    assert_eq!(
+        moved,
+        format!("MOVED {slot} 127.0.0.1:{}", cluster.nodes[home].port)
+    );
+    // Also for a peek, and for a key no node holds yet: the slot decides, not the data.
+    let peek: redis::RedisResult<Vec<i64>> = redis::cmd("TB.ACQUIRE")
+        .arg("user:42")
+        .arg("1")
+        .arg("3")
+        .arg("0")
+        .query(&mut on_wrong);
+    assert!(error_text(&peek.expect_err("refused")).starts_with("MOVED "));
+    let mut direct = cluster.direct();
+    let fresh_home = owner(&mut direct, "user:never");
+    let fresh: redis::RedisResult<Vec<i64>> = redis::cmd("TB.ACQUIRE")
+        .arg("user:never")
+        .arg("1")
+        .arg("3")
+        .query(&mut direct[(fresh_home + 1) % cluster.nodes.len()]);
+    assert!(error_text(&fresh.expect_err("refused")).starts_with("MOVED "));
+    assert_eq!(dbsize(&mut on_wrong), size_before, "the wrong node wrote");
+}
+
+#[test]
+fn hash_tags_keep_a_users_buckets_on_one_slot() {
+    let cluster = Cluster::start();
+    let mut client = cluster.client();
+    let mut conn = cluster.nodes[0].conn();
+    let tagged = ["{user:42}:api", "{user:42}:login", "{user:42}:upload"];
+    let slots: Vec<i64> = tagged.iter().map(|key| keyslot(&mut conn, key)).collect();
+    assert!(
+        slots
+            .iter()
+            .all(|&slot| slot == keyslot(&mut conn, "user:42")),
+        "{slots:?}"
+    );
+    for key in tagged {
+        assert_eq!(acquire(&mut client, key, "1")[0], 1);
+    }
+    let mut direct = cluster.direct();
+    let owners: Vec<usize> = tagged.iter().map(|key| owner(&mut direct, key)).collect();
+    assert!(owners.iter().all(|&owner| owner == owners[0]), "{owners:?}");
+
+    // One slot means one script may take from two buckets at once: both or neither.
+    let both = redis::Script::new(
+        "local a = redis.call('TB.ACQUIRE', KEYS[1], ARGV[1], ARGV[2], ARGV[3]) \
+         if a[1] == 0 then return {0, a[3]} end \
+         local b = redis.call('TB.ACQUIRE', KEYS[2], ARGV[1], ARGV[2], ARGV[3]) \
+         return {b[1], b[3]}",
+    );
+    let taken: Vec<i64> = both
+        .key("{user:42}:api")
+        .key("{user:42}:login")
+        .arg("0.001")
+        .arg("3")
+        .arg("2")
+        .invoke(&mut client)
+        .expect("EVAL over one slot");
+    assert_eq!(taken[0], 1);
+    // Without the tag the two buckets live in different slots, and the cluster refuses the script.
+    assert_ne!(
+        keyslot(&mut conn, "user:42:api"),
+        keyslot(&mut conn, "user:43:api")
+    );
+    let cross: redis::RedisResult<Vec<i64>> = both
+        .key("user:42:api")
+        .key("user:43:api")
+        .arg("0.001")
+        .arg("3")
+        .arg("1")
+        .invoke(&mut client);
+    let cross = error_text(&cross.expect_err("keys in two slots"));
+    assert!(cross.starts_with("CROSSSLOT "), "{cross}");
+}

@@ -1,0 +1,354 @@
+//! Replicas hold the same buckets as their primary (issue #4): the module replicates its effects
+//! (`HSET key tokens T ts TS` + `PEXPIREAT key MS`, wrapped in MULTI/EXEC by the server), so a replica needs no
+//! module and no clock of its own, denials and peeks send nothing, and a promoted replica carries on from the
+//! replicated state without minting tokens.
+
+mod common;
+
+use common::{
+    acquire, buckets, error_text, hgetall, info_field, info_int, mixed_workload, pexpiretime,
+    primary_options, replica_of, server_now_ms, wait_acked, wait_replicas_online, Bucket, Server,
+};
+use std::collections::BTreeMap;
+
+/// How long `WAIT` may block for the replica to acknowledge the stream.
+const WAIT_MS: i64 = 5_000;
+
+/// Compares a primary's and a replica's buckets, read one after the other. A key that one side has and the
+/// other lacks is tolerated only if it expired in between (its expiry is at or before `read_done_ms`, read from
+/// the server after both snapshots); every key both hold must match byte for byte, expiry included.
+fn assert_same_buckets(
+    primary: &BTreeMap<String, Bucket>,
+    replica: &BTreeMap<String, Bucket>,
+    read_done_ms: i64,
+) -> usize {
+    let mut compared = 0;
+    for (key, bucket) in primary {
+        match replica.get(key) {
+            Some(on_replica) => {
+                assert_eq!(on_replica, bucket, "bucket {key} differs on the replica");
+                compared += 1;
+            }
+            None => assert!(
+                bucket.1 != -1 && bucket.1 <= read_done_ms,
+                "bucket {key} {bucket:?} missing on the replica without having expired"
+            ),
+        }
+    }
+    for (key, bucket) in replica {
+        assert!(
+            primary.contains_key(key) || (bucket.1 != -1 && bucket.1 <= read_done_ms),
+            "replica holds {key} {bucket:?} that the primary does not"
+        );
+    }
+    compared
+}
+
+/// Lines of a server log that report a problem with what it was sent.
+fn complaints(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|line| {
+            let lower = line.to_ascii_lowercase();
+            lower.contains("unknown command")
+                || lower.contains("error")
+                || lower.contains("critical")
+                || lower.contains("module")
+        })
+        .collect()
+}
+
+/// Bytes a command takes in the replication stream (RESP multi-bulk).
+fn resp_len(args: &[&str]) -> i64 {
+    let header = format!("*{}\r\n", args.len()).len();
+    let body: usize = args
+        .iter()
+        .map(|arg| format!("${}\r\n", arg.len()).len() + arg.len() + 2)
+        .sum();
+    (header + body) as i64
+}
+
+#[test]
+fn module_less_replica_holds_identical_buckets() {
+    let primary = Server::start_with(primary_options());
+    let replica = Server::start_with(replica_of(primary.port, false));
+    wait_replicas_online(&primary, 1);
+    let mut conn = primary.conn();
+    let mut on_replica = replica.conn();
+    // The redis crate's connection handshake (CLIENT SETINFO, 7.2+) already drew errors; count from here.
+    let errors_before = info_int(&mut on_replica, "stats", "total_error_replies");
+    // Rates from one token per 1000 s to 1000 per second: the fast buckets refill to fractional token counts
+    // and expire during the run (their DELs travel down the stream too), the slow ones stay drained.
+    let mix = mixed_workload(&mut conn, "b:", 40, &["0.001", "0.5", "20", "1000"], 400, 4);
+    println!("workload: {mix:?}");
+    assert!(mix.allowed > 50 && mix.denied > 50, "{mix:?}");
+    assert!(mix.in_multi > 20 && mix.in_lua > 20, "{mix:?}");
+    wait_acked(&mut conn, 1, WAIT_MS);
+
+    let primary_buckets = buckets(&mut conn);
+    let replica_buckets = buckets(&mut on_replica);
+    let read_done_ms = server_now_ms(&mut conn);
+    let compared = assert_same_buckets(&primary_buckets, &replica_buckets, read_done_ms);
+    println!(
+        "{compared} buckets identical on the module-less replica ({} on the primary)",
+        primary_buckets.len()
+    );
+    assert!(
+        compared >= 10,
+        "too few buckets survived to compare: {compared}"
+    );
+
+    assert_eq!(
+        info_int(&mut on_replica, "stats", "total_error_replies"),
+        errors_before,
+        "the replica answered its primary with errors"
+    );
+    let commandstats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut on_replica)
+        .expect("INFO commandstats");
+    println!("replica {commandstats}");
+    for command in ["hset", "pexpireat", "multi", "exec"] {
+        let line = commandstats
+            .lines()
+            .find(|line| line.starts_with(&format!("cmdstat_{command}:")))
+            .unwrap_or_else(|| panic!("the replica never ran {command}"));
+        assert!(line.contains("rejected_calls=0,failed_calls=0"), "{line}");
+    }
+    let log = replica.log();
+    assert!(
+        complaints(&log).is_empty(),
+        "the replica's log complains:\n{log}"
+    );
+}
+
+#[test]
+fn denials_and_peeks_send_nothing_down_the_stream() {
+    // The primary pings its replicas every repl-ping-replica-period seconds, which also moves the offset; 30 s
+    // keeps that ping out of this test's window.
+    let mut options = primary_options();
+    options
+        .args
+        .extend(["--repl-ping-replica-period".into(), "30".into()]);
+    let primary = Server::start_with(options);
+    let replica = Server::start_with(replica_of(primary.port, false));
+    wait_replicas_online(&primary, 1);
+    let mut conn = primary.conn();
+    // Slow rates: nothing expires (an expiry would send a DEL) and nothing refills during the test.
+    acquire(&mut conn, "drained", "0.001", "2", Some("2"));
+    acquire(&mut conn, "partial", "0.001", "5", Some("3"));
+    wait_acked(&mut conn, 1, WAIT_MS);
+    let offset = info_int(&mut conn, "replication", "master_repl_offset");
+
+    for _ in 0..20 {
+        assert_eq!(acquire(&mut conn, "drained", "0.001", "2", None)[0], 0);
+        assert_eq!(acquire(&mut conn, "drained", "0.001", "2", Some("0"))[0], 1);
+        assert_eq!(
+            acquire(&mut conn, "partial", "0.001", "5", Some("9"))[2],
+            -1
+        );
+        assert_eq!(
+            acquire(&mut conn, "missing", "1", "5", Some("0")),
+            [1, 5, 0, 0]
+        );
+    }
+    let in_multi: Vec<Vec<i64>> = redis::pipe()
+        .atomic()
+        .cmd("TB.ACQUIRE")
+        .arg("drained")
+        .arg("0.001")
+        .arg("2")
+        .cmd("TB.ACQUIRE")
+        .arg("partial")
+        .arg("0.001")
+        .arg("5")
+        .arg("0")
+        .cmd("TB.ACQUIRE")
+        .arg("missing")
+        .arg("1")
+        .arg("5")
+        .arg("0")
+        .query(&mut conn)
+        .expect("MULTI/EXEC");
+    assert_eq!(
+        in_multi.iter().map(|reply| reply[0]).collect::<Vec<_>>(),
+        [0, 1, 1]
+    );
+    let from_lua: Vec<i64> = redis::Script::new(
+        "local a = redis.call('TB.ACQUIRE', KEYS[1], '0.001', '2') \
+         local b = redis.call('TB.ACQUIRE', KEYS[2], '0.001', '5', '0') \
+         return {a[1], b[1]}",
+    )
+    .key("drained")
+    .key("partial")
+    .invoke(&mut conn)
+    .expect("EVAL");
+    assert_eq!(from_lua, [0, 1]);
+    assert_eq!(
+        info_int(&mut conn, "replication", "master_repl_offset"),
+        offset,
+        "a denial or a peek sent something to the replica"
+    );
+
+    // The control: one allowed call sends exactly MULTI, HSET, PEXPIREAT and EXEC, with the bytes now stored.
+    acquire(&mut conn, "partial", "0.001", "5", Some("1"));
+    let fields = hgetall(&mut conn, "partial");
+    let [(tokens_field, tokens), (ts_field, ts)] = &fields[..] else {
+        panic!("two fields: {fields:?}");
+    };
+    let expiry = pexpiretime(&mut conn, "partial");
+    let expire_at = expiry.to_string();
+    let expected = resp_len(&["MULTI"])
+        + resp_len(&["HSET", "partial", tokens_field, tokens, ts_field, ts])
+        + resp_len(&["PEXPIREAT", "partial", &expire_at])
+        + resp_len(&["EXEC"]);
+    assert_eq!(
+        info_int(&mut conn, "replication", "master_repl_offset") - offset,
+        expected,
+        "an allowed call sends MULTI, HSET, PEXPIREAT, EXEC and nothing else"
+    );
+    wait_acked(&mut conn, 1, WAIT_MS);
+    let mut on_replica = replica.conn();
+    assert_eq!(hgetall(&mut on_replica, "partial"), fields);
+    assert_eq!(pexpiretime(&mut on_replica, "partial"), expiry);
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("missing")
+        .query(&mut on_replica)
+        .expect("EXISTS");
+    assert_eq!(exists, 0, "a peek created the bucket on the replica");
+}
+
+#[test]
+fn failover_keeps_drained_buckets_drained() {
+    let mut primary = Server::start_with(primary_options());
+    let mut replica = Server::start_with(replica_of(primary.port, true));
+    wait_replicas_online(&primary, 1);
+    let mut conn = primary.conn();
+    // One token per 1000 s: nothing refills while the test runs, so any grant after the failover beyond what
+    // the replicated tokens allow would be an over-grant.
+    for n in 0..20 {
+        assert_eq!(
+            acquire(&mut conn, &format!("drained:{n}"), "0.001", "5", Some("5"))[0],
+            1
+        );
+        assert_eq!(
+            acquire(&mut conn, &format!("partial:{n}"), "0.001", "5", Some("3"))[0],
+            1
+        );
+    }
+    // A bucket written by a primary whose clock runs 5 s ahead of the replica's.
+    let ahead_us = (server_now_ms(&mut conn) + 5_000) * 1_000;
+    let _: i64 = redis::cmd("HSET")
+        .arg("ahead")
+        .arg("tokens")
+        .arg("0")
+        .arg("ts")
+        .arg(ahead_us)
+        .query(&mut conn)
+        .expect("HSET");
+    wait_acked(&mut conn, 1, WAIT_MS);
+    let before = buckets(&mut conn);
+
+    let mut on_replica = replica.conn();
+    let refused: redis::RedisResult<Vec<i64>> = redis::cmd("TB.ACQUIRE")
+        .arg("partial:0")
+        .arg("0.001")
+        .arg("5")
+        .query(&mut on_replica);
+    let refused = error_text(&refused.expect_err("a replica refuses writes"));
+    assert!(refused.starts_with("READONLY "), "{refused}");
+
+    primary.kill();
+    let _: String = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut on_replica)
+        .expect("REPLICAOF NO ONE");
+    assert_eq!(
+        info_field(&mut on_replica, "replication", "role").as_deref(),
+        Some("master")
+    );
+    assert_eq!(
+        buckets(&mut on_replica),
+        before,
+        "the promoted replica lost state"
+    );
+
+    for n in 0..20 {
+        let drained = format!("drained:{n}");
+        let reply = acquire(&mut on_replica, &drained, "0.001", "5", None);
+        assert_eq!(reply[..2], [0, 0], "{drained} granted after failover");
+        assert!(
+            reply[2] > 990_000,
+            "{drained}: a token takes 1000 s, got {reply:?}"
+        );
+        let partial = format!("partial:{n}");
+        assert_eq!(
+            acquire(&mut on_replica, &partial, "0.001", "5", Some("2"))[..2],
+            [1, 0]
+        );
+        assert_eq!(acquire(&mut on_replica, &partial, "0.001", "5", None)[0], 0);
+    }
+    assert_eq!(
+        acquire(&mut on_replica, "new", "0.001", "5", None)[..3],
+        [1, 4, 0]
+    );
+    assert_eq!(
+        hgetall(&mut on_replica, "new")[0],
+        ("tokens".into(), "4".into())
+    );
+
+    // The promoted server's clock is 5 s behind the one that wrote `ahead`: the stored time is honoured, so
+    // the 5 s do not turn into 5000 tokens at 1000 tokens/s, and the bucket's time never goes back.
+    let ahead_before = hgetall(&mut on_replica, "ahead");
+    let asked_ms = server_now_ms(&mut on_replica);
+    let denied = acquire(&mut on_replica, "ahead", "1000", "10", None);
+    let answered_ms = server_now_ms(&mut on_replica);
+    assert_eq!(denied[..2], [0, 0], "tokens minted from a clock behind");
+    let ahead_ms = ahead_us / 1_000;
+    assert!(
+        (ahead_ms + 1 - answered_ms..=ahead_ms + 1 - asked_ms).contains(&denied[2]),
+        "the first token comes 1 ms after the stored time ({ahead_ms}), asked at {asked_ms}: {denied:?}"
+    );
+    assert_eq!(hgetall(&mut on_replica, "ahead"), ahead_before);
+    assert!(replica.is_alive());
+}
+
+#[test]
+fn promoted_clock_behind_never_moves_ts_back() {
+    let mut primary = Server::start_with(primary_options());
+    let replica = Server::start_with(replica_of(primary.port, true));
+    wait_replicas_online(&primary, 1);
+    primary.kill();
+    let mut conn = replica.conn();
+    let _: String = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut conn)
+        .expect("REPLICAOF NO ONE");
+
+    // Written as a primary 5 s ahead would have left it: 3 tokens as of now + 5 s.
+    let future_ms = server_now_ms(&mut conn) + 5_000;
+    let future_us = (future_ms * 1_000).to_string();
+    let _: i64 = redis::cmd("HSET")
+        .arg("k")
+        .arg("tokens")
+        .arg("3")
+        .arg("ts")
+        .arg(&future_us)
+        .query(&mut conn)
+        .expect("HSET");
+    // At 1000 tokens/s, a clock that took "now" at face value would see 3 tokens; one that moved ts back to now
+    // would mint 5000 on the way forward. Three grants, then denials.
+    for left in [2, 1, 0] {
+        let reply = acquire(&mut conn, "k", "1000", "10", None);
+        assert_eq!(reply[..3], [1, left, 0]);
+        let fields = hgetall(&mut conn, "k");
+        assert_eq!(fields[1], ("ts".to_string(), future_us.clone()), "ts moved");
+        assert_eq!(fields[0], ("tokens".to_string(), left.to_string()));
+        // Full 10 tokens at 1000/s: (10 - left) ms after the stored time.
+        assert_eq!(pexpiretime(&mut conn, "k"), future_ms + 10 - left);
+    }
+    let denied = acquire(&mut conn, "k", "1000", "10", None);
+    assert_eq!(denied[..2], [0, 0]);
+    assert_eq!(hgetall(&mut conn, "k")[1].1, future_us, "a denial moved ts");
+}
