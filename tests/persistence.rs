@@ -136,6 +136,8 @@ fn aof_restarts_hold_the_same_buckets_with_and_without_module() {
 
 /// The replies of `TB.ACQUIRE`, `HGETALL` and `PEXPIRETIME` run in one transaction.
 type Readback = (Vec<i64>, Vec<(String, String)>, i64);
+/// What one acknowledged call left: its reply, the bucket's fields and its expiry.
+type Acknowledged = (Vec<i64>, Vec<(String, String)>, Expiry);
 /// The same where the server lacks `PEXPIRETIME` (Redis 6.2): `TIME` and `PTTL` instead.
 type ReadbackByTtl = (Vec<i64>, Vec<(String, String)>, (i64, i64), i64);
 
@@ -164,7 +166,7 @@ fn hammer(
             .arg(cost)
             .cmd("HGETALL")
             .arg(&key);
-        let reply: redis::RedisResult<(Vec<i64>, Vec<(String, String)>, Expiry)> = if exact {
+        let reply: redis::RedisResult<Acknowledged> = if exact {
             pipe.cmd("PEXPIRETIME").arg(&key);
             pipe.query::<Readback>(&mut conn)
                 .map(|(decision, fields, at_ms)| (decision, fields, Expiry { at_ms, exact: true }))
