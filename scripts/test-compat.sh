@@ -18,7 +18,7 @@ for name in redis-7.0 redis-6.2 valkey-9.1; do
   binary="${servers[$name]}"
   echo "== $name: $("$binary" --version)"
   if ! REDIS_SERVER="$binary" TB_MODULE="$PWD/target/release/libredis_tb.so" TB_PYTHON="$PWD/$python" \
-      cargo test --tests; then
+      cargo test --tests --no-fail-fast; then
     failed+=("$name")
   fi
 done

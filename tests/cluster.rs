@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{error_text, free_port, info_field, wait_until, Options, Server};
+use common::{error_text, info_field, wait_until, Options, Server};
 
 /// A 3-primary cluster of module-loaded servers, no replicas.
 struct Cluster {
@@ -19,16 +19,13 @@ impl Cluster {
         let nodes: Vec<Server> = (0..3)
             .map(|_| {
                 Server::start_with(Options {
-                    // The bus port defaults to port + 10000, which an OS-chosen port can push past 65535 or
-                    // onto a port in use: ask the OS for that one too.
                     args: vec![
                         "--cluster-enabled".into(),
                         "yes".into(),
                         "--cluster-config-file".into(),
                         "nodes.conf".into(),
-                        "--cluster-port".into(),
-                        free_port().to_string(),
                     ],
+                    cluster_bus: true,
                     ..Options::default()
                 })
             })

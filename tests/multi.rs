@@ -210,6 +210,7 @@ fn replica_without_the_module_holds_identical_buckets() {
 fn cluster_refuses_buckets_in_different_slots() {
     let server = Server::start_with(Options {
         args: vec!["--cluster-enabled".into(), "yes".into()],
+        cluster_bus: true,
         ..Options::default()
     });
     let mut conn = server.conn();

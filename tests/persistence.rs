@@ -30,6 +30,7 @@ fn aof(dir: Option<PathBuf>, with_module: bool) -> Options {
             .map(String::from)
             .to_vec(),
         dir,
+        ..Options::default()
     }
 }
 
@@ -39,6 +40,7 @@ fn rdb(dir: PathBuf, with_module: bool) -> Options {
         without_module: !with_module,
         args: Vec::new(),
         dir: Some(dir),
+        ..Options::default()
     }
 }
 

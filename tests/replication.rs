@@ -52,7 +52,7 @@ fn complaints(log: &str) -> Vec<&str> {
             lower.contains("unknown command")
                 || lower.contains("error")
                 || lower.contains("critical")
-                || lower.contains("module")
+                || (lower.contains("module") && !lower.contains("static module"))
         })
         .collect()
 }

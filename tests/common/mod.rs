@@ -49,6 +49,9 @@ pub struct Options {
     pub args: Vec<String>,
     /// Reuse this directory (restart over existing AOF/RDB files) instead of a fresh one.
     pub dir: Option<PathBuf>,
+    /// A cluster node: its bus listens on port + 10000 (Redis 6.2 cannot move it), so pick a port whose bus
+    /// port is valid and free too.
+    pub cluster_bus: bool,
 }
 
 impl Server {
@@ -62,7 +65,11 @@ impl Server {
         std::fs::create_dir_all(&dir).expect("create the server's directory");
         let mut last_log = String::new();
         for _ in 0..STARTUP_ATTEMPTS {
-            let port = free_port();
+            let port = if options.cluster_bus {
+                free_port_with_bus()
+            } else {
+                free_port()
+            };
             let mut child = spawn(port, &dir, &options);
             match wait_ready(port, &mut child) {
                 Ok(()) => {
@@ -144,6 +151,22 @@ fn log_path(dir: &Path, port: u16) -> PathBuf {
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     listener.local_addr().expect("local address").port()
+}
+
+/// Offset of a cluster node's bus port from its client port.
+const CLUSTER_BUS_OFFSET: u16 = 10_000;
+
+/// A free port whose cluster bus port (port + 10000) is free as well.
+fn free_port_with_bus() -> u16 {
+    for _ in 0..1_000 {
+        let port = free_port();
+        if let Some(bus) = port.checked_add(CLUSTER_BUS_OFFSET) {
+            if TcpListener::bind(("127.0.0.1", bus)).is_ok() {
+                return port;
+            }
+        }
+    }
+    panic!("no free port with a free cluster bus port");
 }
 
 fn spawn(port: u16, dir: &Path, options: &Options) -> Child {
@@ -397,7 +420,7 @@ pub fn replica_of(primary_port: u16, with_module: bool) -> Options {
             "127.0.0.1".to_string(),
             primary_port.to_string(),
         ],
-        dir: None,
+        ..Options::default()
     }
 }
 
