@@ -412,21 +412,40 @@ fn allowed_calls_dirty_the_dataset_so_save_rules_fire() {
     // Read before the first write: the rule may fire as soon as the dataset is dirty.
     let saves = JobCount::of(&mut conn, "rdb_saves");
     let saves_before = saves.read(&mut conn);
-    let dirty =
-        |conn: &mut redis::Connection| info_int(conn, "persistence", "rdb_changes_since_last_save");
-    let before = dirty(&mut conn);
-    assert_eq!(acquire(&mut conn, "k", "0.001", "2", Some("2"))[0], 1);
-    let after_allowed = dirty(&mut conn);
+    // Each call runs between two reads of the dirty counter inside one MULTI, so the rule cannot save in between.
+    let dirty_around = |conn: &mut redis::Connection, cost: &str| -> (i64, i64, i64) {
+        let (info_before, reply, info_after): (String, Vec<i64>, String) = redis::pipe()
+            .atomic()
+            .cmd("INFO")
+            .arg("persistence")
+            .cmd("TB.ACQUIRE")
+            .arg("k")
+            .arg("0.001")
+            .arg("2")
+            .arg(cost)
+            .cmd("INFO")
+            .arg("persistence")
+            .query(conn)
+            .expect("MULTI");
+        let changes = |info: &str| -> i64 {
+            info.lines()
+                .find_map(|line| line.strip_prefix("rdb_changes_since_last_save:"))
+                .and_then(|value| value.trim().parse().ok())
+                .expect("rdb_changes_since_last_save")
+        };
+        (changes(&info_before), reply[0], changes(&info_after))
+    };
+    let (before, allowed, after_allowed) = dirty_around(&mut conn, "2");
+    assert_eq!(allowed, 1);
     assert!(
         after_allowed > before,
         "an allowed call left rdb_changes_since_last_save at {before}"
     );
-    assert_eq!(acquire(&mut conn, "k", "0.001", "2", None)[0], 0);
-    assert_eq!(
-        dirty(&mut conn),
-        after_allowed,
-        "a denial dirtied the dataset"
-    );
+    let (before_denial, allowed, after_denial) = dirty_around(&mut conn, "1");
+    assert_eq!(allowed, 0);
+    assert_eq!(before_denial, after_denial, "a denial dirtied the dataset");
+    let dirty =
+        |conn: &mut redis::Connection| info_int(conn, "persistence", "rdb_changes_since_last_save");
     println!("one allowed call: rdb_changes_since_last_save {before} -> {after_allowed}");
 
     assert!(
