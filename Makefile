@@ -27,5 +27,8 @@ lint: deps ## cargo fmt --check, clippy -D warnings, and the purity check on src
 	@! grep -nE 'redis_module::|use redis_module|SystemTime::|Instant::|clock_gettime|libc::' src/bucket.rs src/bucket/*.rs src/codec.rs \
 		|| (echo "src/bucket.rs and src/codec.rs must stay pure: no redis_module, no clock"; exit 1)
 
+bench: build ## Criterion benches, then TB.ACQUIRE vs HSET, INCR and a Lua bucket on a spawned server (~2 min)
+	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench.py
+
 clean: ## Remove build output
 	cargo clean
