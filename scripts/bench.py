@@ -258,6 +258,7 @@ def run_case(case, server, conn, benchmark):
     for command in case.setup:
         conn.call(*command)
     conn.call("CONFIG", "RESETSTAT")
+    cpu_before = main_thread_cpu_s(conn)
     args = [benchmark, "-h", "127.0.0.1", "-p", str(server.port), "-c", str(CLIENTS), "-P", str(case.pipeline),
             "-n", str(case.requests), "--csv"]
     if case.random_keys:
@@ -269,6 +270,7 @@ def run_case(case, server, conn, benchmark):
     cells = [cell.strip('"') for cell in rows[0].split('","')]
     rps, p50_ms, p99_ms = float(cells[1]), float(cells[4]), float(cells[6])
 
+    cpu_s = main_thread_cpu_s(conn) - cpu_before
     stats = conn.info("commandstats").get(f"cmdstat_{case.stat}")
     if stats is None:
         raise RuntimeError(f"no commandstats for {case.stat} after {case.label}")
@@ -278,7 +280,13 @@ def run_case(case, server, conn, benchmark):
         raise RuntimeError(f"{case.label}: expected {case.requests} clean calls, got {stats}")
     if case.check is not None:
         case.check(conn, case.requests)
-    case.runs.append({"rps": rps, "us": usec / calls, "p50": p50_ms, "p99": p99_ms})
+    case.runs.append({"rps": rps, "us": usec / calls, "cpu_us": cpu_s * 1e6 / calls, "p50": p50_ms, "p99": p99_ms})
+
+
+def main_thread_cpu_s(conn):
+    """CPU seconds (user + system) the server's main thread has used: commands, parsing, replies, socket I/O."""
+    cpu = conn.info("cpu")
+    return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
 
 
 def bytes_per_bucket(conn, make_command, count=KEYSPACE, batch=1_000):
@@ -427,14 +435,20 @@ def report(cases, core, memory, grants):
         return next(case for case in cases if case.label == label and case.pipeline == pipeline)
 
     print()
-    print(f"redis-benchmark, {CLIENTS} clients, medians of {rounds} rounds; 'x HSET' is the median per-round ratio "
-          f"to HSET hot key at the same pipeline depth; server µs/call from INFO commandstats")
-    header = f"{'case':<26} {'pipeline':>8} {'calls/s':>10} {'x HSET':>7} {'µs/call':>8} {'p50 ms':>7} {'p99 ms':>7}"
+    print(f"redis-benchmark, {CLIENTS} clients, medians of {rounds} rounds. x HSET: median per-round ratio to HSET "
+          f"hot key at the same pipeline depth.")
+    print("µs/call: the command's own time per call (INFO commandstats usec/calls; wall-clock, so a busy machine "
+          "inflates it).")
+    print("cpu µs/call: the server main thread's CPU time (user + sys, INFO cpu) over the run / calls: the command "
+          "plus parsing, replies and socket I/O.")
+    header = (f"{'case':<26} {'pipeline':>8} {'calls/s':>10} {'x HSET':>7} {'µs/call':>8} {'cpu µs/call':>11} "
+              f"{'p50 ms':>7} {'p99 ms':>7}")
     print(header)
     print("-" * len(header))
     for case in cases:
         print(f"{case.label:<26} {case.pipeline:>8} {median([r['rps'] for r in case.runs]):>10,.0f} "
               f"{ratio(case, baseline[case.pipeline]):>7.2f} {median([r['us'] for r in case.runs]):>8.2f} "
+              f"{median([r['cpu_us'] for r in case.runs]):>11.2f} "
               f"{median([r['p50'] for r in case.runs]):>7.3f} {median([r['p99'] for r in case.runs]):>7.3f}")
 
     tb_bytes, tb_sample, lua_bytes, lua_sample = memory
