@@ -39,17 +39,17 @@ use std::ffi::CStr;
 
 use crate::bucket::{self, Cost, ParamError, Params, State, Write};
 use crate::codec::{decode_state, with_encoded};
-use crate::server::{self, Call, Command, Key, KeyKind};
+use crate::server::{self, Call, Command, Interned, Key, KeyKind};
 
 /// The command's name as registered.
 pub const ACQUIRE_NAME: &CStr = c"tb.acquire";
 /// Registration flags: it writes, may grow memory (refused under OOM), and is O(1).
 pub const ACQUIRE_FLAGS: &CStr = c"write deny-oom fast";
 
-/// Hash field holding the token count.
-const FIELD_TOKENS: &CStr = c"tokens";
+/// Hash field holding the token count. A `static`, not a `const`: the server string is made once and reused.
+static FIELD_TOKENS: Interned = Interned::new(c"tokens");
 /// Hash field holding the time of the last write, in microseconds.
-const FIELD_UPDATED_US: &CStr = c"ts";
+static FIELD_UPDATED_US: Interned = Interned::new(c"ts");
 
 /// Everything a call can refuse with. Its wire text is API: integration tests assert it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,21 +137,26 @@ fn read_state(key: &Key<'_>) -> Result<Option<State>, TbError> {
         KeyKind::Other => Err(TbError::WrongType),
         KeyKind::Hash if key.hash_len() != 2 => Err(TbError::NotABucket),
         KeyKind::Hash => key
-            .hash_get2([FIELD_TOKENS, FIELD_UPDATED_US], decode_state)
+            .hash_get2([&FIELD_TOKENS, &FIELD_UPDATED_US], decode_state)
             .map(Some)
             .ok_or(TbError::NotABucket),
     }
 }
 
-/// Writes the new state and its expiry, then replicates exactly those effects.
+/// Writes the new state and its expiry, then replicates exactly those effects: the same value strings go to the
+/// hash and to the replicated `HSET`.
 fn write_state(call: &Call<'_>, key: &Key<'_>, write: &Write) -> Result<(), TbError> {
-    with_encoded(&write.state, |tokens, updated_us| {
-        let fields = [(FIELD_TOKENS, tokens), (FIELD_UPDATED_US, updated_us)];
-        key.hash_set2(fields)
-            .and_then(|()| key.set_expire_at(write.expire_at_ms))
-            .and_then(|()| call.replicate_hset_pexpireat(key, fields, write.expire_at_ms))
-            .map_err(|()| TbError::WriteFailed)
-    })
+    let (tokens, updated_us) = with_encoded(&write.state, |tokens, updated_us| {
+        (call.create_string(tokens), call.create_string(updated_us))
+    });
+    let (Some(tokens), Some(updated_us)) = (tokens, updated_us) else {
+        return Err(TbError::WriteFailed);
+    };
+    let fields = [(&FIELD_TOKENS, &tokens), (&FIELD_UPDATED_US, &updated_us)];
+    key.hash_set2(fields)
+        .and_then(|()| key.set_expire_at(write.expire_at_ms))
+        .and_then(|()| call.replicate_hset_pexpireat(key, fields, write.expire_at_ms))
+        .map_err(|()| TbError::WriteFailed)
 }
 
 #[cfg(test)]
