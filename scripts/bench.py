@@ -491,6 +491,7 @@ def report(cases, core, memory, grants):
     lua_server, lua_client = find("Lua bucket, server TIME"), find("Lua bucket, client ts")
     allowed_us, denied_us = median([r["us"] for r in allowed.runs]), median([r["us"] for r in denied.runs])
     x_hset, x_keys = ratio(allowed, baseline[PIPELINE]), ratio(keys, baseline[PIPELINE])
+    x_keys_vs_keys = ratio(keys, find("HSET 100k keys"))
     x_lua, x_lua_client = ratio(allowed, lua_server), ratio(allowed, lua_client)
     goals = [
         (allowed_us <= GOAL_US_PER_CALL, f"server CPU per TB.ACQUIRE <= {GOAL_US_PER_CALL} µs",
@@ -499,7 +500,8 @@ def report(cases, core, memory, grants):
         (x_lua >= GOAL_X_LUA, f"throughput >= {GOAL_X_LUA:.0f}x the Lua bucket (server TIME)",
          f"{x_lua:.2f}x (vs client ts: {x_lua_client:.2f}x)"),
         (denied_us < allowed_us, "a denied call cheaper than an allowed one", f"{denied_us:.2f} < {allowed_us:.2f} µs"),
-        (x_keys >= GOAL_KEYS_X_HSET, f"{KEYSPACE:,} keys >= {GOAL_KEYS_X_HSET}x HSET hot key", f"{x_keys:.2f}x"),
+        (x_keys >= GOAL_KEYS_X_HSET, f"{KEYSPACE:,} keys >= {GOAL_KEYS_X_HSET}x HSET hot key",
+         f"{x_keys:.2f}x (vs HSET on 100k keys: {x_keys_vs_keys:.2f}x)"),
         (tb_bytes <= lua_bytes, "bytes per bucket <= the Lua hash", f"{tb_bytes:.0f} B vs {lua_bytes:.0f} B"),
         (granted <= min(bound, OVERGRANT_MAX), f"over-grant <= {OVERGRANT_MAX} (and <= burst + rate * t)",
          f"{granted} grants"),
