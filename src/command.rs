@@ -38,11 +38,12 @@
 
 use std::ffi::CStr;
 
-use crate::bucket::{self, Combined, Cost, Decision, Outcome, ParamError, Params, State, Write};
 use redis_module::{Context, RedisString, Status};
 
+use crate::bucket::{self, Combined, Cost, Decision, Outcome, ParamError, Params, State, Write};
+use crate::codec::{decode_state, with_encoded};
 use crate::server::{
-    self, ArgDoc, ArgKind, Call, Command, CommandDocs, EventClass, Key, KeyKind, Support,
+    self, ArgDoc, ArgKind, Call, Command, CommandDocs, EventClass, Interned, Key, KeyKind, Support,
 };
 use crate::stats;
 
@@ -113,14 +114,10 @@ const ACQUIRE_ALL_ARITY_ERROR: &CStr = c"ERR wrong number of arguments for 'tb.a
 const EVENT_HSET: &CStr = c"hset";
 const EVENT_EXPIRE: &CStr = c"expire";
 
-/// Hash field holding the token count.
-const FIELD_TOKENS: &CStr = c"tokens";
+/// Hash field holding the token count. A `static`, not a `const`: the server string is made once and reused.
+static FIELD_TOKENS: Interned = Interned::new(c"tokens");
 /// Hash field holding the time of the last write, in microseconds.
-const FIELD_UPDATED_US: &CStr = c"ts";
-
-/// Largest token count stored as an integer literal (2^53: every integer below it is an exact `f64`). Integral
-/// values below it are written as `"7"` rather than `"7.0"`: shorter, and a listpack stores them as integers.
-const MAX_EXACT_INTEGER: f64 = 9_007_199_254_740_992.0;
+static FIELD_UPDATED_US: Interned = Interned::new(c"ts");
 
 /// Everything a call can refuse with. Its wire text is API: integration tests assert it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -377,78 +374,34 @@ fn read_state(key: &Key<'_>) -> Result<Option<State>, TbError> {
         KeyKind::Other => Err(TbError::WrongType),
         KeyKind::Hash if key.hash_len() != 2 => Err(TbError::NotABucket),
         KeyKind::Hash => key
-            .hash_get2([FIELD_TOKENS, FIELD_UPDATED_US], decode_state)
+            .hash_get2([&FIELD_TOKENS, &FIELD_UPDATED_US], decode_state)
             .map(Some)
             .ok_or(TbError::NotABucket),
     }
 }
 
-/// Writes the new state and its expiry, replicates exactly those effects, and fires the keyspace events the
-/// equivalent native commands would.
+/// Writes the new state and its expiry, replicates exactly those effects (the same value strings go to the hash
+/// and to the replicated `HSET`), and fires the keyspace events the equivalent native commands would.
 fn write_state(call: &Call<'_>, key: &Key<'_>, write: &Write) -> Result<(), TbError> {
-    with_encoded(&write.state, |tokens, updated_us| {
-        let fields = [(FIELD_TOKENS, tokens), (FIELD_UPDATED_US, updated_us)];
-        key.hash_set2(fields)
-            .and_then(|()| key.set_expire_at(write.expire_at_ms))
-            .and_then(|()| call.replicate_hset_pexpireat(key, fields, write.expire_at_ms))
-            .map_err(|()| TbError::WriteFailed)
-    })?;
+    let (tokens, updated_us) = with_encoded(&write.state, |tokens, updated_us| {
+        (call.create_string(tokens), call.create_string(updated_us))
+    });
+    let (Some(tokens), Some(updated_us)) = (tokens, updated_us) else {
+        return Err(TbError::WriteFailed);
+    };
+    let fields = [(&FIELD_TOKENS, &tokens), (&FIELD_UPDATED_US, &updated_us)];
+    key.hash_set2(fields)
+        .and_then(|()| key.set_expire_at(write.expire_at_ms))
+        .and_then(|()| call.replicate_hset_pexpireat(key, fields, write.expire_at_ms))
+        .map_err(|()| TbError::WriteFailed)?;
     call.notify(EventClass::Hash, EVENT_HSET, key);
     call.notify(EventClass::Generic, EVENT_EXPIRE, key);
     Ok(())
 }
 
-/// Decodes the two stored fields; `None` if either is missing or not what [`with_encoded`] writes.
-fn decode_state(tokens: Option<&[u8]>, updated_us: Option<&[u8]>) -> Option<State> {
-    let tokens: f64 = std::str::from_utf8(tokens?).ok()?.parse().ok()?;
-    let updated_us: i64 = std::str::from_utf8(updated_us?).ok()?.parse().ok()?;
-    (tokens.is_finite() && tokens >= 0.0 && updated_us >= 0).then_some(State { tokens, updated_us })
-}
-
-/// Encodes a state to the bytes stored and replicated, without allocating, and hands them to `use_bytes`.
-/// `tokens` is the shortest text that parses back to the same `f64` (ryu), or an integer literal when exact.
-fn with_encoded<R>(state: &State, use_bytes: impl FnOnce(&[u8], &[u8]) -> R) -> R {
-    let mut float_text = ryu::Buffer::new();
-    let mut integer_text = itoa::Buffer::new();
-    let mut updated_text = itoa::Buffer::new();
-    let tokens = if state.tokens.fract() == 0.0 && state.tokens < MAX_EXACT_INTEGER {
-        // Lossless: an integral f64 below 2^53 converts to i64 exactly.
-        integer_text.format(state.tokens as i64)
-    } else {
-        float_text.format(state.tokens)
-    };
-    use_bytes(
-        tokens.as_bytes(),
-        updated_text.format(state.updated_us).as_bytes(),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    fn round_trip(state: State) -> Option<State> {
-        with_encoded(&state, |tokens, updated_us| {
-            decode_state(Some(tokens), Some(updated_us))
-        })
-    }
-
-    #[test]
-    fn integral_tokens_are_stored_as_integers() {
-        let state = State {
-            tokens: 7.0,
-            updated_us: 1_700_000_000_000_000,
-        };
-        with_encoded(&state, |tokens, updated_us| {
-            assert_eq!((tokens, updated_us), (&b"7"[..], &b"1700000000000000"[..]));
-        });
-        let fractional = State {
-            tokens: 0.1,
-            updated_us: 0,
-        };
-        with_encoded(&fractional, |tokens, _| assert_eq!(tokens, b"0.1"));
-    }
 
     #[test]
     fn parse_number_accepts_decimals_only() {
@@ -471,25 +424,6 @@ mod tests {
     }
 
     #[test]
-    fn decode_refuses_what_we_never_write() {
-        for (tokens, updated) in [
-            ("-1", "5"),
-            ("abc", "5"),
-            ("inf", "5"),
-            ("1", "x"),
-            ("1", "1.5"),
-            ("1", "-3"),
-        ] {
-            assert_eq!(
-                decode_state(Some(tokens.as_bytes()), Some(updated.as_bytes())),
-                None
-            );
-        }
-        assert_eq!(decode_state(None, Some(b"1")), None);
-        assert_eq!(decode_state(Some(b"1"), None), None);
-    }
-
-    #[test]
     fn error_texts_carry_a_redis_prefix() {
         let all = [
             TbError::WrongArity(ACQUIRE_ARITY_ERROR),
@@ -508,20 +442,6 @@ mod tests {
                 text.starts_with("ERR ") || text.starts_with("WRONGTYPE "),
                 "{text}"
             );
-        }
-    }
-
-    proptest! {
-        #[test]
-        fn state_round_trips_exactly(tokens in 0.0f64..f64::MAX, updated_us in 0i64..i64::MAX) {
-            let state = State { tokens, updated_us };
-            prop_assert_eq!(round_trip(state), Some(state));
-        }
-
-        #[test]
-        fn small_and_integral_tokens_round_trip(tokens in 0u64..(1u64 << 53), scale in -20i32..20) {
-            let state = State { tokens: tokens as f64 * 10f64.powi(scale), updated_us: 1 };
-            prop_assert_eq!(round_trip(state), Some(state));
         }
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! Layout:
 //! - `bucket`: the pure token-bucket arithmetic (state + now + parameters -> decision + new state). No Redis,
-//!   no clock, no I/O; the only public module, so benches and property tests drive it directly.
+//!   no clock, no I/O; public, so benches and property tests drive it directly.
+//! - `codec`: the stored form of a bucket (`State` <-> the `tokens`/`ts` hash values). Pure and public, like
+//!   `bucket`, so benches measure it.
 //! - `command`: the glue and the command contract: parsing, hash state I/O, expiry, replication, replies.
 //! - `stats`: the counters behind `INFO tb`.
 //! - `server`: the one place with `unsafe`, a safe face over the few raw server calls `command` needs.
@@ -20,6 +22,7 @@
 )]
 
 pub mod bucket;
+pub mod codec;
 mod command;
 mod server;
 mod stats;

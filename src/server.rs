@@ -4,17 +4,20 @@
 //! `Vec`, its `hash_set` writes one field per call and needs a `RedisString` per value, it has no absolute
 //! expiry, and `Context::replicate` builds `CString`s on every call. Each costs on a path that must stay within
 //! a small factor of `HSET`. So this module calls the crate's generated `raw` bindings directly (no hand-written
-//! FFI declarations) and exposes only safe types: [`Call`] for one command invocation and [`Key`] for one opened
-//! key. Nothing here knows what a token bucket is.
+//! FFI declarations) and exposes only safe types: [`Call`] for one command invocation, [`Key`] for one opened
+//! key, [`CallString`] for a string a call made, and [`Interned`] for a fixed string made once per process (hash
+//! field names: the server allocates nothing per call for them). Nothing here knows what a token bucket is.
 //!
 //! Every function pointer is checked before use: a server that lacks one (say `RedisModule_SetAbsExpire` on 6.2)
 //! gets a fallback or an error, never a null call. Nothing here panics.
 
 use std::cell::Cell;
 use std::ffi::CStr;
+use std::marker::PhantomData;
 use std::os::raw::{c_char, c_int, c_long};
-use std::ptr;
+use std::ptr::{self, NonNull};
 use std::slice;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::raw;
 
@@ -99,7 +102,7 @@ impl<'a> Call<'a> {
             name,
             key,
             modified: Cell::new(false),
-            _call: std::marker::PhantomData,
+            _call: PhantomData,
         })
     }
 
@@ -131,32 +134,44 @@ impl<'a> Call<'a> {
         }
     }
 
+    /// A server string holding a copy of `bytes`, freed when the returned value drops. `None` if the server
+    /// could not make one.
+    pub fn create_string(&self, bytes: &[u8]) -> Option<CallString<'_>> {
+        let create = unsafe { raw::RedisModule_CreateString }?;
+        // SAFETY: live context; the server copies `bytes`. The string is freed by `CallString::drop`.
+        let string = unsafe { create(self.ctx, bytes.as_ptr().cast::<c_char>(), bytes.len()) };
+        Some(CallString {
+            ctx: self.ctx,
+            string: NonNull::new(string)?,
+            _call: PhantomData,
+        })
+    }
+
     /// Sends `HSET <key> <field_a> <value_a> <field_b> <value_b>` and `PEXPIREAT <key> <at_ms>` to replicas and
     /// the AOF, after this command. The server wraps them in one `MULTI`/`EXEC` with anything else the command
     /// propagates.
     pub fn replicate_hset_pexpireat(
         &self,
         key: &Key<'_>,
-        fields: [(&CStr, &[u8]); 2],
+        fields: [(&Interned, &CallString<'_>); 2],
         expire_at_ms: i64,
     ) -> Result<(), ()> {
         let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(())?;
         let [(field_a, value_a), (field_b, value_b)] = fields;
-        // SAFETY: format "scbcb" takes a RedisModuleString, then (C string, buffer pointer, length) twice; every
-        // pointer is live for the call and the server copies what it keeps. "sl" takes a string and a long long.
+        let (field_a, field_b) = (field_a.get().ok_or(())?, field_b.get().ok_or(())?);
+        // SAFETY: format "sssss" takes five live RedisModuleStrings, which the server only references (it holds
+        // its own count on each until the propagation is done); "sl" takes a string and a long long.
         let (hset, pexpireat) = unsafe {
             (
                 replicate(
                     self.ctx,
                     c"HSET".as_ptr(),
-                    c"scbcb".as_ptr(),
+                    c"sssss".as_ptr(),
                     key.name,
-                    field_a.as_ptr(),
-                    value_a.as_ptr().cast::<c_char>(),
-                    value_a.len(),
-                    field_b.as_ptr(),
-                    value_b.as_ptr().cast::<c_char>(),
-                    value_b.len(),
+                    field_a,
+                    value_a.string.as_ptr(),
+                    field_b,
+                    value_b.string.as_ptr(),
                 ),
                 replicate(
                     self.ctx,
@@ -196,6 +211,78 @@ impl Call<'_> {
     }
 }
 
+/// A server string owned by one call (see [`Call::create_string`]), freed when dropped.
+pub struct CallString<'c> {
+    ctx: *mut raw::RedisModuleCtx,
+    string: NonNull<raw::RedisModuleString>,
+    _call: PhantomData<&'c ()>,
+}
+
+impl Drop for CallString<'_> {
+    fn drop(&mut self) {
+        if let Some(free) = unsafe { raw::RedisModule_FreeString } {
+            // SAFETY: created with `self.ctx` by `Call::create_string`, freed exactly once.
+            unsafe { free(self.ctx, self.string.as_ptr()) };
+        }
+    }
+}
+
+/// A server string made on first use and kept for the life of the process, for a fixed text such as a hash field
+/// name. Passing field names as C strings (`REDISMODULE_HASH_CFIELDS`, the `c` format of `RM_Replicate`) makes
+/// the server allocate and free a fresh string per field on every call; this makes one, once.
+pub struct Interned {
+    text: &'static CStr,
+    string: AtomicPtr<raw::RedisModuleString>,
+}
+
+impl Interned {
+    pub const fn new(text: &'static CStr) -> Interned {
+        Interned {
+            text,
+            string: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    /// The server string; `None` only if the server cannot make one.
+    fn get(&self) -> Option<*mut raw::RedisModuleString> {
+        let existing = self.string.load(Ordering::Acquire);
+        if !existing.is_null() {
+            return Some(existing);
+        }
+        let create = unsafe { raw::RedisModule_CreateString }?;
+        let bytes = self.text.to_bytes();
+        // SAFETY: a NULL context makes a string that belongs to no call, so nothing frees it behind our back. We
+        // never free it either: one small string per field name, for the life of the process.
+        let created = unsafe {
+            create(
+                ptr::null_mut(),
+                bytes.as_ptr().cast::<c_char>(),
+                bytes.len(),
+            )
+        };
+        if created.is_null() {
+            return None;
+        }
+        // Commands run on the server's main thread, so nothing races us here; should anything ever do so, the
+        // first string wins and ours is freed.
+        match self.string.compare_exchange(
+            ptr::null_mut(),
+            created,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => Some(created),
+            Err(winner) => {
+                if let Some(free) = unsafe { raw::RedisModule_FreeString } {
+                    // SAFETY: made above with a NULL context and never shared.
+                    unsafe { free(ptr::null_mut(), created) };
+                }
+                Some(winner)
+            }
+        }
+    }
+}
+
 /// What an opened key holds, as far as the commands care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyKind {
@@ -212,7 +299,7 @@ pub struct Key<'c> {
     /// Whether this handle attempted a write; only then does dropping it signal the key as modified (see
     /// [`signal_only_modified_keys`]).
     modified: Cell<bool>,
-    _call: std::marker::PhantomData<&'c ()>,
+    _call: PhantomData<&'c ()>,
 }
 
 impl Key<'_> {
@@ -241,21 +328,25 @@ impl Key<'_> {
     /// bytes live only for that closure: the server's copies are freed right after.
     pub fn hash_get2<R>(
         &self,
-        fields: [&CStr; 2],
+        fields: [&Interned; 2],
         read: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> R,
     ) -> R {
         let mut value_a: *mut raw::RedisModuleString = ptr::null_mut();
         let mut value_b: *mut raw::RedisModuleString = ptr::null_mut();
-        if let Some(hash_get) = unsafe { raw::RedisModule_HashGet } {
-            // SAFETY: CFIELDS takes NUL-terminated field names, each followed by a pointer that receives a new
-            // string (or NULL); the list ends with a NULL.
+        if let (Some(hash_get), Some(field_a), Some(field_b)) = (
+            unsafe { raw::RedisModule_HashGet },
+            fields[0].get(),
+            fields[1].get(),
+        ) {
+            // SAFETY: without flags, HashGet takes RedisModuleString field names, each followed by a pointer that
+            // receives a new string (or NULL); the list ends with a NULL.
             unsafe {
                 hash_get(
                     self.key,
-                    raw::REDISMODULE_HASH_CFIELDS as c_int,
-                    fields[0].as_ptr(),
+                    raw::REDISMODULE_HASH_NONE as c_int,
+                    field_a,
                     &mut value_a as *mut *mut raw::RedisModuleString,
-                    fields[1].as_ptr(),
+                    field_b,
                     &mut value_b as *mut *mut raw::RedisModuleString,
                     ptr::null::<c_char>(),
                 );
@@ -271,38 +362,32 @@ impl Key<'_> {
     }
 
     /// Sets two fields of the hash (creating the key if it is empty) in one call.
-    pub fn hash_set2(&self, fields: [(&CStr, &[u8]); 2]) -> Result<(), ()> {
+    pub fn hash_set2(&self, fields: [(&Interned, &CallString<'_>); 2]) -> Result<(), ()> {
         let hash_set = unsafe { raw::RedisModule_HashSet }.ok_or(())?;
         // Before the attempt: a write that fails halfway may still have changed the key.
         self.modified.set(true);
-        let [(field_a, bytes_a), (field_b, bytes_b)] = fields;
-        let value_a = self.create_string(bytes_a);
-        let value_b = self.create_string(bytes_b);
-        let counted = if value_a.is_null() || value_b.is_null() {
-            None
-        } else {
-            set_errno(0);
-            // SAFETY: CFIELDS pairs of (C string, RedisModuleString), NULL-terminated; the server copies values.
-            Some(unsafe {
-                hash_set(
-                    self.key,
-                    raw::REDISMODULE_HASH_CFIELDS as c_int,
-                    field_a.as_ptr(),
-                    value_a,
-                    field_b.as_ptr(),
-                    value_b,
-                    ptr::null::<c_char>(),
-                )
-            })
+        let [(field_a, value_a), (field_b, value_b)] = fields;
+        let (field_a, field_b) = (field_a.get().ok_or(())?, field_b.get().ok_or(())?);
+        set_errno(0);
+        // SAFETY: without flags, pairs of (RedisModuleString field, RedisModuleString value), NULL-terminated;
+        // the server copies both.
+        let counted = unsafe {
+            hash_set(
+                self.key,
+                raw::REDISMODULE_HASH_NONE as c_int,
+                field_a,
+                value_a.string.as_ptr(),
+                field_b,
+                value_b.string.as_ptr(),
+                ptr::null::<c_char>(),
+            )
         };
-        self.free_string(value_a);
-        self.free_string(value_b);
         // HashSet counts only the fields it replaced, so 0 is normal for a new bucket; a failure is 0 with errno
         // EINVAL or ENOTSUP (ENOENT just says nothing was counted).
-        match counted {
-            Some(0) if matches!(errno(), libc::EINVAL | libc::ENOTSUP) => Err(()),
-            Some(_) => Ok(()),
-            None => Err(()),
+        if counted == 0 && matches!(errno(), libc::EINVAL | libc::ENOTSUP) {
+            Err(())
+        } else {
+            Ok(())
         }
     }
 
@@ -318,16 +403,6 @@ impl Key<'_> {
         let ttl_ms = at_ms.saturating_sub(now_us() / 1_000).max(1);
         // SAFETY: as above.
         status(unsafe { set_relative(self.key, ttl_ms) })
-    }
-
-    fn create_string(&self, bytes: &[u8]) -> *mut raw::RedisModuleString {
-        match unsafe { raw::RedisModule_CreateString } {
-            // SAFETY: the server copies `bytes`; the string is freed by `free_string`.
-            Some(create) => unsafe {
-                create(self.ctx, bytes.as_ptr().cast::<c_char>(), bytes.len())
-            },
-            None => ptr::null_mut(),
-        }
     }
 
     fn free_string(&self, string: *mut raw::RedisModuleString) {
