@@ -37,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA_SCRIPT = ROOT / "scripts" / "bench_bucket.lua"
+LUA_ALL_SCRIPT = ROOT / "scripts" / "bench_buckets_all.lua"
 DEFAULT_MODULE = ROOT / "target" / "release" / "libredis_tb.so"
 
 CLIENTS = 50
@@ -219,7 +220,7 @@ def expect_many_keys(conn, requests):
     assert keys > 0.9 * expected, f"only {keys} keys after {requests} calls on {KEYSPACE} keys"
 
 
-def make_cases(scale, lua_sha, client_now_ms):
+def make_cases(scale, lua_sha, lua_all_sha, client_now_ms):
     def n(count):
         return max(1_000, int(count * scale))
 
@@ -229,6 +230,12 @@ def make_cases(scale, lua_sha, client_now_ms):
     lua_client = ["EVALSHA", lua_sha, "1", "bench:lua", ALLOW_RATE, ALLOW_BURST, "1", str(client_now_ms)]
     lua_server = ["EVALSHA", lua_sha, "1", "bench:lua", ALLOW_RATE, ALLOW_BURST, "1"]
     hset = ["HSET", "bench:h", "f", "v"]
+    # Three limits at once (user, tenant, global), all or nothing: the module command and its Lua peer.
+    buckets = [("bench:all:user", ALLOW_RATE, ALLOW_BURST), ("bench:all:tenant", ALLOW_RATE, ALLOW_BURST),
+               ("bench:all:global", ALLOW_RATE, ALLOW_BURST)]
+    tb_all = ["TB.ACQUIREALL", "1"] + [arg for bucket in buckets for arg in bucket]
+    lua_all = (["EVALSHA", lua_all_sha, str(len(buckets))] + [key for key, _, _ in buckets] + ["1"]
+               + [arg for _, rate, burst in buckets for arg in (rate, burst)])
     return [
         Case("HSET hot key", hset, PIPELINE, "hset", n(1_000_000)),
         Case("INCR hot key", ["INCR", "bench:n"], PIPELINE, "incr", n(1_000_000)),
@@ -244,6 +251,10 @@ def make_cases(scale, lua_sha, client_now_ms):
              check=expect_reply(lua_client, 1)),
         Case("Lua bucket, server TIME", lua_server, PIPELINE, "evalsha", n(150_000),
              check=expect_reply(lua_server, 1)),
+        Case("TB.ACQUIREALL 3 buckets", tb_all, PIPELINE, "tb.acquireall", n(300_000),
+             check=expect_reply(tb_all, 1)),
+        Case("Lua 3 buckets, all/none", lua_all, PIPELINE, "evalsha", n(100_000),
+             check=expect_reply(lua_all, 1)),
         Case("HSET hot key", hset, 1, "hset", n(200_000)),
         Case("TB.ACQUIRE hot, allowed", tb_hot, 1, "tb.acquire", n(200_000), check=expect_reply(tb_hot, 1)),
         Case("TB.ACQUIRE 100k keys", tb_keys, 1, "tb.acquire", n(200_000), random_keys=True,
@@ -413,7 +424,8 @@ def main():
     try:
         conn = Conn(server.port)
         lua_sha = conn.call("SCRIPT", "LOAD", LUA_SCRIPT.read_text())
-        cases = make_cases(options.scale, lua_sha, int(time.time() * 1000))
+        lua_all_sha = conn.call("SCRIPT", "LOAD", LUA_ALL_SCRIPT.read_text())
+        cases = make_cases(options.scale, lua_sha, lua_all_sha, int(time.time() * 1000))
         started = time.monotonic()
         live = sys.stdout.isatty()
         for round_index in range(options.rounds):
@@ -493,6 +505,11 @@ def report(cases, core, memory, grants):
     x_hset, x_keys = ratio(allowed, baseline[PIPELINE]), ratio(keys, baseline[PIPELINE])
     x_keys_vs_keys = ratio(keys, find("HSET 100k keys"))
     x_lua, x_lua_client = ratio(allowed, lua_server), ratio(allowed, lua_client)
+    multi, lua_multi = find("TB.ACQUIREALL 3 buckets"), find("Lua 3 buckets, all/none")
+    print()
+    print(f"multi-bucket (issue #8), 3 buckets all or nothing: TB.ACQUIREALL "
+          f"{median([r['us'] for r in multi.runs]):.2f} µs/call vs the Lua script "
+          f"{median([r['us'] for r in lua_multi.runs]):.2f} µs/call; throughput {ratio(multi, lua_multi):.2f}x the script")
     goals = [
         (allowed_us <= GOAL_US_PER_CALL, f"server CPU per TB.ACQUIRE <= {GOAL_US_PER_CALL} µs",
          f"{allowed_us:.2f} µs"),
