@@ -242,15 +242,17 @@ pub struct Acquire;
 impl Command for Acquire {
     fn run(call: &Call<'_>) {
         match acquire(call) {
-            Ok((decision, cost)) => {
-                stats::record(decision.outcome, cost.tokens());
-                call.reply_integers(&[
+            Ok((decision, cost)) => reply_decided(
+                call,
+                decision.outcome,
+                cost,
+                &[
                     i64::from(decision.allowed()),
                     decision.remaining,
                     decision.retry_after_ms,
                     decision.reset_after_ms,
-                ]);
-            }
+                ],
+            ),
             Err(error) => reply_error(call, error),
         }
     }
@@ -280,16 +282,18 @@ pub struct AcquireAll;
 impl Command for AcquireAll {
     fn run(call: &Call<'_>) {
         match acquire_all(call) {
-            Ok((combined, cost)) => {
-                stats::record(combined.outcome, cost.tokens());
-                call.reply_integers(&[
+            Ok((combined, cost)) => reply_decided(
+                call,
+                combined.outcome,
+                cost,
+                &[
                     i64::from(combined.outcome == Outcome::Allowed),
                     combined.remaining,
                     combined.retry_after_ms,
                     combined.reset_after_ms,
                     i64::try_from(combined.limiting_index).unwrap_or(i64::MAX),
-                ]);
-            }
+                ],
+            ),
             Err(error) => reply_error(call, error),
         }
     }
@@ -340,6 +344,13 @@ fn acquire_all(call: &Call<'_>) -> Result<(Combined, Cost), TbError> {
     Ok((combined, cost))
 }
 
+/// Counts a decided call in `INFO tb` and sends its integers.
+fn reply_decided(call: &Call<'_>, outcome: Outcome, cost: Cost, fields: &[i64]) {
+    stats::record(outcome, cost.tokens());
+    call.reply_integers(fields);
+}
+
+/// Counts a refused call in `INFO tb` and sends its error.
 fn reply_error(call: &Call<'_>, error: TbError) {
     stats::record_error();
     call.reply_error(error.wire_text());
