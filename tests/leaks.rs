@@ -62,7 +62,7 @@ fn many_calls_of_every_kind_leave_memory_flat() {
             "1e12",
         ],
     ];
-    let mut run = |conn: &mut redis::Connection, rounds: usize| {
+    let run = |conn: &mut redis::Connection, rounds: usize| {
         for _ in 0..rounds / BATCH {
             let mut pipe = redis::pipe();
             for _ in 0..BATCH {
