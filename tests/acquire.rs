@@ -292,3 +292,42 @@ fn dirty(conn: &mut redis::Connection) -> i64 {
         .and_then(|v| v.trim().parse().ok())
         .expect("rdb_changes_since_last_save")
 }
+
+#[test]
+fn extreme_stored_values_never_hurt_the_server() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    let hset = |conn: &mut redis::Connection, key: &str, tokens: &str, ts: &str| {
+        let _: i64 = redis::cmd("HSET")
+            .arg(key)
+            .arg("tokens")
+            .arg(tokens)
+            .arg("ts")
+            .arg(ts)
+            .query(conn)
+            .expect("HSET");
+    };
+    // A timestamp at the end of time: nothing refills, waits saturate, the TTL is capped, ts stays put.
+    hset(&mut conn, "future", "0", &i64::MAX.to_string());
+    assert_eq!(
+        acquire(&mut conn, "future", "1", "5", None),
+        [0, 0, i64::MAX, i64::MAX]
+    );
+    hset(&mut conn, "future", "3", &i64::MAX.to_string());
+    assert_eq!(acquire(&mut conn, "future", "1", "5", None)[..3], [1, 2, 0]);
+    assert_eq!(hgetall(&mut conn, "future")[1].1, i64::MAX.to_string());
+    let ttl_ms: i64 = redis::cmd("PTTL")
+        .arg("future")
+        .query(&mut conn)
+        .expect("PTTL");
+    assert!(ttl_ms > 0 && ttl_ms <= 3_155_760_000_000 + 10, "{ttl_ms}");
+    // The epoch, and tokens far above the burst: refilled or capped to the burst.
+    hset(&mut conn, "epoch", "0", "0");
+    assert_eq!(
+        acquire(&mut conn, "epoch", "1", "5", Some("0")),
+        [1, 5, 0, 0]
+    );
+    hset(&mut conn, "huge", "1e308", "0");
+    assert_eq!(acquire(&mut conn, "huge", "1", "5", None)[..2], [1, 4]);
+    common::ping(&mut conn);
+}
