@@ -174,32 +174,44 @@ pub fn acquire(stored: Option<State>, now_us: i64, params: &Params, cost: Cost) 
             updated_us: now_us,
         },
     };
-    let reply_for = |outcome, state: &State, retry_after_ms| Decision {
+    // The reply for a bucket that is left as `state`, full again at `full_at_us`.
+    let reply_for = |outcome, state: &State, full_at_us: i64, retry_after_ms| Decision {
         outcome,
         remaining: floor_saturating(state.tokens),
         retry_after_ms,
-        reset_after_ms: ms_until(now_us, full_at_us(state, params)),
+        reset_after_ms: ms_until(now_us, full_at_us),
         write: None,
     };
 
     if cost.0 > params.burst {
-        return reply_for(Outcome::Impossible, &current, -1);
+        return reply_for(
+            Outcome::Impossible,
+            &current,
+            full_at_us(&current, params),
+            -1,
+        );
     }
     if current.tokens < cost.0 {
         let retry_after_ms = retry_after_ms(&current, now_us, params, cost);
-        return reply_for(Outcome::Denied, &current, retry_after_ms);
+        return reply_for(
+            Outcome::Denied,
+            &current,
+            full_at_us(&current, params),
+            retry_after_ms,
+        );
     }
     let after = State {
         tokens: (current.tokens - cost.0).max(0.0),
         updated_us: current.updated_us,
     };
-    let mut decision = reply_for(Outcome::Allowed, &after, 0);
+    // One refill computation serves both the reply's reset and the key's expiry.
+    let full_at = full_at_us(&after, params);
+    let mut decision = reply_for(Outcome::Allowed, &after, full_at, 0);
     if cost.0 > 0.0 {
-        let full_at_ms = ceil_div(full_at_us(&after, params), MICROS_PER_MS);
         let cap_ms = now_us.div_euclid(MICROS_PER_MS).saturating_add(MAX_TTL_MS);
         decision.write = Some(Write {
             state: after,
-            expire_at_ms: full_at_ms.min(cap_ms),
+            expire_at_ms: ceil_div(full_at, MICROS_PER_MS).min(cap_ms),
         });
     }
     decision
