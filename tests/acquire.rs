@@ -7,10 +7,7 @@ use std::time::Duration;
 
 use common::{acquire, hgetall, pexpiretime, wait_until, Server};
 
-fn now_ms(conn: &mut redis::Connection) -> i64 {
-    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(conn).expect("TIME");
-    secs * 1_000 + micros / 1_000
-}
+use common::server_now_ms as now_ms;
 
 #[test]
 fn reply_fields_follow_the_contract() {
@@ -283,14 +280,7 @@ fn expired_or_deleted_bucket_is_full() {
 }
 
 fn dirty(conn: &mut redis::Connection) -> i64 {
-    let info: String = redis::cmd("INFO")
-        .arg("persistence")
-        .query(conn)
-        .expect("INFO");
-    info.lines()
-        .find_map(|line| line.strip_prefix("rdb_changes_since_last_save:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("rdb_changes_since_last_save")
+    common::info_int(conn, "persistence", "rdb_changes_since_last_save")
 }
 
 #[test]

@@ -11,14 +11,7 @@ const ROUNDS: usize = 20_000;
 const BATCH: usize = 500;
 
 fn used_memory(conn: &mut redis::Connection) -> i64 {
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query(conn)
-        .expect("INFO memory");
-    info.lines()
-        .find_map(|line| line.strip_prefix("used_memory:"))
-        .and_then(|value| value.trim().parse().ok())
-        .expect("used_memory")
+    common::info_int(conn, "memory", "used_memory")
 }
 
 #[test]
