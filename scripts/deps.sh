@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks to build and test redis-tb: redis-server (to run and test the
-# module) and libclang (bindgen, used by the redis-module crate). Does nothing when both are present.
+# module), libclang (bindgen, used by the redis-module crate) and python3-venv. Does nothing when all are present.
 set -euo pipefail
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
-compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || compgen -G "/usr/lib/*/libclang*.so*" >/dev/null \
+# libclang itself (libclang.so*, libclang-14.so*), not libclang-cpp, which some images ship without it and which
+# bindgen cannot use.
+compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null || compgen -G "/usr/lib/*/libclang-[0-9]*.so*" >/dev/null \
   || missing+=(libclang-dev)
+# The venv module, for the project-local Python environment of `make test`.
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

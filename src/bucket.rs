@@ -111,7 +111,10 @@ impl State {
     pub fn tokens_at(&self, at_us: i64, params: &Params) -> f64 {
         let elapsed_us = at_us.saturating_sub(self.updated_us).max(0);
         // i64 -> f64 rounds for |x| > 2^53 µs (285 years); the result stays monotone, which is all we need.
-        let refill = elapsed_us as f64 * params.rate_per_sec / MICROS_PER_SEC;
+        // Seconds first, then times the rate: `elapsed_us · rate` would overflow to infinity for a huge finite
+        // rate (1e303 over 250 ms) and refill a drained bucket at once. This way the product is infinite only
+        // when the true refill exceeds `f64::MAX`, hence any burst, so the cap below gives the right answer.
+        let refill = elapsed_us as f64 / MICROS_PER_SEC * params.rate_per_sec;
         (self.tokens + refill).min(params.burst)
     }
 }

@@ -410,3 +410,45 @@ proptest! {
         }
     }
 }
+
+/// Regression for issue #12 (overflow): with a huge finite rate, `elapsed_us · rate` overflowed to infinity before
+/// the division to seconds and refilled a drained bucket at once.
+#[test]
+fn huge_rate_refills_only_what_elapsed_time_earned() {
+    let p = params(1e303, 1e308);
+    let drained = State {
+        tokens: 0.0,
+        updated_us: T0,
+    };
+    // 250 ms at 1e303/s earns 2.5e302 tokens, far below the burst.
+    let earned = drained.tokens_at(T0 + 250_000, &p);
+    assert!((earned - 2.5e302).abs() <= 2.5e302 * 1e-12, "{earned}");
+    assert!(!acquire(Some(drained), T0 + 250_000, &p, cost(1e307)).allowed());
+}
+
+proptest! {
+    /// However large the finite parameters, a drained bucket grants no more than elapsed time earned, and
+    /// nothing the core computes is infinite or NaN.
+    #[test]
+    fn extreme_parameters_never_grant_unearned_tokens(
+        rate in prop_oneof![1e280f64..f64::MAX, 1e-300f64..1e-280, 1e-3f64..1e4],
+        burst in prop_oneof![1e280f64..f64::MAX, 1e-3f64..1e4],
+        gap_us in prop_oneof![0i64..1_000, 0i64..10_000_000, 0i64..i64::MAX / 2],
+        cost_frac in 0.0f64..=1.0,
+    ) {
+        let p = params(rate, burst);
+        let drained = State { tokens: 0.0, updated_us: T0 };
+        let now_us = T0 + gap_us;
+        let c = burst * cost_frac;
+        let d = acquire(Some(drained), now_us, &p, cost(c));
+        let earned = gap_us as f64 / 1e6 * rate; // may be +inf: then every cost <= burst was earned
+        if d.allowed() && c > 0.0 {
+            prop_assert!(c <= earned * (1.0 + 1e-12), "granted {c} after earning {earned}");
+            let write = d.write.expect("allowed with cost > 0 writes");
+            prop_assert!(write.state.tokens.is_finite() && write.state.tokens >= 0.0);
+        } else if c > 0.0 {
+            prop_assert!(c >= earned.min(burst) * (1.0 - 1e-12), "denied {c} after earning {earned}");
+        }
+        prop_assert!(d.remaining >= 0 && d.reset_after_ms >= 0 && d.retry_after_ms >= -1);
+    }
+}
