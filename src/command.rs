@@ -155,10 +155,16 @@ impl From<ParamError> for TbError {
     }
 }
 
+/// The native commands the module's writes are replicated as. Each must exist under its own name, or a write
+/// could not be replicated after it was made: the module checks them when it loads, so that no call can fail
+/// between its first write and its reply (issue #12).
+const REPLICATED_COMMANDS: [&CStr; 2] = [c"HSET", c"PEXPIREAT"];
+
 /// The module's own ACL category, on servers that let modules add one.
 const ACL_CATEGORY: &CStr = c"ratelimit";
 
-/// Registers both commands with their docs and ACL categories, and the stats reset hook. Every server feature
+/// Checks that the server can replicate what the module writes, then registers both commands with their docs and
+/// ACL categories. Every server feature
 /// is detected by the presence of its API, never by version number; a missing one is logged once and skipped.
 pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
     if !args.is_empty() {
@@ -168,6 +174,15 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
             given.join(" ")
         ));
         return Status::Err;
+    }
+    for name in REPLICATED_COMMANDS {
+        if !server::command_exists(ctx, name) {
+            ctx.log_warning(&format!(
+                "redis-tb: refusing to load: the command {} is renamed or disabled (rename-command), and the module replicates its writes as that command",
+                name.to_string_lossy()
+            ));
+            return Status::Err;
+        }
     }
     server::signal_only_modified_keys(ctx);
     // Added now, while loading: AddACLCategory is refused afterwards.
@@ -203,10 +218,16 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
     if !server::has_abs_expire() {
         ctx.log_notice("redis-tb: this server has no RedisModule_SetAbsExpire (Redis < 7.0): expiries are set relative to now; replicas and the AOF still get the absolute PEXPIREAT");
     }
-    if server::on_config_resetstat::<stats::ResetOnConfigResetstat>(ctx) != Support::Done {
-        ctx.log_notice("redis-tb: no command filter API: CONFIG RESETSTAT will not reset INFO tb");
-    }
     Status::Ok
+}
+
+/// Refuses `MODULE UNLOAD`. A server runs a command queued in a `MULTI` before the unload, or a blocked one, with
+/// a pointer into the unloaded library and crashes (Redis 7.0, 8.2 and Valkey 9 alike); on servers with module ACL
+/// categories an unload and reload also leaves `@ratelimit` empty. Upgrade by restarting the server, or by a
+/// failover to a replica started with the new build.
+pub fn refuse_unload(ctx: &Context) -> Status {
+    ctx.log_warning("redis-tb cannot be unloaded: a transaction or script that queued a TB command would crash the server. Restart the server (or fail over to an upgraded replica) to upgrade the module");
+    Status::Err
 }
 
 /// Registers one command and describes it where the server can take it. `Err` fails the module load.
@@ -315,14 +336,8 @@ fn acquire_all(call: &Call<'_>) -> Result<(Combined, Cost), TbError> {
         .iter()
         .map(|&key_index| parse_params(call, key_index + 1))
         .collect::<Result<Vec<Params>, TbError>>()?;
-    for (n, &key_index) in key_indexes.iter().enumerate() {
-        let later = key_indexes.iter().skip(n + 1);
-        if later
-            .map(|&other| call.arg(other))
-            .any(|other| other == call.arg(key_index))
-        {
-            return Err(TbError::DuplicateKey);
-        }
+    if has_duplicate(key_indexes.iter().map(|&key_index| call.arg(key_index))) {
+        return Err(TbError::DuplicateKey);
     }
     let keys = key_indexes
         .iter()
@@ -342,6 +357,14 @@ fn acquire_all(call: &Call<'_>) -> Result<(Combined, Cost), TbError> {
         }
     }
     Ok((combined, cost))
+}
+
+/// Whether any two of `keys` are equal. Sorting makes it O(N log N): a pairwise check held the server for seconds
+/// on a call naming 30,000 buckets (issue #12).
+fn has_duplicate<'a>(keys: impl Iterator<Item = Option<&'a [u8]>>) -> bool {
+    let mut sorted: Vec<Option<&[u8]>> = keys.collect();
+    sorted.sort_unstable();
+    sorted.windows(2).any(|pair| pair.first() == pair.last())
 }
 
 /// Counts a decided call in `INFO tb` and sends its integers.

@@ -9,7 +9,7 @@
 //! - `stats`: the counters behind `INFO tb`.
 //! - `server`: the one place with `unsafe`, a safe face over the few raw server calls `command` needs.
 //!
-//! This file only declares the module (name `tb`, version from Cargo.toml) and hands its load and `INFO`
+//! This file only declares the module (name `tb`, version from Cargo.toml) and hands its load, unload and `INFO`
 //! callbacks to `command` and `stats`.
 #![cfg_attr(
     not(test),
@@ -49,6 +49,10 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     command::register(ctx, args)
 }
 
+fn deinit(ctx: &Context) -> Status {
+    command::refuse_unload(ctx)
+}
+
 fn info(ctx: &InfoContext, _for_crash_report: bool) {
     stats::add_info(ctx);
 }
@@ -61,5 +65,6 @@ redis_module! {
     allocator: (std::alloc::System, std::alloc::System),
     data_types: [],
     init: init,
+    deinit: deinit,
     info: info,
 }

@@ -431,6 +431,29 @@ impl Drop for Key<'_> {
     }
 }
 
+/// Whether the server knows the command `name`: `false` when the configuration renamed it away
+/// (`rename-command PEXPIREAT ""`), and then the module cannot replicate what it writes.
+///
+/// Asks `RM_Call` to run `name` with no arguments. An unknown name fails with `ENOENT` before anything runs; a
+/// known one fails its arity check (`EINVAL`) and runs neither. So `name` must be a command that needs at least
+/// one argument. Load time only.
+pub fn command_exists(ctx: &redis_module::Context, name: &CStr) -> bool {
+    let Some(call) = (unsafe { raw::RedisModule_Call }) else {
+        return false;
+    };
+    set_errno(0);
+    // SAFETY: live load-time context, NUL-terminated name, and an empty format: no variadic arguments follow.
+    let reply = unsafe { call(ctx.ctx, name.as_ptr(), c"".as_ptr()) };
+    let unknown = reply.is_null() && errno() == libc::ENOENT;
+    if !reply.is_null() {
+        if let Some(free) = unsafe { raw::RedisModule_FreeCallReply } {
+            // SAFETY: a reply `RM_Call` just returned to us, freed once.
+            unsafe { free(reply) };
+        }
+    }
+    !unknown
+}
+
 /// Whether the server can set an absolute expiry (`RedisModule_SetAbsExpire`, Redis 7.0+).
 pub fn has_abs_expire() -> bool {
     unsafe { raw::RedisModule_SetAbsExpire }.is_some()
@@ -508,7 +531,7 @@ pub struct CommandDocs {
     /// Redis arity: positive for exact, negative for "at least |arity|" (command name included).
     pub arity: c_int,
     /// Where the keys are: index of the first key, then the range (`last_key` relative to it, -1 for the last
-    /// argument) and the step between keys. Every key is read and written (RW + UPDATE).
+    /// argument) and the step between keys. Every key is read, returned and updated (RW + ACCESS + UPDATE).
     pub first_key: c_int,
     pub last_key: c_int,
     pub key_step: c_int,
@@ -577,7 +600,13 @@ pub fn set_command_info(ctx: &redis_module::Context, name: &CStr, docs: &Command
     let key_specs = [
         raw::RedisModuleCommandKeySpec {
             notes: ptr::null(),
-            flags: u64::from(raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE),
+            // RW + ACCESS + UPDATE, as Redis declares its own read-modify-write commands that return what they
+            // read (INCR, HINCRBY): the reply carries the bucket's state, so ACL needs read and write access.
+            flags: u64::from(
+                raw::REDISMODULE_CMD_KEY_RW
+                    | raw::REDISMODULE_CMD_KEY_ACCESS
+                    | raw::REDISMODULE_CMD_KEY_UPDATE,
+            ),
             begin_search_type: raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX,
             bs: raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
                 index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 {
@@ -693,49 +722,6 @@ pub fn set_acl_categories(ctx: &redis_module::Context, name: &CStr, categories: 
     match status(unsafe { set_categories(command, categories.as_ptr()) }) {
         Ok(()) => Support::Done,
         Err(()) => Support::Failed,
-    }
-}
-
-/// Something to run when a client sends `CONFIG RESETSTAT`.
-pub trait ResetHook {
-    fn reset();
-}
-
-/// Runs `H::reset` whenever any client issues `CONFIG RESETSTAT`, through a command filter. The filter sees every
-/// command, so it does as little as possible: an argument count, then two short comparisons.
-pub fn on_config_resetstat<H: ResetHook>(ctx: &redis_module::Context) -> Support {
-    let Some(register) = (unsafe { raw::RedisModule_RegisterCommandFilter }) else {
-        return Support::Unsupported;
-    };
-    // SAFETY: live load-time context; the filter lives as long as the module.
-    let filter = unsafe {
-        register(
-            ctx.ctx,
-            Some(resetstat_filter::<H>),
-            raw::REDISMODULE_CMDFILTER_NOSELF as c_int,
-        )
-    };
-    if filter.is_null() {
-        Support::Failed
-    } else {
-        Support::Done
-    }
-}
-
-extern "C" fn resetstat_filter<H: ResetHook>(filter: *mut raw::RedisModuleCommandFilterCtx) {
-    let (Some(count), Some(get)) = (unsafe { raw::RedisModule_CommandFilterArgsCount }, unsafe {
-        raw::RedisModule_CommandFilterArgGet
-    }) else {
-        return;
-    };
-    // SAFETY: `filter` is live for this callback; arguments are only read.
-    let is_resetstat = unsafe {
-        count(filter) == 2
-            && string_bytes(get(filter, 0)).eq_ignore_ascii_case(b"config")
-            && string_bytes(get(filter, 1)).eq_ignore_ascii_case(b"resetstat")
-    };
-    if is_resetstat {
-        H::reset();
     }
 }
 

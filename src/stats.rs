@@ -1,12 +1,17 @@
-//! Counters for `INFO tb`: what the module has decided since the server started or since the last
-//! `CONFIG RESETSTAT`.
+//! Counters for `INFO tb`: what the module has decided since it was loaded.
 //!
 //! Every call lands in exactly one of `allowed`, `denied`, `denied_cost_exceeds_burst`, `peeks` and `errors`, so
 //! they add up to `calls`. `tokens_granted` sums the cost of allowed calls.
 //!
-//! Commands, INFO and the RESETSTAT hook all run on the server's main thread, so the counters need no
-//! read-modify-write atomics: a relaxed load and store is enough and costs what a plain `u64` would. They are
-//! atomics only because a `static` must be `Sync`.
+//! The counters only ever grow (saturating at `u64::MAX`, and `tokens_granted` at the largest finite `f64`): a
+//! metrics scraper computes rates from their differences, and a reset it did not see reads as a huge negative
+//! rate. `CONFIG RESETSTAT` does not reset them. An earlier version reset them from a command filter that saw
+//! `CONFIG RESETSTAT` before the server decided to run it, so a client the server then refused (NOAUTH, NOPERM,
+//! a DISCARDed MULTI) could zero them (issue #12); no server event tells a module that RESETSTAT really ran.
+//!
+//! Commands and INFO both run on the server's main thread, so the counters need no read-modify-write atomics: a
+//! relaxed load and store is enough and costs what a plain `u64` would. They are atomics only because a `static`
+//! must be `Sync`.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,15 +28,12 @@ impl Counter {
     }
 
     fn add(&self, n: u64) {
-        self.0.store(self.get().wrapping_add(n), Ordering::Relaxed);
+        self.0
+            .store(self.get().saturating_add(n), Ordering::Relaxed);
     }
 
     fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
-    }
-
-    fn reset(&self) {
-        self.0.store(0, Ordering::Relaxed);
     }
 }
 
@@ -51,7 +53,7 @@ pub fn record(outcome: Outcome, cost: f64) {
         Outcome::Allowed if cost == 0.0 => PEEKS.add(1),
         Outcome::Allowed => {
             ALLOWED.add(1);
-            let granted = f64::from_bits(TOKENS_GRANTED_BITS.get()) + cost;
+            let granted = saturating_sum(f64::from_bits(TOKENS_GRANTED_BITS.get()), cost);
             TOKENS_GRANTED_BITS
                 .0
                 .store(granted.to_bits(), Ordering::Relaxed);
@@ -67,18 +69,14 @@ pub fn record_error() {
     ERRORS.add(1);
 }
 
-/// Zeroes every counter (`CONFIG RESETSTAT`).
-pub fn reset() {
-    for counter in [
-        &CALLS,
-        &ALLOWED,
-        &DENIED,
-        &DENIED_COST_EXCEEDS_BURST,
-        &PEEKS,
-        &ERRORS,
-        &TOKENS_GRANTED_BITS,
-    ] {
-        counter.reset();
+/// `total + cost`, held at `f64::MAX` instead of overflowing to infinity: costs are finite, but a few near
+/// `f64::MAX` add up past it.
+fn saturating_sum(total: f64, cost: f64) -> f64 {
+    let sum = total + cost;
+    if sum.is_finite() {
+        sum
+    } else {
+        f64::MAX
     }
 }
 
@@ -126,11 +124,22 @@ pub fn add_info(ctx: &redis_module::InfoContext) {
     );
 }
 
-/// Hooks [`reset`] to `CONFIG RESETSTAT`.
-pub struct ResetOnConfigResetstat;
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl server::ResetHook for ResetOnConfigResetstat {
-    fn reset() {
-        reset();
+    #[test]
+    fn token_sum_saturates_at_the_largest_finite_value() {
+        assert_eq!(saturating_sum(f64::MAX, f64::MAX), f64::MAX);
+        assert_eq!(saturating_sum(1e308, 1e308), f64::MAX);
+        assert_eq!(saturating_sum(1.5, 3.0), 4.5);
+    }
+
+    #[test]
+    fn counters_saturate() {
+        let counter = Counter::new();
+        counter.add(u64::MAX - 1);
+        counter.add(5);
+        assert_eq!(counter.get(), u64::MAX);
     }
 }

@@ -130,7 +130,7 @@ fn command_docs_lists_summary_and_arguments() {
 }
 
 #[test]
-fn info_tb_counts_outcomes_and_resets() {
+fn info_tb_counts_outcomes() {
     let server = Server::start();
     let mut conn = server.conn();
     acquire(&mut conn, "k", "0.001", "5", Some("2"));
@@ -152,19 +152,9 @@ fn info_tb_counts_outcomes_and_resets() {
     for (name, value) in expected {
         assert_eq!(stat(&stats, name), value, "{name}: {stats:?}");
     }
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut conn)
-        .expect("RESETSTAT");
-    for (name, _) in expected {
-        assert_eq!(
-            stat(&info_tb(&mut conn), name),
-            0.0,
-            "{name} after RESETSTAT"
-        );
-    }
+    // Counted since the module loaded: CONFIG RESETSTAT leaves them (tests/hardening.rs).
     acquire(&mut conn, "k2", "1", "5", None);
-    assert_eq!(stat(&info_tb(&mut conn), "tb_allowed"), 1.0);
+    assert_eq!(stat(&info_tb(&mut conn), "tb_allowed"), 3.0);
 }
 
 #[test]
@@ -260,7 +250,7 @@ fn acl_rules_grant_and_deny_the_command() {
 }
 
 #[test]
-fn module_list_unload_and_reload() {
+fn module_list_shows_the_version_and_unload_is_refused() {
     let mut server = Server::start();
     // Redis 7 refuses MODULE commands unless enable-module-command says otherwise; 6.2 has no such option.
     let setting: Vec<String> = redis::cmd("CONFIG")
@@ -289,25 +279,13 @@ fn module_list_unload_and_reload() {
     let expected = version[0] * 10_000 + version[1] * 100 + version[2];
     assert_eq!(after(list, "ver"), expected.to_string());
 
+    // Unloading is refused (tests/hardening.rs has why); the command stays.
     acquire(&mut conn, "k", "0.001", "5", Some("3"));
-    let _: () = redis::cmd("MODULE")
+    let refused: redis::RedisResult<()> = redis::cmd("MODULE")
         .arg("UNLOAD")
         .arg("tb")
-        .query(&mut conn)
-        .expect("MODULE UNLOAD");
-    let gone: redis::RedisResult<Value> = redis::cmd("TB.ACQUIRE")
-        .arg("k")
-        .arg(1)
-        .arg(5)
         .query(&mut conn);
-    assert!(error_text(&gone.expect_err("unloaded")).contains("unknown command"));
-    // The bucket is plain data: it survives the module.
-    assert_eq!(common::hgetall(&mut conn, "k").len(), 2);
-    let _: () = redis::cmd("MODULE")
-        .arg("LOAD")
-        .arg(module_path().to_string_lossy().as_ref())
-        .query(&mut conn)
-        .expect("MODULE LOAD");
+    assert!(error_text(&refused.expect_err("MODULE UNLOAD is refused")).starts_with("ERR"));
     assert_eq!(acquire(&mut conn, "k", "0.001", "5", Some("0"))[1], 2);
 }
 

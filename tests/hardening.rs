@@ -1,0 +1,411 @@
+//! Nothing a client or an operator does can crash, stall or half-write the server (issue #12): huge
+//! `TB.ACQUIREALL` calls, `MODULE UNLOAD` under a queued transaction, renamed commands, huge finite parameters,
+//! stats that only grow, and ACL key permissions.
+
+mod common;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{
+    acquire, error_text, free_port, fresh_dir, hgetall, info_field, module_path, pexpiretime, ping,
+    server_binary, wait_until, Options, Server,
+};
+use redis::Value;
+
+/// Options that let clients run `MODULE` commands: Redis 7+ refuses them unless `enable-module-command` says
+/// otherwise; 6.2 has no such option (and allows them).
+fn module_command_options(extra: &[&str]) -> Options {
+    let probe = Server::start_with(Options {
+        without_module: true,
+        ..Options::default()
+    });
+    let setting: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("enable-module-command")
+        .query(&mut probe.conn())
+        .expect("CONFIG GET");
+    let mut args: Vec<String> = extra.iter().map(|arg| arg.to_string()).collect();
+    if setting.len() == 2 {
+        args.extend(["--enable-module-command".to_string(), "yes".to_string()]);
+    }
+    Options {
+        args,
+        ..Options::default()
+    }
+}
+
+/// `TB.ACQUIREALL 1 b0 1 5 b1 1 5 ...` over `count` buckets named `{prefix}N`.
+fn acquire_all_over(count: usize, prefix: &str) -> redis::Cmd {
+    let mut command = redis::cmd("TB.ACQUIREALL");
+    command.arg(1);
+    for n in 0..count {
+        command.arg(format!("{prefix}{n}")).arg(1).arg(5);
+    }
+    command
+}
+
+/// One call naming 30,000 buckets used to hold the server 2-3 s (a pairwise duplicate check). It must answer
+/// quickly, and other clients must not wait on it for long. The bounds are generous (shared 2-core machines):
+/// the quadratic check took several times longer.
+#[test]
+fn acquireall_over_30000_buckets_answers_without_stalling_others() {
+    const BUCKETS: usize = 30_000;
+    const BOUND: Duration = Duration::from_millis(1_000);
+    let server = Server::start();
+    let mut conn = server.conn();
+    let stop = Arc::new(AtomicBool::new(false));
+    let pinger = {
+        let stop = Arc::clone(&stop);
+        let mut pinger_conn = server.conn();
+        thread::spawn(move || {
+            let mut slowest = Duration::ZERO;
+            while !stop.load(Ordering::Relaxed) {
+                let start = Instant::now();
+                ping(&mut pinger_conn);
+                slowest = slowest.max(start.elapsed());
+            }
+            slowest
+        })
+    };
+    // A duplicate at the very end is found before anything is written.
+    let mut duplicated = acquire_all_over(BUCKETS, "d");
+    duplicated.arg("d0").arg(1).arg(5);
+    let start = Instant::now();
+    let refused: redis::RedisResult<Value> = duplicated.query(&mut conn);
+    let refused_in = start.elapsed();
+    assert_eq!(
+        error_text(&refused.expect_err("a duplicate key is refused")),
+        "ERR each key may appear only once"
+    );
+    let written: Vec<String> = redis::cmd("KEYS").arg("d*").query(&mut conn).expect("KEYS");
+    assert!(written.is_empty(), "a refused call wrote {}", written.len());
+
+    let start = Instant::now();
+    let reply: Vec<i64> = acquire_all_over(BUCKETS, "b")
+        .query(&mut conn)
+        .expect("TB.ACQUIREALL reply");
+    let answered_in = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let slowest_ping = pinger.join().expect("pinger");
+    assert_eq!(reply[0], 1, "{reply:?}");
+    let size: i64 = redis::cmd("DBSIZE").query(&mut conn).expect("DBSIZE");
+    assert_eq!(size, BUCKETS as i64);
+    assert!(refused_in < BOUND, "refusal took {refused_in:?}");
+    assert!(answered_in < BOUND, "the call took {answered_in:?}");
+    assert!(slowest_ping < BOUND, "a PING waited {slowest_ping:?}");
+}
+
+/// A command queued in a `MULTI` before `MODULE UNLOAD` crashed the server at `EXEC` (signal 11). The module now
+/// refuses to be unloaded, so the transaction runs and the server lives.
+#[test]
+fn module_unload_is_refused_so_a_queued_transaction_cannot_crash_the_server() {
+    let mut server = Server::start_with(module_command_options(&[]));
+    let mut client_a = server.conn();
+    let mut client_b = server.conn();
+    let _: () = redis::cmd("MULTI").query(&mut client_a).expect("MULTI");
+    let queued: String = redis::cmd("TB.ACQUIRE")
+        .arg("k")
+        .arg(1)
+        .arg(5)
+        .query(&mut client_a)
+        .expect("queued");
+    assert_eq!(queued, "QUEUED");
+    let unload: redis::RedisResult<Value> = redis::cmd("MODULE")
+        .arg("UNLOAD")
+        .arg("tb")
+        .query(&mut client_b);
+    let error = error_text(&unload.expect_err("MODULE UNLOAD is refused"));
+    assert!(error.starts_with("ERR Error unloading module"), "{error}");
+    let replies: Vec<Vec<i64>> = redis::cmd("EXEC").query(&mut client_a).expect("EXEC");
+    assert_eq!(replies, vec![vec![1, 4, 0, 1_000]]);
+    ping(&mut client_b);
+    assert!(server.is_alive());
+    assert!(
+        server.log().contains("redis-tb cannot be unloaded"),
+        "the log says why:\n{}",
+        server.log()
+    );
+    let list: Value = redis::cmd("MODULE")
+        .arg("LIST")
+        .query(&mut client_b)
+        .expect("MODULE LIST");
+    assert!(format!("{list:?}").contains("tb"), "{list:?}");
+}
+
+/// Starts a server that loads the module with `rename-command <name> <new_name>` and returns whether it exited,
+/// and its log.
+fn start_with_renamed(name: &str, new_name: &str) -> (bool, String) {
+    let dir = fresh_dir();
+    std::fs::create_dir_all(&dir).expect("dir");
+    let log = dir.join("server.log");
+    let mut child = Command::new(server_binary())
+        .arg("--port")
+        .arg(free_port().to_string())
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--rename-command",
+            name,
+            new_name,
+        ])
+        .arg("--logfile")
+        .arg(&log)
+        .arg("--loadmodule")
+        .arg(module_path())
+        .spawn()
+        .expect("spawn");
+    let exited = wait_until(Duration::from_secs(10), || {
+        matches!(child.try_wait(), Ok(Some(_)))
+    });
+    let status = if exited {
+        child.wait().ok()
+    } else {
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    (status.is_some_and(|s| !s.success()), text)
+}
+
+/// With `HSET` or `PEXPIREAT` renamed away, an allowed call wrote the hash and then failed to replicate it
+/// (`ERR failed to write the token bucket`), and `TB.ACQUIREALL` wrote some buckets and not others. The module now
+/// refuses to load on such a server, naming the command, so no call can half-write.
+#[test]
+fn renamed_replicated_command_refuses_the_load() {
+    for (name, new_name) in [("PEXPIREAT", ""), ("HSET", ""), ("HSET", "hset-renamed")] {
+        let (refused, log) = start_with_renamed(name, new_name);
+        assert!(refused, "the server must refuse to start:\n{log}");
+        let line = format!("redis-tb: refusing to load: the command {name} is renamed or disabled");
+        assert!(log.contains(&line), "{line}\n{log}");
+    }
+    // Renaming a command the module does not replicate as is fine.
+    let server = Server::start_with(Options {
+        args: vec!["--rename-command".into(), "HDEL".into(), "".into()],
+        ..Options::default()
+    });
+    assert_eq!(acquire(&mut server.conn(), "k", "1", "5", None)[0], 1);
+}
+
+/// At run time, `MODULE LOAD` on such a server is refused and leaves every key, value and expiry as it was.
+#[test]
+fn renamed_replicated_command_refuses_module_load_and_changes_nothing() {
+    let mut options = module_command_options(&["--rename-command", "PEXPIREAT", ""]);
+    options.without_module = true;
+    let server = Server::start_with(options);
+    let mut conn = server.conn();
+    let _: () = redis::pipe()
+        .cmd("HSET")
+        .arg("bucket")
+        .arg("tokens")
+        .arg("2")
+        .arg("ts")
+        .arg("1700000000000000")
+        .ignore()
+        .cmd("PEXPIRE")
+        .arg("bucket")
+        .arg(600_000)
+        .ignore()
+        .query(&mut conn)
+        .expect("seed");
+    let before = (
+        hgetall(&mut conn, "bucket"),
+        pexpiretime(&mut conn, "bucket"),
+    );
+    let load: redis::RedisResult<Value> = redis::cmd("MODULE")
+        .arg("LOAD")
+        .arg(module_path().to_string_lossy().as_ref())
+        .query(&mut conn);
+    assert!(load.is_err(), "MODULE LOAD must be refused");
+    for command in ["TB.ACQUIRE", "TB.ACQUIREALL"] {
+        let result: redis::RedisResult<Value> = redis::cmd(command)
+            .arg("1")
+            .arg("bucket")
+            .arg("1")
+            .arg("5")
+            .query(&mut conn);
+        let error = error_text(&result.expect_err("no such command"));
+        assert!(error.to_lowercase().contains("unknown command"), "{error}");
+    }
+    let after = (
+        hgetall(&mut conn, "bucket"),
+        pexpiretime(&mut conn, "bucket"),
+    );
+    assert_eq!(after, before);
+    assert!(server.log().contains("the command PEXPIREAT is renamed"));
+}
+
+/// `elapsed_us · rate` overflowed to infinity for a huge finite rate and refilled a drained bucket at once: with
+/// rate 1e307, eleven calls in a row were all granted. Each call here comes well under a second after the
+/// drain, so the true refill (under 1e307 tokens) never covers the cost.
+#[test]
+fn huge_finite_rate_never_refills_a_drained_bucket_early() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    let drained = acquire(&mut conn, "huge", "1e307", "1e308", Some("1e308"));
+    assert_eq!(drained[0], 1);
+    let start = Instant::now();
+    let mut granted = 0;
+    for _ in 0..11 {
+        granted += acquire(&mut conn, "huge", "1e307", "1e308", Some("1e307"))[0];
+    }
+    if start.elapsed() < Duration::from_millis(900) {
+        assert_eq!(granted, 0, "granted tokens the bucket had not earned");
+    }
+    // Multi-bucket calls use the same refill.
+    let _: Vec<i64> = redis::cmd("TB.ACQUIREALL")
+        .arg("1e308")
+        .arg("h1")
+        .arg("1e307")
+        .arg("1e308")
+        .arg("h2")
+        .arg("1e303")
+        .arg("1e308")
+        .query(&mut conn)
+        .expect("drain both");
+    let again: Vec<i64> = redis::cmd("TB.ACQUIREALL")
+        .arg("1e307")
+        .arg("h1")
+        .arg("1e307")
+        .arg("1e308")
+        .arg("h2")
+        .arg("1e303")
+        .arg("1e308")
+        .query(&mut conn)
+        .expect("TB.ACQUIREALL");
+    assert_eq!(again[0], 0, "{again:?}");
+}
+
+/// `tb_tokens_granted` summed finite grants to `inf`. It now saturates at the largest finite value, and no
+/// field of `INFO tb` is ever infinite or NaN.
+#[test]
+fn info_counters_stay_finite() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    for key in ["a", "b", "c"] {
+        assert_eq!(
+            acquire(&mut conn, key, "1", "1.7e308", Some("1.7e308"))[0],
+            1
+        );
+    }
+    let info: String = redis::cmd("INFO").arg("tb").query(&mut conn).expect("INFO");
+    for line in info.lines().filter(|line| line.starts_with("tb_")) {
+        let (name, value) = line.split_once(':').expect("name:value");
+        let number: f64 = value.trim().parse().unwrap_or_else(|_| panic!("{line}"));
+        assert!(number.is_finite(), "{name} is {value}");
+    }
+    let granted: f64 = info_field(&mut conn, "tb", "tb_tokens_granted")
+        .expect("tb_tokens_granted")
+        .parse()
+        .expect("a number");
+    assert_eq!(granted, f64::MAX);
+}
+
+/// The counters only grow. A command filter used to zero them on seeing `CONFIG RESETSTAT`, even when the server
+/// then refused it: a client that never authenticated could reset them.
+#[test]
+fn info_counters_are_monotonic_whoever_sends_config_resetstat() {
+    let server = Server::start();
+    let mut admin = server.conn();
+    // Set after start, so that the harness's readiness PING needs no password; this connection stays
+    // authenticated.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("secret")
+        .query(&mut admin)
+        .expect("CONFIG SET requirepass");
+    acquire(&mut admin, "k", "1", "5", None);
+    acquire(&mut admin, "k", "1", "5", Some("9"));
+    let calls = |conn: &mut redis::Connection| common::info_int(conn, "tb", "tb_calls");
+    assert_eq!(calls(&mut admin), 2);
+
+    let mut stranger = server.conn();
+    let refused: redis::RedisResult<()> =
+        redis::cmd("CONFIG").arg("RESETSTAT").query(&mut stranger);
+    assert!(error_text(&refused.expect_err("NOAUTH")).starts_with("NOAUTH"));
+    assert_eq!(
+        calls(&mut admin),
+        2,
+        "an unauthenticated client reset the counters"
+    );
+
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut admin)
+        .expect("RESETSTAT");
+    assert_eq!(
+        calls(&mut admin),
+        2,
+        "INFO tb counts since the module loaded"
+    );
+    acquire(&mut admin, "k", "1", "5", None);
+    assert_eq!(calls(&mut admin), 3);
+}
+
+/// The key specs say the commands read the bucket and return it (RW + ACCESS + UPDATE): a user with only write
+/// or only read permission on the key is refused; read and write together work. Servers without key
+/// permissions (Redis 6.2) or key specs skip this.
+#[test]
+fn acl_needs_read_and_write_permission_on_the_bucket() {
+    let server = Server::start();
+    let mut admin = server.conn();
+    let selectors_supported = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("probe")
+        .arg("%R~x")
+        .query::<()>(&mut admin)
+        .is_ok();
+    if !selectors_supported {
+        eprintln!("skipped: this server has no read/write key permissions (%R~, %W~)");
+        return;
+    }
+    for (user, keys) in [("writer", "%W~*"), ("reader", "%R~*"), ("both", "%RW~*")] {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(user)
+            .arg("on")
+            .arg(">pw")
+            .arg(keys)
+            .arg("+tb.acquire")
+            .arg("+tb.acquireall")
+            .query(&mut admin)
+            .expect("ACL SETUSER");
+    }
+    let login = |user: &str| {
+        redis::Client::open(format!("redis://{user}:pw@127.0.0.1:{}/", server.port))
+            .expect("client")
+            .get_connection()
+            .expect("login")
+    };
+    for (user, allowed) in [("writer", false), ("reader", false), ("both", true)] {
+        let mut conn = login(user);
+        let single: redis::RedisResult<Vec<i64>> = redis::cmd("TB.ACQUIRE")
+            .arg("k")
+            .arg(1)
+            .arg(5)
+            .query(&mut conn);
+        let multi: redis::RedisResult<Vec<i64>> = redis::cmd("TB.ACQUIREALL")
+            .arg(1)
+            .arg("k2")
+            .arg(1)
+            .arg(5)
+            .query(&mut conn);
+        for (command, result) in [("TB.ACQUIRE", single), ("TB.ACQUIREALL", multi)] {
+            match result {
+                Ok(reply) => assert!(allowed, "{user} ran {command}: {reply:?}"),
+                Err(e) => {
+                    assert!(!allowed, "{user} was refused {command}: {e}");
+                    assert!(error_text(&e).starts_with("NOPERM"), "{e}");
+                }
+            }
+        }
+    }
+}
