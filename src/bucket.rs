@@ -130,13 +130,53 @@ pub enum Outcome {
     Impossible,
 }
 
-/// A write the glue must perform: the new state and the absolute expiry that goes with it.
+/// The shortest expiry slack, in milliseconds: a hot key moves its expiry at most about once a second.
+pub const MIN_EXPIRY_SLACK_MS: i64 = 1_000;
+/// The longest expiry slack, in milliseconds (one day), however slowly a bucket refills.
+pub const MAX_EXPIRY_SLACK_MS: i64 = 86_400_000;
+
+/// A write the glue must perform: the new state, and the window its key's expiry must lie in.
+///
+/// The key must not expire before `expire_at_ms`, the moment the bucket is full again: a missing key reads as a
+/// full bucket, so an earlier expiry (on the primary, on a replica, or after a restart) would hand a drained
+/// bucket's tokens back. Expiring later loses nothing, so the key may outlive that moment by up to
+/// `expire_slack_ms`. That slack lets most writes leave the expiry alone and replicate a single `HSET`: the moment
+/// of full only moves later as tokens are taken (by `cost / rate` per grant), so an expiry set to
+/// `expire_at_ms + expire_slack_ms` stays valid until the bucket's moment of full passes it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Write {
     pub state: State,
     /// Absolute Unix time in milliseconds at which the bucket is full again (rounded up), capped at
     /// `now + MAX_TTL_MS`. Since a missing bucket is a full one, expiring then loses nothing.
     pub expire_at_ms: i64,
+    /// How long the key may outlive `expire_at_ms`, in milliseconds: [`expiry_slack_ms`] of the parameters.
+    pub expire_slack_ms: i64,
+}
+
+impl Write {
+    /// Whether a key that now expires at `current_ms` (absolute Unix ms; `None`: no expiry) may keep it: it lies in
+    /// `[expire_at_ms, expire_at_ms + expire_slack_ms]`.
+    pub fn keeps_expiry(&self, current_ms: Option<i64>) -> bool {
+        current_ms.is_some_and(|at_ms| {
+            at_ms >= self.expire_at_ms
+                && at_ms <= self.expire_at_ms.saturating_add(self.expire_slack_ms)
+        })
+    }
+
+    /// The expiry to give the key when [`Write::keeps_expiry`] says it must move: the end of the window, so that it
+    /// stays valid for as long as possible.
+    pub fn new_expiry_ms(&self) -> i64 {
+        self.expire_at_ms.saturating_add(self.expire_slack_ms)
+    }
+}
+
+/// How long a key may outlive its bucket's moment of full: 1% of the time the bucket takes to fill from empty,
+/// at least [`MIN_EXPIRY_SLACK_MS`] and at most [`MAX_EXPIRY_SLACK_MS`].
+pub fn expiry_slack_ms(params: &Params) -> i64 {
+    // burst / rate seconds, 1% of it in ms: burst / rate · 10. Saturating cast; NaN cannot arise from validated
+    // parameters, and `clamp` would keep it in range anyway after `ceil_saturating`.
+    ceil_saturating(params.burst / params.rate_per_sec * 10.0)
+        .clamp(MIN_EXPIRY_SLACK_MS, MAX_EXPIRY_SLACK_MS)
 }
 
 /// The full answer to one call: the four reply fields and the write, if any.
@@ -215,6 +255,7 @@ pub fn acquire(stored: Option<State>, now_us: i64, params: &Params, cost: Cost) 
         decision.write = Some(Write {
             state: after,
             expire_at_ms: ceil_div(full_at, MICROS_PER_MS).min(cap_ms),
+            expire_slack_ms: expiry_slack_ms(params),
         });
     }
     decision

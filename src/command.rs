@@ -292,7 +292,7 @@ fn acquire(call: &Call<'_>) -> Result<(Decision, Cost), TbError> {
     let stored = read_state(&key)?;
     let decision = bucket::acquire(stored, server::now_us(), &params, cost);
     if let Some(write) = decision.write {
-        write_state(call, &key, &write)?;
+        write_state(call, &key, &write, stored.is_some())?;
     }
     Ok((decision, cost))
 }
@@ -351,9 +351,9 @@ fn acquire_all(call: &Call<'_>) -> Result<(Combined, Cost), TbError> {
     let combined = bucket::acquire_all(&members, server::now_us(), cost);
     // Every key was read and checked above, so these writes cannot fail half-way for a reason we could
     // have caught first; all of them reach replicas and the AOF inside the one MULTI/EXEC of this command.
-    for (key, write) in keys.iter().zip(&combined.writes) {
+    for ((key, (stored, _)), write) in keys.iter().zip(&members).zip(&combined.writes) {
         if let Some(write) = write {
-            write_state(call, key, write)?;
+            write_state(call, key, write, stored.is_some())?;
         }
     }
     Ok((combined, cost))
@@ -414,22 +414,43 @@ fn read_state(key: &Key<'_>) -> Result<Option<State>, TbError> {
     }
 }
 
-/// Writes the new state and its expiry, replicates exactly those effects (the same value strings go to the hash
-/// and to the replicated `HSET`), and fires the keyspace events the equivalent native commands would.
-fn write_state(call: &Call<'_>, key: &Key<'_>, write: &Write) -> Result<(), TbError> {
+/// Writes the new state, moves the key's expiry only when it falls outside the write's window (see
+/// [`Write`]), replicates exactly those effects (the same value strings go to the hash and to the replicated
+/// `HSET`), and fires the keyspace events the equivalent native commands would.
+///
+/// On a live bucket whose expiry still fits, the write replicates as one `HSET`, which the server sends alone;
+/// creating a bucket, or moving its expiry (about once per slack on a hot key), adds a `PEXPIREAT`, and the server
+/// wraps the pair in `MULTI`/`EXEC`. `existed` says whether the key was there before this call.
+///
+/// Nothing here can fail after the first write for a reason we could have checked first: the value strings are
+/// made up front, the key was opened for writing and holds a hash or nothing, and the module refused to load where
+/// `HSET` or `PEXPIREAT` is renamed (see `REPLICATED_COMMANDS`).
+fn write_state(
+    call: &Call<'_>,
+    key: &Key<'_>,
+    write: &Write,
+    existed: bool,
+) -> Result<(), TbError> {
     let (tokens, updated_us) = with_encoded(&write.state, |tokens, updated_us| {
         (call.create_string(tokens), call.create_string(updated_us))
     });
     let (Some(tokens), Some(updated_us)) = (tokens, updated_us) else {
         return Err(TbError::WriteFailed);
     };
+    // Only ask an existing key for its expiry (Redis 8.2 crashes on an empty one).
+    let current_expiry_ms = if existed { key.expire_at_ms() } else { None };
+    let new_expiry_ms = (!write.keeps_expiry(current_expiry_ms)).then(|| write.new_expiry_ms());
     let fields = [(&FIELD_TOKENS, &tokens), (&FIELD_UPDATED_US, &updated_us)];
     key.hash_set2(fields)
-        .and_then(|()| key.set_expire_at(write.expire_at_ms))
-        .and_then(|()| call.replicate_hset_pexpireat(key, fields, write.expire_at_ms))
+        .and_then(|()| call.replicate_hset(key, fields))
         .map_err(|()| TbError::WriteFailed)?;
     call.notify(EventClass::Hash, EVENT_HSET, key);
-    call.notify(EventClass::Generic, EVENT_EXPIRE, key);
+    if let Some(at_ms) = new_expiry_ms {
+        key.set_expire_at(at_ms)
+            .and_then(|()| call.replicate_pexpireat(key, at_ms))
+            .map_err(|()| TbError::WriteFailed)?;
+        call.notify(EventClass::Generic, EVENT_EXPIRE, key);
+    }
     Ok(())
 }
 

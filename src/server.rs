@@ -147,42 +147,46 @@ impl<'a> Call<'a> {
         })
     }
 
-    /// Sends `HSET <key> <field_a> <value_a> <field_b> <value_b>` and `PEXPIREAT <key> <at_ms>` to replicas and
-    /// the AOF, after this command. The server wraps them in one `MULTI`/`EXEC` with anything else the command
-    /// propagates.
-    pub fn replicate_hset_pexpireat(
+    /// Sends `HSET <key> <field_a> <value_a> <field_b> <value_b>` to replicas and the AOF, after this command. A
+    /// command that propagates one command only sends it alone (Redis 7.0+); with more, the server wraps them all
+    /// in one `MULTI`/`EXEC`.
+    pub fn replicate_hset(
         &self,
         key: &Key<'_>,
         fields: [(&Interned, &CallString<'_>); 2],
-        expire_at_ms: i64,
     ) -> Result<(), ()> {
         let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(())?;
         let [(field_a, value_a), (field_b, value_b)] = fields;
         let (field_a, field_b) = (field_a.get().ok_or(())?, field_b.get().ok_or(())?);
         // SAFETY: format "sssss" takes five live RedisModuleStrings, which the server only references (it holds
-        // its own count on each until the propagation is done); "sl" takes a string and a long long.
-        let (hset, pexpireat) = unsafe {
-            (
-                replicate(
-                    self.ctx,
-                    c"HSET".as_ptr(),
-                    c"sssss".as_ptr(),
-                    key.name,
-                    field_a,
-                    value_a.string.as_ptr(),
-                    field_b,
-                    value_b.string.as_ptr(),
-                ),
-                replicate(
-                    self.ctx,
-                    c"PEXPIREAT".as_ptr(),
-                    c"sl".as_ptr(),
-                    key.name,
-                    expire_at_ms,
-                ),
+        // its own count on each until the propagation is done).
+        status(unsafe {
+            replicate(
+                self.ctx,
+                c"HSET".as_ptr(),
+                c"sssss".as_ptr(),
+                key.name,
+                field_a,
+                value_a.string.as_ptr(),
+                field_b,
+                value_b.string.as_ptr(),
             )
-        };
-        status(hset).and(status(pexpireat))
+        })
+    }
+
+    /// Sends `PEXPIREAT <key> <at_ms>` to replicas and the AOF, after this command.
+    pub fn replicate_pexpireat(&self, key: &Key<'_>, at_ms: i64) -> Result<(), ()> {
+        let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(())?;
+        // SAFETY: format "sl" takes a live RedisModuleString and a long long.
+        status(unsafe {
+            replicate(
+                self.ctx,
+                c"PEXPIREAT".as_ptr(),
+                c"sl".as_ptr(),
+                key.name,
+                at_ms,
+            )
+        })
     }
 }
 
@@ -403,6 +407,24 @@ impl Key<'_> {
         let ttl_ms = at_ms.saturating_sub(now_us() / 1_000).max(1);
         // SAFETY: as above.
         status(unsafe { set_relative(self.key, ttl_ms) })
+    }
+
+    /// The key's absolute expiry in Unix milliseconds; `None` if it has none. Only for a key that exists: Redis
+    /// 8.2's `RedisModule_GetAbsExpire` crashes on an empty key. Servers without it (6.2) get now + the TTL.
+    pub fn expire_at_ms(&self) -> Option<i64> {
+        let at_ms = if let Some(get_abs) = unsafe { raw::RedisModule_GetAbsExpire } {
+            // SAFETY: `self.key` is open until drop, and the caller knows it exists.
+            unsafe { get_abs(self.key) }
+        } else {
+            let get_relative = unsafe { raw::RedisModule_GetExpire }?;
+            // SAFETY: as above.
+            let ttl_ms = unsafe { get_relative(self.key) };
+            if ttl_ms < 0 {
+                return None;
+            }
+            (now_us() / 1_000).saturating_add(ttl_ms)
+        };
+        (at_ms >= 0).then_some(at_ms)
     }
 
     fn free_string(&self, string: *mut raw::RedisModuleString) {

@@ -283,6 +283,32 @@ fn denials_and_peeks_send_nothing_down_the_stream() {
         .query(&mut on_replica)
         .expect("EXISTS");
     assert_eq!(exists, 0, "a peek created the bucket on the replica");
+
+    // On the live bucket, whose expiry still covers its new moment of full, an allowed call sends one HSET and
+    // nothing else (issue #13): no PEXPIREAT, hence no MULTI/EXEC on servers that send a lone command alone.
+    // (5 tokens at 0.001/s fill in 5,000 s: the slack is 50 s, and 0.01 tokens move the moment of full 10 s.)
+    let offset = info_int(&mut conn, "replication", "master_repl_offset");
+    acquire(&mut conn, "partial", "0.001", "5", Some("0.01"));
+    let fields = hgetall(&mut conn, "partial");
+    let [(tokens_field, tokens), (ts_field, ts)] = &fields[..] else {
+        panic!("two fields: {fields:?}");
+    };
+    assert_eq!(
+        pexpiretime(&mut conn, "partial"),
+        expiry,
+        "the expiry moved"
+    );
+    let hset = resp_len(&["HSET", "partial", tokens_field, tokens, ts_field, ts]);
+    let sent = info_int(&mut conn, "replication", "master_repl_offset") - offset;
+    // Redis 6.2 wraps even a single propagated command in MULTI/EXEC.
+    let wrapped = resp_len(&["MULTI"]) + hset + resp_len(&["EXEC"]);
+    assert!(
+        sent == hset || sent == wrapped,
+        "a live bucket's allowed call sent {sent} bytes, not one HSET ({hset})"
+    );
+    wait_acked(&mut conn, 1, WAIT_MS);
+    assert_eq!(hgetall(&mut on_replica, "partial"), fields);
+    assert_eq!(pexpiretime(&mut on_replica, "partial"), expiry);
 }
 
 #[test]
@@ -413,8 +439,17 @@ fn promoted_clock_behind_never_moves_ts_back() {
         let fields = hgetall(&mut conn, "k");
         assert_eq!(fields[1], ("ts".to_string(), future_us.clone()), "ts moved");
         assert_eq!(fields[0], ("tokens".to_string(), left.to_string()));
-        // Full 10 tokens at 1000/s: (10 - left) ms after the stored time.
-        assert_eq!(pexpiretime(&mut conn, "k"), future_ms + 10 - left);
+        // Full 10 tokens at 1000/s: (10 - left) ms after the stored time. The key may outlive that by the
+        // slack (1 s here), never expire before it.
+        let expiry = pexpiretime(&mut conn, "k");
+        assert!(
+            expiry >= future_ms + 10 - left,
+            "{expiry} expires before full"
+        );
+        assert!(
+            expiry <= future_ms + 10 - left + 1_000,
+            "{expiry} beyond the slack"
+        );
     }
     let denied = acquire(&mut conn, "k", "1000", "10", None);
     assert_eq!(denied[..2], [0, 0]);

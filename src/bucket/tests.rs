@@ -452,3 +452,91 @@ proptest! {
         prop_assert!(d.remaining >= 0 && d.reset_after_ms >= 0 && d.retry_after_ms >= -1);
     }
 }
+
+/// The key's expiry as the glue keeps it: moved (to the end of the window) only when it falls outside the
+/// window of the write. Returns the new expiry and whether it moved.
+fn glue_expiry(current_ms: Option<i64>, write: &Write) -> (i64, bool) {
+    if write.keeps_expiry(current_ms) {
+        (current_ms.expect("kept"), false)
+    } else {
+        (write.new_expiry_ms(), true)
+    }
+}
+
+#[test]
+fn expiry_slack_is_one_percent_of_the_fill_time_within_bounds() {
+    assert_eq!(expiry_slack_ms(&params(10.0, 20.0)), MIN_EXPIRY_SLACK_MS);
+    // 1,000 s to fill: 10 s of slack.
+    assert_eq!(expiry_slack_ms(&params(1.0, 1_000.0)), 10_000);
+    assert_eq!(expiry_slack_ms(&params(1e-9, 1e15)), MAX_EXPIRY_SLACK_MS);
+    assert_eq!(
+        expiry_slack_ms(&params(f64::MIN_POSITIVE, f64::MAX)),
+        MAX_EXPIRY_SLACK_MS
+    );
+}
+
+/// Issue #13: a hot key drained at its rate moves its expiry about once per slack (1 s), not on every call.
+#[test]
+fn hot_key_moves_its_expiry_about_once_a_second() {
+    let p = params(1_000.0, 50.0);
+    let mut stored = None;
+    let mut expiry_ms = None;
+    let mut moves = 0;
+    // 10 s of calls every 500 µs, each taking 1 token: twice the rate, so the bucket stays drained.
+    for n in 0..20_000 {
+        let d = acquire(stored, T0 + n * 500, &p, cost(1.0));
+        if let Some(write) = d.write {
+            let (at_ms, moved) = glue_expiry(expiry_ms, &write);
+            moves += i32::from(moved);
+            expiry_ms = Some(at_ms);
+            stored = Some(write.state);
+        }
+    }
+    assert!((9..=12).contains(&moves), "{moves} expiry moves in 10 s");
+}
+
+proptest! {
+    /// With the glue's slack rule and the key really expiring at its expiry, the key never expires before its
+    /// bucket is full, never outlives that moment by more than the slack, and grants stay within
+    /// `burst + rate · t` over every window.
+    #[test]
+    fn expiry_window_never_expires_a_bucket_early((p, steps) in arb_history()) {
+        let slack_ms = expiry_slack_ms(&p);
+        let mut stored: Option<State> = None;
+        let mut expiry_ms: Option<i64> = None;
+        let mut now_us = T0;
+        let mut grants: Vec<(i64, f64)> = Vec::new();
+        for (gap_us, c) in steps {
+            now_us += gap_us;
+            if expiry_ms.is_some_and(|at_ms| at_ms * 1_000 <= now_us) {
+                // The key expired: the bucket must have been full by then.
+                let state = stored.expect("an expiry implies a bucket");
+                prop_assert!(state.tokens_at(expiry_ms.expect("set") * 1_000, &p) >= p.burst());
+                stored = None;
+                expiry_ms = None;
+            }
+            let d = acquire(stored, now_us, &p, cost(c));
+            if d.allowed() {
+                grants.push((now_us, c));
+            }
+            if let Some(write) = d.write {
+                let current = if stored.is_some() { expiry_ms } else { None };
+                let (at_ms, _) = glue_expiry(current, &write);
+                prop_assert!(at_ms >= write.expire_at_ms);
+                prop_assert!(at_ms <= write.expire_at_ms + slack_ms);
+                prop_assert!(write.state.tokens_at(at_ms * 1_000, &p) >= p.burst());
+                expiry_ms = Some(at_ms);
+                stored = Some(write.state);
+            }
+        }
+        for i in 0..grants.len() {
+            let mut sum = 0.0;
+            for grant in &grants[i..] {
+                sum += grant.1;
+                let window_s = (grant.0 - grants[i].0) as f64 / 1e6;
+                let bound = p.burst() + p.rate_per_sec() * window_s;
+                prop_assert!(sum <= bound * (1.0 + 1e-9) + 1e-9, "{} > {}", sum, bound);
+            }
+        }
+    }
+}
