@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 use crate::bucket::State;
+use crate::number::{parse_f64, parse_i64};
 
 /// Largest token count stored as an integer literal (2^53: every integer below it is an exact `f64`). Integral
 /// values below it are written as `"7"` rather than `"7.0"`: shorter, and a listpack stores them as integers.
@@ -13,8 +14,8 @@ const MAX_EXACT_INTEGER: f64 = 9_007_199_254_740_992.0;
 
 /// Decodes the two stored fields; `None` if either is missing or not what [`with_encoded`] writes.
 pub fn decode_state(tokens: Option<&[u8]>, updated_us: Option<&[u8]>) -> Option<State> {
-    let tokens: f64 = std::str::from_utf8(tokens?).ok()?.parse().ok()?;
-    let updated_us: i64 = std::str::from_utf8(updated_us?).ok()?.parse().ok()?;
+    let tokens = parse_f64(tokens?)?;
+    let updated_us = parse_i64(updated_us?)?;
     (tokens.is_finite() && tokens >= 0.0 && updated_us >= 0).then_some(State { tokens, updated_us })
 }
 

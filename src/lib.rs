@@ -5,6 +5,7 @@
 //!   no clock, no I/O; public, so benches and property tests drive it directly.
 //! - `codec`: the stored form of a bucket (`State` <-> the `tokens`/`ts` hash values). Pure and public, like
 //!   `bucket`, so benches measure it.
+//! - `number`: decimal text to numbers, for arguments and stored fields alike. Pure and public.
 //! - `command`: the glue and the command contract: parsing, hash state I/O, expiry, replication, replies.
 //! - `stats`: the counters behind `INFO tb`.
 //! - `server`: the one place with `unsafe`, a safe face over the few raw server calls `command` needs.
@@ -24,6 +25,7 @@
 pub mod bucket;
 pub mod codec;
 mod command;
+pub mod number;
 mod server;
 mod stats;
 
