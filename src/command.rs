@@ -17,21 +17,27 @@
 //! State: a hash with exactly two fields
 //!   tokens   decimal text that parses back to the exact f64 written
 //!   ts       server wall-clock time of the last write, integer microseconds since the Unix epoch
-//!   A missing key is a full bucket; an allowed call sets the key to expire when the bucket is full again.
+//!   A missing key is a full bucket. The key expires no earlier than the moment the bucket is full again and at
+//!   most a slack later: 1% of burst / rate, at least 1 s, at most a day (see `bucket::Write`).
 //!
 //! Errors (nothing is changed by a call that errors):
 //!   ERR wrong number of arguments for 'tb.acquire' command
 //!   ERR rate must be a positive number          (likewise burst; cost must be a non-negative number)
 //!   WRONGTYPE Operation against a key holding the wrong kind of value
 //!   ERR key is not a valid token bucket (...)   a hash with other fields or unparsable values
+//!   ERR each key may appear only once           TB.ACQUIREALL naming a key twice
+//!   ERR too many buckets: TB.ACQUIREALL takes at most 1000
+//!   ERR failed to write the token bucket        the server refused a string or key the write needs; no known
+//!                                               input or configuration leads here (renamed HSET/PEXPIREAT are
+//!                                               refused at load time instead)
 //! ```
 //!
 //! Only allowed calls with a non-zero cost write. Denials and peeks leave the key, its expiry and the replication
 //! stream untouched: the refill is a pure function of time, so there is nothing to record. Nor do they signal the
 //! key as modified, so a client's `WATCH` on a bucket survives them (issue #4).
 //!
-//! Replication sends the *effects*, `HSET key tokens T ts TS` and `PEXPIREAT key MS`, with exactly the bytes
-//! written here, never the command itself. `RM_ReplicateVerbatim` is for commands that "deterministically
+//! Replication sends the *effects*, `HSET key tokens T ts TS` and, when the expiry moves, `PEXPIREAT key MS`,
+//! with exactly the bytes written here, never the command itself. `RM_ReplicateVerbatim` is for commands that "deterministically
 //! re-create the new state" (`module.c`); ours reads the clock, so a replica re-running it would compute with its
 //! own clock, and a replica or AOF loader without the module could not run it at all.
 #![forbid(unsafe_code)]
@@ -126,6 +132,7 @@ pub enum TbError {
     /// Carries the command's own message, which names it.
     WrongArity(&'static CStr),
     DuplicateKey,
+    TooManyBuckets,
     Param(ParamError),
     WrongType,
     NotABucket,
@@ -138,6 +145,7 @@ impl TbError {
         match self {
             TbError::WrongArity(message) => message,
             TbError::DuplicateKey => c"ERR each key may appear only once",
+            TbError::TooManyBuckets => c"ERR too many buckets: TB.ACQUIREALL takes at most 1000",
             TbError::Param(ParamError::Rate) => c"ERR rate must be a positive number",
             TbError::Param(ParamError::Burst) => c"ERR burst must be a positive number",
             TbError::Param(ParamError::Cost) => c"ERR cost must be a non-negative number",
@@ -323,6 +331,10 @@ impl Command for AcquireAll {
 
 /// Arguments per bucket in `TB.ACQUIREALL`: key, rate, burst.
 const BUCKET_ARGS: usize = 3;
+/// Most buckets one `TB.ACQUIREALL` may name. A call costs about 1.5 µs of server time per bucket, and no call may
+/// hold the server for more than a few milliseconds: 1,000 buckets take about 1.5 ms. (Without a cap, one call
+/// naming 30,000 buckets held every other client for 45 ms.) The error text says the number: keep them in step.
+const MAX_BUCKETS: usize = 1_000;
 /// Index of the first bucket's key in `TB.ACQUIREALL` (after the name and the cost).
 const FIRST_BUCKET_ARG: usize = 2;
 
@@ -330,6 +342,9 @@ fn acquire_all(call: &Call<'_>) -> Result<(Combined, Cost), TbError> {
     let argc = call.arg_count();
     if argc <= FIRST_BUCKET_ARG || !(argc - FIRST_BUCKET_ARG).is_multiple_of(BUCKET_ARGS) {
         return Err(TbError::WrongArity(ACQUIRE_ALL_ARITY_ERROR));
+    }
+    if (argc - FIRST_BUCKET_ARG) / BUCKET_ARGS > MAX_BUCKETS {
+        return Err(TbError::TooManyBuckets);
     }
     let cost = parse_cost(call.arg(1).unwrap_or_default())?;
     let key_indexes: Vec<usize> = (FIRST_BUCKET_ARG..argc).step_by(BUCKET_ARGS).collect();
@@ -547,6 +562,7 @@ mod tests {
             TbError::WrongArity(ACQUIRE_ARITY_ERROR),
             TbError::WrongArity(ACQUIRE_ALL_ARITY_ERROR),
             TbError::DuplicateKey,
+            TbError::TooManyBuckets,
             TbError::Param(ParamError::Rate),
             TbError::Param(ParamError::Burst),
             TbError::Param(ParamError::Cost),
