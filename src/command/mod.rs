@@ -1,0 +1,255 @@
+//! The glue between the server and the pure bucket: parse arguments, read the hash, decide, write, replicate,
+//! reply. It owns the command contract; the README mirrors it.
+//!
+//! ```text
+//! TB.ACQUIRE key rate burst [cost]
+//!
+//!   rate    tokens added per second        decimal, finite, > 0
+//!   burst   capacity in tokens             decimal, finite, > 0
+//!   cost    tokens this call takes         decimal, finite, >= 0, default 1; 0 is a peek
+//!
+//! Reply: array of 4 integers
+//!   1) allowed          1 or 0
+//!   2) remaining        whole tokens left after this call (floor)
+//!   3) retry_after_ms   0 when allowed; -1 when cost > burst (never succeeds); else ms until cost tokens are there
+//!   4) reset_after_ms   ms until the bucket is full again (rounded up); 0 when full
+//!
+//! State: a hash with exactly two fields
+//!   tokens   decimal text that parses back to the exact f64 written
+//!   ts       server wall-clock time of the last write, integer microseconds since the Unix epoch
+//!   A missing key is a full bucket. The key expires no earlier than the moment the bucket is full again and at
+//!   most a slack later: 1% of burst / rate, at least 1 s, at most a day (see `bucket::Write`).
+//!
+//! Errors (nothing is changed by a call that errors):
+//!   ERR wrong number of arguments for 'tb.acquire' command
+//!   ERR rate must be a positive number          (likewise burst; cost must be a non-negative number)
+//!   WRONGTYPE Operation against a key holding the wrong kind of value
+//!   ERR key is not a valid token bucket (...)   a hash with other fields or unparsable values
+//!   ERR each key may appear only once           TB.ACQUIREALL naming a key twice
+//!   ERR too many buckets: TB.ACQUIREALL takes at most 1000
+//!   ERR failed to write the token bucket        the server refused a string or key the write needs; no known
+//!                                               input or configuration leads here (renamed HSET/PEXPIREAT are
+//!                                               refused at load time instead)
+//! ```
+//!
+//! Only allowed calls with a non-zero cost write. Denials and peeks leave the key, its expiry and the replication
+//! stream untouched: the refill is a pure function of time, so there is nothing to record. Nor do they signal the
+//! key as modified, so a client's `WATCH` on a bucket survives them (issue #4).
+//!
+//! Replication sends the *effects*, `HSET key tokens T ts TS` and, when the expiry moves, `PEXPIREAT key MS`,
+//! with exactly the bytes written here, never the command itself. `RM_ReplicateVerbatim` is for commands that "deterministically
+//! re-create the new state" (`module.c`); ours reads the clock, so a replica re-running it would compute with its
+//! own clock, and a replica or AOF loader without the module could not run it at all.
+//!
+//! Layout: `acquire` holds `TB.ACQUIRE` and `TB.ACQUIREALL`; `args` parses what every command shares (rate,
+//! burst, cost); `state` reads and writes a bucket's hash, expiry and replication; this file holds the error
+//! type, the replies and the module's registration.
+#![forbid(unsafe_code)]
+
+mod acquire;
+mod args;
+mod state;
+
+use std::ffi::CStr;
+
+use redis_module::{Context, RedisString, Status};
+
+use crate::bucket::{Cost, Outcome, ParamError};
+use crate::server::{self, ArgDoc, ArgKind, Call, Command, CommandDocs, Support};
+use crate::stats;
+
+use acquire::{
+    Acquire, AcquireAll, ACQUIRE_ALL_DOCS, ACQUIRE_ALL_FLAGS, ACQUIRE_ALL_NAME, ACQUIRE_DOCS,
+    ACQUIRE_FLAGS, ACQUIRE_NAME,
+};
+
+const fn arg(name: &'static CStr, kind: ArgKind, optional: bool) -> ArgDoc {
+    ArgDoc {
+        name,
+        kind,
+        optional,
+        multiple: false,
+        subargs: &[],
+    }
+}
+
+/// Everything a call can refuse with. Its wire text is API: integration tests assert it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TbError {
+    /// Carries the command's own message, which names it.
+    WrongArity(&'static CStr),
+    DuplicateKey,
+    TooManyBuckets,
+    Param(ParamError),
+    WrongType,
+    NotABucket,
+    WriteFailed,
+}
+
+impl TbError {
+    /// The error line sent to the client, prefix included.
+    pub fn wire_text(self) -> &'static CStr {
+        match self {
+            TbError::WrongArity(message) => message,
+            TbError::DuplicateKey => c"ERR each key may appear only once",
+            TbError::TooManyBuckets => c"ERR too many buckets: TB.ACQUIREALL takes at most 1000",
+            TbError::Param(ParamError::Rate) => c"ERR rate must be a positive number",
+            TbError::Param(ParamError::Burst) => c"ERR burst must be a positive number",
+            TbError::Param(ParamError::Cost) => c"ERR cost must be a non-negative number",
+            TbError::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",
+            TbError::NotABucket => {
+                c"ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)"
+            }
+            TbError::WriteFailed => c"ERR failed to write the token bucket",
+        }
+    }
+}
+
+impl From<ParamError> for TbError {
+    fn from(error: ParamError) -> TbError {
+        TbError::Param(error)
+    }
+}
+
+/// The native commands the module's writes are replicated as. Each must exist under its own name, or a write
+/// could not be replicated after it was made: the module checks them when it loads, so that no call can fail
+/// between its first write and its reply (issue #12).
+const REPLICATED_COMMANDS: [&CStr; 2] = [c"HSET", c"PEXPIREAT"];
+
+/// The module's own ACL category, on servers that let modules add one.
+const ACL_CATEGORY: &CStr = c"ratelimit";
+
+/// Checks that the server can replicate what the module writes, then registers both commands with their docs and
+/// ACL categories. Every server feature
+/// is detected by the presence of its API, never by version number; a missing one is logged once and skipped.
+pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
+    if !args.is_empty() {
+        let given: Vec<String> = args.iter().map(RedisString::to_string_lossy).collect();
+        ctx.log_warning(&format!(
+            "redis-tb takes no module arguments; refusing to load with: {}",
+            given.join(" ")
+        ));
+        return Status::Err;
+    }
+    for name in REPLICATED_COMMANDS {
+        if !server::command_exists(ctx, name) {
+            ctx.log_warning(&format!(
+                "redis-tb: refusing to load: the command {} is renamed or disabled (rename-command), and the module replicates its writes as that command",
+                name.to_string_lossy()
+            ));
+            return Status::Err;
+        }
+    }
+    server::signal_only_modified_keys(ctx);
+    // Added now, while loading: AddACLCategory is refused afterwards.
+    let categories = match server::add_acl_category(ctx, ACL_CATEGORY) {
+        Support::Done => c"write fast ratelimit",
+        Support::Unsupported | Support::Failed => c"write fast",
+    };
+    let registered = [
+        register_one::<Acquire>(ctx, ACQUIRE_NAME, ACQUIRE_FLAGS, &ACQUIRE_DOCS, categories),
+        register_one::<AcquireAll>(
+            ctx,
+            ACQUIRE_ALL_NAME,
+            ACQUIRE_ALL_FLAGS,
+            &ACQUIRE_ALL_DOCS,
+            categories,
+        ),
+    ];
+    let mut docs = Support::Done;
+    let mut acl = Support::Done;
+    for result in registered {
+        let Ok((command_docs, command_acl)) = result else {
+            return Status::Err;
+        };
+        docs = docs.min(command_docs);
+        acl = acl.min(command_acl);
+    }
+    if docs == Support::Unsupported {
+        ctx.log_notice("redis-tb: this server has no RedisModule_SetCommandInfo (Redis < 7.0): no COMMAND DOCS or key specs");
+    }
+    if acl == Support::Unsupported {
+        ctx.log_notice("redis-tb: this server has no module ACL categories (Redis < 7.2): grant the commands by name");
+    }
+    if !server::has_abs_expire() {
+        ctx.log_notice("redis-tb: this server has no RedisModule_SetAbsExpire (Redis < 7.0): expiries are set relative to now; replicas and the AOF still get the absolute PEXPIREAT");
+    }
+    Status::Ok
+}
+
+/// Refuses `MODULE UNLOAD`. A server runs a command queued in a `MULTI` before the unload, or a blocked one, with
+/// a pointer into the unloaded library and crashes (Redis 7.0, 8.2 and Valkey 9 alike); on servers with module ACL
+/// categories an unload and reload also leaves `@ratelimit` empty. Upgrade by restarting the server, or by a
+/// failover to a replica started with the new build.
+pub fn refuse_unload(ctx: &Context) -> Status {
+    ctx.log_warning("redis-tb cannot be unloaded: a transaction or script that queued a TB command would crash the server. Restart the server (or fail over to an upgraded replica) to upgrade the module");
+    Status::Err
+}
+
+/// Registers one command and describes it where the server can take it. `Err` fails the module load.
+fn register_one<C: Command>(
+    ctx: &Context,
+    name: &CStr,
+    flags: &CStr,
+    docs: &CommandDocs,
+    categories: &CStr,
+) -> Result<(Support, Support), Status> {
+    let last_key = docs.legacy_last_key();
+    if server::create_command::<C>(ctx, name, flags, docs.first_key, last_key, docs.key_step)
+        == Status::Err
+    {
+        return Err(Status::Err);
+    }
+    let described = server::set_command_info(ctx, name, docs);
+    if described == Support::Failed {
+        ctx.log_warning("redis-tb: RedisModule_SetCommandInfo refused the command docs");
+        return Err(Status::Err);
+    }
+    let categorized = server::set_acl_categories(ctx, name, categories);
+    if categorized == Support::Failed {
+        ctx.log_warning("redis-tb: RedisModule_SetCommandACLCategories refused the categories");
+        return Err(Status::Err);
+    }
+    Ok((described, categorized))
+}
+
+/// Counts a decided call in `INFO tb` and sends its integers.
+fn reply_decided(call: &Call<'_>, outcome: Outcome, cost: Cost, fields: &[i64]) {
+    stats::record(outcome, cost.tokens());
+    call.reply_integers(fields);
+}
+
+/// Counts a refused call in `INFO tb` and sends its error.
+fn reply_error(call: &Call<'_>, error: TbError) {
+    stats::record_error();
+    call.reply_error(error.wire_text());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use acquire::{ACQUIRE_ALL_ARITY_ERROR, ACQUIRE_ARITY_ERROR};
+
+    #[test]
+    fn error_texts_carry_a_redis_prefix() {
+        let all = [
+            TbError::WrongArity(ACQUIRE_ARITY_ERROR),
+            TbError::WrongArity(ACQUIRE_ALL_ARITY_ERROR),
+            TbError::DuplicateKey,
+            TbError::TooManyBuckets,
+            TbError::Param(ParamError::Rate),
+            TbError::Param(ParamError::Burst),
+            TbError::Param(ParamError::Cost),
+            TbError::WrongType,
+            TbError::NotABucket,
+            TbError::WriteFailed,
+        ];
+        for error in all {
+            let text = error.wire_text().to_str().expect("ascii");
+            assert!(
+                text.starts_with("ERR ") || text.starts_with("WRONGTYPE "),
+                "{text}"
+            );
+        }
+    }
+}

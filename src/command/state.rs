@@ -1,0 +1,73 @@
+//! A bucket's stored form on the server: reading the hash into a `State`, and writing a new state with its expiry,
+//! its replication and its keyspace events.
+#![forbid(unsafe_code)]
+
+use std::ffi::CStr;
+
+use crate::bucket::{State, Write};
+use crate::codec::{decode_state, with_encoded};
+use crate::server::{Call, EventClass, Interned, Key, KeyKind};
+
+use super::TbError;
+
+/// Keyspace events a write fires: those of the native commands it replicates as (`HSET`, `PEXPIREAT`).
+const EVENT_HSET: &CStr = c"hset";
+const EVENT_EXPIRE: &CStr = c"expire";
+
+/// Hash field holding the token count. A `static`, not a `const`: the server string is made once and reused.
+static FIELD_TOKENS: Interned = Interned::new(c"tokens");
+/// Hash field holding the time of the last write, in microseconds.
+static FIELD_UPDATED_US: Interned = Interned::new(c"ts");
+
+/// Reads the bucket: `None` for a missing key, the decoded state for a bucket hash.
+pub(super) fn read_state(key: &Key<'_>) -> Result<Option<State>, TbError> {
+    match key.kind() {
+        KeyKind::Empty => Ok(None),
+        KeyKind::Other => Err(TbError::WrongType),
+        KeyKind::Hash if key.hash_len() != 2 => Err(TbError::NotABucket),
+        KeyKind::Hash => key
+            .hash_get2([&FIELD_TOKENS, &FIELD_UPDATED_US], decode_state)
+            .map(Some)
+            .ok_or(TbError::NotABucket),
+    }
+}
+
+/// Writes the new state, moves the key's expiry only when it falls outside the write's window (see
+/// [`Write`]), replicates exactly those effects (the same value strings go to the hash and to the replicated
+/// `HSET`), and fires the keyspace events the equivalent native commands would.
+///
+/// On a live bucket whose expiry still fits, the write replicates as one `HSET`, which the server sends alone;
+/// creating a bucket, or moving its expiry (about once per slack on a hot key), adds a `PEXPIREAT`, and the server
+/// wraps the pair in `MULTI`/`EXEC`. `existed` says whether the key was there before this call.
+///
+/// Nothing here can fail after the first write for a reason we could have checked first: the value strings are
+/// made up front, the key was opened for writing and holds a hash or nothing, and the module refused to load where
+/// `HSET` or `PEXPIREAT` is renamed (see `REPLICATED_COMMANDS`).
+pub(super) fn write_state(
+    call: &Call<'_>,
+    key: &Key<'_>,
+    write: &Write,
+    existed: bool,
+) -> Result<(), TbError> {
+    let (tokens, updated_us) = with_encoded(&write.state, |tokens, updated_us| {
+        (call.create_string(tokens), call.create_string(updated_us))
+    });
+    let (Some(tokens), Some(updated_us)) = (tokens, updated_us) else {
+        return Err(TbError::WriteFailed);
+    };
+    // Only ask an existing key for its expiry (Redis 8.2 crashes on an empty one).
+    let current_expiry_ms = if existed { key.expire_at_ms() } else { None };
+    let new_expiry_ms = (!write.keeps_expiry(current_expiry_ms)).then(|| write.new_expiry_ms());
+    let fields = [(&FIELD_TOKENS, &tokens), (&FIELD_UPDATED_US, &updated_us)];
+    key.hash_set2(fields)
+        .and_then(|()| call.replicate_hset(key, fields))
+        .map_err(|()| TbError::WriteFailed)?;
+    call.notify(EventClass::Hash, EVENT_HSET, key);
+    if let Some(at_ms) = new_expiry_ms {
+        key.set_expire_at(at_ms)
+            .and_then(|()| call.replicate_pexpireat(key, at_ms))
+            .map_err(|()| TbError::WriteFailed)?;
+        call.notify(EventClass::Generic, EVENT_EXPIRE, key);
+    }
+    Ok(())
+}
