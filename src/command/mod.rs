@@ -51,11 +51,12 @@ mod args;
 mod state;
 
 use std::ffi::CStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{Context, RedisString, Status};
 
 use crate::bucket::{Cost, Outcome, ParamError};
-use crate::server::{self, ArgDoc, ArgKind, Call, Command, CommandDocs, Support};
+use crate::server::{self, ArgDoc, ArgKind, Call, Command, CommandDocs, ShutdownHook, Support};
 use crate::stats;
 
 use acquire::{
@@ -141,6 +142,9 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
         }
     }
     server::signal_only_modified_keys(ctx);
+    if server::on_shutdown::<AllowUnloadAtShutdown>(ctx) == Support::Failed {
+        ctx.log_warning("redis-tb: could not subscribe to the shutdown event");
+    }
     // Added now, while loading: AddACLCategory is refused afterwards.
     let categories = match server::add_acl_category(ctx, ACL_CATEGORY) {
         Support::Done => c"write fast ratelimit",
@@ -181,9 +185,27 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
 /// a pointer into the unloaded library and crashes (Redis 7.0, 8.2 and Valkey 9 alike); on servers with module ACL
 /// categories an unload and reload also leaves `@ratelimit` empty. Upgrade by restarting the server, or by a
 /// failover to a replica started with the new build.
+///
+/// At shutdown no command can run any more, so a server that unloads its modules on the way out (Valkey) may:
+/// refusing there would only log a failure.
 pub fn refuse_unload(ctx: &Context) -> Status {
+    if SHUTTING_DOWN.load(Ordering::Relaxed) {
+        return Status::Ok;
+    }
     ctx.log_warning("redis-tb cannot be unloaded: a transaction or script that queued a TB command would crash the server. Restart the server (or fail over to an upgraded replica) to upgrade the module");
     Status::Err
+}
+
+/// Set once the server has begun to shut down.
+static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
+
+/// Lets [`refuse_unload`] allow the unload at shutdown.
+struct AllowUnloadAtShutdown;
+
+impl ShutdownHook for AllowUnloadAtShutdown {
+    fn on_shutdown() {
+        SHUTTING_DOWN.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Registers one command and describes it where the server can take it. `Err` fails the module load.

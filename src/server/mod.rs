@@ -23,8 +23,8 @@ mod register;
 pub use info::{add_info_section, InfoValue};
 pub use key::{has_abs_expire, signal_only_modified_keys, Key, KeyKind};
 pub use register::{
-    add_acl_category, command_exists, set_acl_categories, set_command_info, ArgDoc, ArgKind,
-    CommandDocs, Support,
+    add_acl_category, command_exists, on_shutdown, set_acl_categories, set_command_info, ArgDoc,
+    ArgKind, CommandDocs, ShutdownHook, Support,
 };
 
 use std::cell::Cell;

@@ -234,3 +234,34 @@ pub fn set_acl_categories(ctx: &redis_module::Context, name: &CStr, categories: 
         Err(()) => Support::Failed,
     }
 }
+
+/// Something to run when the server shuts down.
+pub trait ShutdownHook {
+    fn on_shutdown();
+}
+
+/// Runs `H::on_shutdown` when the server begins to shut down (the `Shutdown` server event, Redis 6.0+). Load time
+/// only.
+pub fn on_shutdown<H: ShutdownHook>(ctx: &redis_module::Context) -> Support {
+    let Some(subscribe) = (unsafe { raw::RedisModule_SubscribeToServerEvent }) else {
+        return Support::Unsupported;
+    };
+    let event = raw::RedisModuleEvent {
+        id: raw::REDISMODULE_EVENT_SHUTDOWN,
+        dataver: 1,
+    };
+    // SAFETY: live load-time context; the callback is a plain function that lives as long as the module.
+    match status(unsafe { subscribe(ctx.ctx, event, Some(shutdown_callback::<H>)) }) {
+        Ok(()) => Support::Done,
+        Err(()) => Support::Failed,
+    }
+}
+
+extern "C" fn shutdown_callback<H: ShutdownHook>(
+    _ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    _subevent: u64,
+    _data: *mut std::os::raw::c_void,
+) {
+    H::on_shutdown();
+}
