@@ -256,12 +256,7 @@ pub fn acquire(stored: Option<State>, now_us: i64, params: &Params, cost: Cost) 
     }
     // A peek is allowed whatever the bucket holds; checked apart because `tokens < 0` on a bucket in debt.
     if cost.0 == 0.0 {
-        return reply_for(
-            Outcome::Allowed,
-            &current,
-            full_at_us(&current, params),
-            0,
-        );
+        return reply_for(Outcome::Allowed, &current, full_at_us(&current, params), 0);
     }
     if current.tokens < cost.0 {
         let retry_after_ms = retry_after_ms(&current, now_us, params, cost);
