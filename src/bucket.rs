@@ -2,14 +2,23 @@
 //!
 //! `acquire(stored, now_us, params, cost)` takes the bucket as it was last written, the current server time and
 //! the caller's parameters, and returns a [`Decision`]: what to reply, and whether (and what) to write back.
+//! [`reserve`] and [`refund`] do the same for pacing (take now, act later) and for giving tokens back.
 //! Everything that touches the server lives in `command.rs`; time is always an argument here so that unit tests,
 //! property tests and benchmarks control it fully. `make lint` checks that this file never imports
 //! `redis_module` or reads a clock.
 //!
-//! The model: a bucket holds `tokens` (0 ≤ tokens ≤ burst) as of `updated_us`. At any later instant `t` it holds
+//! The model: a bucket holds `tokens` as of `updated_us`. At any later instant `t` it holds
 //! `min(burst, tokens + (t - updated_us) · rate)`. A missing bucket is a full one. Because the refill is a pure
 //! function of time, a denied request needs no write at all, and a bucket can be allowed to expire exactly when it
 //! would be full again.
+//!
+//! What holds for `tokens`: every state this module writes has `tokens ≤ burst` (of the call that wrote it), and
+//! `tokens ≥ 0` unless it was written by a [`reserve`] that granted with a wait. Such a bucket is *in debt*: its
+//! negative `tokens` are slots already promised to callers, repaid by the refill before anyone else is served.
+//! [`acquire`] and [`acquire_all`] deny on a bucket in debt until the refill has repaid the debt and brought
+//! `cost` on top, and say so in `retry_after_ms`; [`refund`] gives nothing back to it. A state read back from
+//! the server may hold any finite `tokens` (a smaller `burst` than the writer's, or a hand-written `-1e300`,
+//! which is just a very long debt); every function here stays finite for all of them.
 //!
 //! Tokens are `f64`. Every quantity that leaves this module as an integer (remaining tokens, milliseconds) is
 //! derived with saturating conversions and then checked against the same refill function a later call will use,
@@ -27,6 +36,16 @@ const MICROS_PER_MS: i64 = 1_000;
 /// and then reads as full. Capping keeps the absolute expiry far from any overflow in the server.
 pub const MAX_TTL_MS: i64 = 36_525 * 24 * 3_600 * 1_000;
 
+/// The largest `max_wait_ms` a [`reserve`] accepts: 24 hours.
+///
+/// A granted reservation leaves a debt of at most `rate · max_wait`, repaid within `max_wait`, so this also bounds
+/// how long a bucket stays in debt and how far ahead its slots are promised. A day covers every pacing use we
+/// know of (a rate of one per hour still leaves 24 slots); a longer wait is more likely a unit mistake than a
+/// plan. It sits far below [`MAX_TTL_MS`], so a bucket in debt never hits the expiry cap before its debt is
+/// repaid (an expiry then would forgive the debt and hand the promised slots to newcomers). Raising the bound
+/// later breaks no caller; lowering it would.
+pub const MAX_WAIT_LIMIT_MS: i64 = 24 * 3_600 * 1_000;
+
 /// How many one-millisecond corrections an advertised wait may need after the closed-form estimate.
 /// Floating-point rounding moves the estimate by at most one step; a few more cost nothing and keep the loop
 /// bounded however odd the inputs.
@@ -41,6 +60,17 @@ pub enum ParamError {
     Burst,
     /// `cost` is not a finite number ≥ 0.
     Cost,
+}
+
+/// Which argument of [`reserve`] or [`refund`] a validating constructor refused. Kept apart from [`ParamError`]
+/// only because `command.rs` matches `ParamError` exhaustively; fold these in when the glue gains their wire
+/// texts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PacingParamError {
+    /// `max_wait_ms` is not an integer in `0..=MAX_WAIT_LIMIT_MS`.
+    MaxWait,
+    /// `amount` is not a finite number ≥ 0.
+    Amount,
 }
 
 /// The shape of one bucket, as the caller passes it on every call. Built only by [`Params::new`].
@@ -95,11 +125,50 @@ impl Cost {
     }
 }
 
+/// The longest a [`reserve`] caller agrees to wait, in milliseconds: `0..=MAX_WAIT_LIMIT_MS`. Zero makes a
+/// reservation exactly an [`acquire`]. Built only by [`MaxWait::new`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct MaxWait(i64);
+
+impl MaxWait {
+    pub fn new(max_wait_ms: i64) -> Result<MaxWait, PacingParamError> {
+        if (0..=MAX_WAIT_LIMIT_MS).contains(&max_wait_ms) {
+            Ok(MaxWait(max_wait_ms))
+        } else {
+            Err(PacingParamError::MaxWait)
+        }
+    }
+
+    pub fn ms(&self) -> i64 {
+        self.0
+    }
+}
+
+/// Tokens a [`refund`] gives back; finite and ≥ 0. Zero changes nothing. Built only by [`Amount::new`].
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct Amount(f64);
+
+impl Amount {
+    pub fn new(tokens: f64) -> Result<Amount, PacingParamError> {
+        if tokens.is_finite() && tokens >= 0.0 {
+            // As in `Cost::new`: store +0.0 for `-0.0`.
+            Ok(Amount(tokens.abs()))
+        } else {
+            Err(PacingParamError::Amount)
+        }
+    }
+
+    pub fn tokens(&self) -> f64 {
+        self.0
+    }
+}
+
 /// A bucket as stored: `tokens` as of `updated_us`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct State {
-    /// Tokens held at `updated_us`; finite and ≥ 0. May exceed the burst of a later call whose burst is smaller:
-    /// the refill caps it.
+    /// Tokens held at `updated_us`; finite. Written states hold at most the writer's burst (a later call with a
+    /// smaller burst sees more; the refill caps it). Negative only after a [`reserve`] granted with a wait: the
+    /// debt, at most `rate · max_wait` of that call. A decoded state may hold any finite value.
     pub tokens: f64,
     /// Server wall-clock time of the last write, microseconds since the Unix epoch. Never moves backwards.
     pub updated_us: i64,
@@ -107,7 +176,8 @@ pub struct State {
 
 impl State {
     /// Tokens this bucket holds at `at_us`: the refill, capped at `burst`. A time before `updated_us` adds
-    /// nothing, so a clock that steps back never mints tokens.
+    /// nothing, so a clock that steps back never mints tokens. Finite for every finite `tokens`: the sum of a
+    /// finite `tokens` and a refill ≥ 0 can only overflow upwards, and the cap turns `+inf` into `burst`.
     pub fn tokens_at(&self, at_us: i64, params: &Params) -> f64 {
         let elapsed_us = at_us.saturating_sub(self.updated_us).max(0);
         // i64 -> f64 rounds for |x| > 2^53 µs (285 years); the result stays monotone, which is all we need.
@@ -183,11 +253,12 @@ pub fn expiry_slack_ms(params: &Params) -> i64 {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Decision {
     pub outcome: Outcome,
-    /// Whole tokens left after this call, rounded down; saturates at `i64::MAX`.
+    /// Whole tokens left after this call, rounded down; 0 for a bucket in debt; saturates at `i64::MAX`.
     pub remaining: i64,
-    /// 0 when allowed; -1 when impossible; otherwise milliseconds until `cost` tokens will be there, rounded up.
+    /// 0 when allowed; -1 when impossible; otherwise milliseconds until `cost` tokens will be there (after any
+    /// debt is repaid), rounded up.
     pub retry_after_ms: i64,
-    /// Milliseconds until the bucket is full again, rounded up; 0 for a full bucket.
+    /// Milliseconds until the bucket is full again (debt repaid), rounded up; 0 for a full bucket.
     pub reset_after_ms: i64,
     /// `Some` only when an allowed call took a non-zero cost. Denials and peeks write nothing.
     pub write: Option<Write>,
@@ -200,27 +271,16 @@ impl Decision {
 }
 
 /// Decides one call at server time `now_us` against the stored bucket (`None`: missing, hence full).
+///
+/// A `cost` of 0 is a peek: allowed, nothing written, also on a bucket in debt (which reports `remaining` 0 and
+/// a reset that counts the debt). Any other cost on a bucket in debt is denied until the debt is repaid and
+/// `cost` is there on top: `retry_after_ms` counts both, because the refill simply starts from negative tokens.
 pub fn acquire(stored: Option<State>, now_us: i64, params: &Params, cost: Cost) -> Decision {
-    // The bucket as of `as_of_us`, the later of now and its last write: a stored time ahead of our clock (a
-    // clock stepped back, or a failover to a replica whose clock is behind) is honoured, never rewritten to
-    // an earlier one.
-    let current = match stored {
-        Some(state) => {
-            let as_of_us = now_us.max(state.updated_us);
-            State {
-                tokens: state.tokens_at(as_of_us, params),
-                updated_us: as_of_us,
-            }
-        }
-        None => State {
-            tokens: params.burst,
-            updated_us: now_us,
-        },
-    };
+    let current = refilled(stored, now_us, params);
     // The reply for a bucket that is left as `state`, full again at `full_at_us`.
     let reply_for = |outcome, state: &State, full_at_us: i64, retry_after_ms| Decision {
         outcome,
-        remaining: floor_saturating(state.tokens),
+        remaining: remaining(state),
         retry_after_ms,
         reset_after_ms: ms_until(now_us, full_at_us),
         write: None,
@@ -233,6 +293,10 @@ pub fn acquire(stored: Option<State>, now_us: i64, params: &Params, cost: Cost) 
             full_at_us(&current, params),
             -1,
         );
+    }
+    // A peek is allowed whatever the bucket holds; checked apart because `tokens < 0` on a bucket in debt.
+    if cost.0 == 0.0 {
+        return reply_for(Outcome::Allowed, &current, full_at_us(&current, params), 0);
     }
     if current.tokens < cost.0 {
         let retry_after_ms = retry_after_ms(&current, now_us, params, cost);
@@ -250,15 +314,190 @@ pub fn acquire(stored: Option<State>, now_us: i64, params: &Params, cost: Cost) 
     // One refill computation serves both the reply's reset and the key's expiry.
     let full_at = full_at_us(&after, params);
     let mut decision = reply_for(Outcome::Allowed, &after, full_at, 0);
-    if cost.0 > 0.0 {
-        let cap_ms = now_us.div_euclid(MICROS_PER_MS).saturating_add(MAX_TTL_MS);
-        decision.write = Some(Write {
-            state: after,
-            expire_at_ms: ceil_div(full_at, MICROS_PER_MS).min(cap_ms),
-            expire_slack_ms: expiry_slack_ms(params),
-        });
-    }
+    decision.write = Some(write_expiring(after, full_at, now_us, params));
     decision
+}
+
+/// The stored bucket refilled to now: as of `as_of_us`, the later of now and its last write. A stored time ahead
+/// of our clock (a clock stepped back, or a failover to a replica whose clock is behind) is honoured, never
+/// rewritten to an earlier one. A missing bucket is a full one.
+fn refilled(stored: Option<State>, now_us: i64, params: &Params) -> State {
+    match stored {
+        Some(state) => {
+            let as_of_us = now_us.max(state.updated_us);
+            State {
+                tokens: state.tokens_at(as_of_us, params),
+                updated_us: as_of_us,
+            }
+        }
+        None => State {
+            tokens: params.burst,
+            updated_us: now_us,
+        },
+    }
+}
+
+/// The `remaining` reply: whole tokens, rounded down, never below 0 (a bucket in debt has none to offer).
+fn remaining(state: &State) -> i64 {
+    floor_saturating(state.tokens).max(0)
+}
+
+/// The write for `state`, which is full again at `full_at_us`: the key may expire then (rounded up to a whole
+/// millisecond), or after [`MAX_TTL_MS`] if that comes first, and up to the slack of `params` later.
+fn write_expiring(state: State, full_at_us: i64, now_us: i64, params: &Params) -> Write {
+    let cap_ms = now_us.div_euclid(MICROS_PER_MS).saturating_add(MAX_TTL_MS);
+    Write {
+        state,
+        expire_at_ms: ceil_div(full_at_us, MICROS_PER_MS).min(cap_ms),
+        expire_slack_ms: expiry_slack_ms(params),
+    }
+}
+
+/// The answer to a [`reserve`]: the four reply fields and the write, if any.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reservation {
+    /// `Allowed`: granted, act after `wait_ms`. `Denied`: the wait would exceed `max_wait_ms`; nothing taken.
+    /// `Impossible`: `cost > burst`.
+    pub outcome: Outcome,
+    /// Granted: milliseconds the caller must wait before acting, 0 to act now, at most `max_wait_ms`. Denied: the
+    /// wait a grant would have needed (a hint for a retry or a larger `max_wait_ms`). Impossible: -1. Exact as
+    /// `retry_after_ms` is: the refill at now + `wait_ms` covers `cost` and debt, 1 ms earlier it does not.
+    pub wait_ms: i64,
+    /// Whole tokens left after this call, rounded down; 0 for a bucket in debt; saturates at `i64::MAX`.
+    pub remaining: i64,
+    /// Milliseconds until the bucket is full again, debt repaid, rounded up; 0 for a full bucket.
+    pub reset_after_ms: i64,
+    /// `Some` only when a grant took a non-zero cost. Refusals and peeks write nothing.
+    pub write: Option<Write>,
+}
+
+impl Reservation {
+    pub fn granted(&self) -> bool {
+        self.outcome == Outcome::Allowed
+    }
+}
+
+/// Reserves `cost` tokens for a caller willing to wait up to `max_wait` (first come, first served).
+///
+/// If `cost` tokens are there now, this is exactly [`acquire`]: same reply, same write, `wait_ms` 0. Otherwise
+/// the wait is the time until the bucket, debt included, holds `cost`; if it is within `max_wait` the tokens are
+/// taken now, leaving the bucket in debt (negative `tokens`), and the caller acts after `wait_ms`. The next
+/// caller's wait counts this debt, so concurrent callers get distinct, increasing slots. A wait beyond
+/// `max_wait` takes nothing, and neither does `cost > burst`. With `max_wait` 0 every answer equals
+/// [`acquire`]'s, since a denial always waits at least 1 ms.
+pub fn reserve(
+    stored: Option<State>,
+    now_us: i64,
+    params: &Params,
+    cost: Cost,
+    max_wait: MaxWait,
+) -> Reservation {
+    let decision = acquire(stored, now_us, params, cost);
+    let as_acquired = Reservation {
+        outcome: decision.outcome,
+        wait_ms: decision.retry_after_ms,
+        remaining: decision.remaining,
+        reset_after_ms: decision.reset_after_ms,
+        write: decision.write,
+    };
+    if decision.outcome != Outcome::Denied || decision.retry_after_ms > max_wait.0 {
+        return as_acquired;
+    }
+    // Granted with a wait: `current.tokens < cost`, so this goes below zero, and it stays finite because
+    // `retry_after_ms` saturates (and exceeds any `max_wait`) whenever `cost - current.tokens` overflows, and
+    // IEEE subtraction is exactly antisymmetric.
+    let current = refilled(stored, now_us, params);
+    let after = State {
+        tokens: current.tokens - cost.0,
+        updated_us: current.updated_us,
+    };
+    let full_at = full_at_us(&after, params);
+    Reservation {
+        outcome: Outcome::Allowed,
+        wait_ms: decision.retry_after_ms,
+        remaining: remaining(&after),
+        reset_after_ms: ms_until(now_us, full_at),
+        write: Some(write_expiring(after, full_at, now_us, params)),
+    }
+}
+
+/// What the glue must do to the key after a [`refund`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KeyChange {
+    /// Leave the key as it is.
+    Keep,
+    /// Store this state with its expiry.
+    Write(Write),
+    /// Delete the key: the bucket is full, and a missing key is a full bucket.
+    Delete,
+}
+
+/// The answer to a [`refund`]: the three reply fields and the change to the key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Refund {
+    /// True exactly when the bucket changed (`change` is not `Keep`).
+    pub refunded: bool,
+    /// Whole tokens in the bucket after the call, rounded down; 0 for a bucket in debt; saturates at `i64::MAX`.
+    pub remaining: i64,
+    /// Milliseconds until the bucket is full again (debt repaid), rounded up; 0 for a full bucket.
+    pub reset_after_ms: i64,
+    pub change: KeyChange,
+}
+
+/// Gives `amount` tokens back for work that did not happen: refill to now, then add `amount`, capped at `burst`.
+///
+/// Refunds nothing (and changes nothing) when the key is missing (a full bucket), when `amount` is 0 or too small
+/// to change the stored value, when the bucket is already full, and when the refilled bucket is in debt: debt
+/// means other callers hold later slots, and tokens handed back now would let a newcomer act in a slot already
+/// promised. So a reservation made while in debt cannot be given back; its slot simply goes unused. A bucket
+/// that becomes full is deleted rather than written.
+///
+/// The grant a refund stands for is not known here, so a refund is trusted to come soon after that grant acted.
+/// One that comes `d` later can hand back tokens the refill had already replaced (up to `min(amount, rate · d)`),
+/// which lets that much more through than `burst + rate · t` (see the tests).
+pub fn refund(stored: Option<State>, now_us: i64, params: &Params, amount: Amount) -> Refund {
+    let Some(stored) = stored else {
+        return Refund {
+            refunded: false,
+            remaining: floor_saturating(params.burst),
+            reset_after_ms: 0,
+            change: KeyChange::Keep,
+        };
+    };
+    let current = refilled(Some(stored), now_us, params);
+    let unchanged = |state: &State| Refund {
+        refunded: false,
+        remaining: remaining(state),
+        reset_after_ms: ms_until(now_us, full_at_us(state, params)),
+        change: KeyChange::Keep,
+    };
+    if current.tokens < 0.0 {
+        return unchanged(&current);
+    }
+    // Finite: `current.tokens ≤ burst` and `amount` are finite, so the sum can only overflow upwards, to `+inf`,
+    // which the cap turns into `burst`.
+    let after = State {
+        tokens: (current.tokens + amount.0).min(params.burst),
+        updated_us: current.updated_us,
+    };
+    if after.tokens <= current.tokens {
+        return unchanged(&current);
+    }
+    if after.tokens >= params.burst {
+        return Refund {
+            refunded: true,
+            remaining: remaining(&after),
+            reset_after_ms: 0,
+            change: KeyChange::Delete,
+        };
+    }
+    let full_at = full_at_us(&after, params);
+    Refund {
+        refunded: true,
+        remaining: remaining(&after),
+        reset_after_ms: ms_until(now_us, full_at),
+        change: KeyChange::Write(write_expiring(after, full_at, now_us, params)),
+    }
 }
 
 /// The answer to a call on several buckets at once, which takes `cost` from every bucket only if all can pay.

@@ -453,6 +453,249 @@ proptest! {
     }
 }
 
+// ---- Issue #15: reservations (debt) and refunds ----
+
+fn max_wait(ms: i64) -> MaxWait {
+    MaxWait::new(ms).expect("valid max_wait")
+}
+
+fn amount(tokens: f64) -> Amount {
+    Amount::new(tokens).expect("valid amount")
+}
+
+fn in_debt(tokens: f64) -> State {
+    State {
+        tokens,
+        updated_us: T0,
+    }
+}
+
+#[test]
+fn pacing_params_refuse_bad_numbers() {
+    assert_eq!(MaxWait::new(-1), Err(PacingParamError::MaxWait));
+    assert_eq!(
+        MaxWait::new(MAX_WAIT_LIMIT_MS + 1),
+        Err(PacingParamError::MaxWait)
+    );
+    assert_eq!(MaxWait::new(i64::MAX), Err(PacingParamError::MaxWait));
+    assert_eq!(MaxWait::new(0).map(|w| w.ms()), Ok(0));
+    assert_eq!(
+        MaxWait::new(MAX_WAIT_LIMIT_MS).map(|w| w.ms()),
+        Ok(86_400_000)
+    );
+    for bad in [-1.0, -1e-300, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        assert_eq!(Amount::new(bad), Err(PacingParamError::Amount));
+    }
+    assert_eq!(
+        Amount::new(-0.0).map(|a| a.tokens().is_sign_positive()),
+        Ok(true)
+    );
+}
+
+/// What one step of [`pacing_case_table`] calls.
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    Acquire,
+    Reserve(i64),
+}
+
+#[test]
+#[rustfmt::skip]
+fn pacing_case_table() {
+    // rate 10/s, burst 2: one token per 100 ms. Five callers at once get slots 0, 0, 100, 200, 300 ms.
+    let p = params(10.0, 2.0);
+    struct Case { num: u32, at_us: i64, call: Call, cost: f64, granted: bool, wait_ms: i64, remaining: i64, reset_ms: i64, tokens_after: Option<f64> }
+    use Call::*;
+    let cases = [
+        Case { num: 0,  at_us: 0,       call: Reserve(1_000), cost: 1.0, granted: true,  wait_ms: 0,   remaining: 1, reset_ms: 100, tokens_after: Some(1.0) },
+        Case { num: 1,  at_us: 0,       call: Reserve(1_000), cost: 1.0, granted: true,  wait_ms: 0,   remaining: 0, reset_ms: 200, tokens_after: Some(0.0) },
+        Case { num: 2,  at_us: 0,       call: Reserve(1_000), cost: 1.0, granted: true,  wait_ms: 100, remaining: 0, reset_ms: 300, tokens_after: Some(-1.0) },
+        Case { num: 3,  at_us: 0,       call: Reserve(1_000), cost: 1.0, granted: true,  wait_ms: 200, remaining: 0, reset_ms: 400, tokens_after: Some(-2.0) },
+        Case { num: 4,  at_us: 0,       call: Reserve(1_000), cost: 1.0, granted: true,  wait_ms: 300, remaining: 0, reset_ms: 500, tokens_after: Some(-3.0) },
+        // Too long a wait: refused with the wait it would have needed, nothing written.
+        Case { num: 5,  at_us: 0,       call: Reserve(399),   cost: 1.0, granted: false, wait_ms: 400, remaining: 0, reset_ms: 500, tokens_after: None },
+        // ACQUIRE on a bucket in debt: denied until the debt (3) and the cost (1) are refilled.
+        Case { num: 6,  at_us: 0,       call: Acquire,        cost: 1.0, granted: false, wait_ms: 400, remaining: 0, reset_ms: 500, tokens_after: None },
+        // A peek on a bucket in debt: allowed, remaining 0, the reset counting the debt, nothing written.
+        Case { num: 7,  at_us: 150_000, call: Acquire,        cost: 0.0, granted: true,  wait_ms: 0,   remaining: 0, reset_ms: 350, tokens_after: None },
+        Case { num: 8,  at_us: 150_000, call: Reserve(1_000), cost: 0.0, granted: true,  wait_ms: 0,   remaining: 0, reset_ms: 350, tokens_after: None },
+        Case { num: 9,  at_us: 150_000, call: Reserve(1_000), cost: 3.0, granted: false, wait_ms: -1,  remaining: 0, reset_ms: 350, tokens_after: None },
+        Case { num: 10, at_us: 150_000, call: Reserve(1_000), cost: 0.5, granted: true,  wait_ms: 200, remaining: 0, reset_ms: 400, tokens_after: Some(-2.0) },
+        Case { num: 11, at_us: 350_000, call: Acquire,        cost: 1.0, granted: false, wait_ms: 100, remaining: 0, reset_ms: 200, tokens_after: None },
+        Case { num: 12, at_us: 450_000, call: Acquire,        cost: 1.0, granted: true,  wait_ms: 0,   remaining: 0, reset_ms: 200, tokens_after: Some(0.0) },
+        // Back in credit, max_wait 0 is a plain ACQUIRE.
+        Case { num: 13, at_us: 500_000, call: Reserve(0),     cost: 1.0, granted: false, wait_ms: 50,  remaining: 0, reset_ms: 150, tokens_after: None },
+        Case { num: 14, at_us: 550_000, call: Reserve(0),     cost: 1.0, granted: true,  wait_ms: 0,   remaining: 0, reset_ms: 200, tokens_after: Some(0.0) },
+    ];
+    let mut stored: Option<State> = None;
+    for case in &cases {
+        let now_us = T0 + case.at_us;
+        let (granted, wait_ms, remaining, reset_ms, write) = match case.call {
+            Acquire => {
+                let d = acquire(stored, now_us, &p, cost(case.cost));
+                (d.allowed(), d.retry_after_ms, d.remaining, d.reset_after_ms, d.write)
+            }
+            Reserve(ms) => {
+                let r = reserve(stored, now_us, &p, cost(case.cost), max_wait(ms));
+                (r.granted(), r.wait_ms, r.remaining, r.reset_after_ms, r.write)
+            }
+        };
+        assert_eq!(
+            (granted, wait_ms, remaining, reset_ms, write.map(|w| w.state.tokens)),
+            (case.granted, case.wait_ms, case.remaining, case.reset_ms, case.tokens_after),
+            "case {}", case.num
+        );
+        if let Some(write) = write {
+            assert_eq!(write.state.updated_us, now_us, "case {}", case.num);
+            // The key expires when the bucket is full again, which with debt is later.
+            assert_eq!(write.expire_at_ms, now_us / 1_000 + case.reset_ms, "case {}", case.num);
+            stored = Some(write.state);
+        }
+    }
+}
+
+#[test]
+fn acquire_all_waits_for_a_bucket_in_debt() {
+    let user = params(10.0, 2.0);
+    let tenant = params(100.0, 5.0);
+    let combined = acquire_all(
+        &[(None, tenant), (Some(in_debt(-2.0)), user)],
+        T0,
+        cost(1.0),
+    );
+    // The debt of 2 and the cost of 1 take 300 ms at 10/s; the full tenant bucket is reported as it stands.
+    assert_eq!(
+        (
+            combined.outcome,
+            combined.retry_after_ms,
+            combined.limiting_index
+        ),
+        (Outcome::Denied, 300, 1)
+    );
+    assert_eq!((combined.remaining, combined.reset_after_ms), (0, 400));
+    assert_eq!(combined.writes, [None, None]);
+    let later = acquire_all(
+        &[(None, tenant), (Some(in_debt(-2.0)), user)],
+        T0 + 300_000,
+        cost(1.0),
+    );
+    assert_eq!(later.outcome, Outcome::Allowed);
+    let earlier = acquire_all(
+        &[(None, tenant), (Some(in_debt(-2.0)), user)],
+        T0 + 299_000,
+        cost(1.0),
+    );
+    assert_eq!(earlier.outcome, Outcome::Denied);
+}
+
+/// What a refund case expects the glue to do with the key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Expect {
+    Keep,
+    Write(f64),
+    Delete,
+}
+
+#[test]
+#[rustfmt::skip]
+fn refund_case_table() {
+    // rate 10/s, burst 3, every stored state written at T0, every refund 100 ms later (one token refilled).
+    let p = params(10.0, 3.0);
+    struct Case { num: u32, stored: Option<f64>, amount: f64, refunded: bool, remaining: i64, reset_ms: i64, change: Expect }
+    let cases = [
+        // A missing key is a full bucket: nothing to refund.
+        Case { num: 0, stored: None,       amount: 1.0, refunded: false, remaining: 3, reset_ms: 0,   change: Expect::Keep },
+        Case { num: 1, stored: Some(0.0),  amount: 1.0, refunded: true,  remaining: 2, reset_ms: 100, change: Expect::Write(2.0) },
+        Case { num: 2, stored: Some(0.0),  amount: 0.5, refunded: true,  remaining: 1, reset_ms: 150, change: Expect::Write(1.5) },
+        // Full again: the key is deleted, whether the amount fits exactly or overshoots the burst.
+        Case { num: 3, stored: Some(0.0),  amount: 2.0, refunded: true,  remaining: 3, reset_ms: 0,   change: Expect::Delete },
+        Case { num: 4, stored: Some(0.0),  amount: 9.0, refunded: true,  remaining: 3, reset_ms: 0,   change: Expect::Delete },
+        // Amount 0 writes nothing.
+        Case { num: 5, stored: Some(0.0),  amount: 0.0, refunded: false, remaining: 1, reset_ms: 200, change: Expect::Keep },
+        // Already full (the key has not expired yet): nothing changes.
+        Case { num: 6, stored: Some(2.5),  amount: 1.0, refunded: false, remaining: 3, reset_ms: 0,   change: Expect::Keep },
+        // In debt after the refill: refunds nothing, so promised slots stay promised.
+        Case { num: 7, stored: Some(-2.0), amount: 1.0, refunded: false, remaining: 0, reset_ms: 400, change: Expect::Keep },
+        Case { num: 8, stored: Some(-2.0), amount: 9.0, refunded: false, remaining: 0, reset_ms: 400, change: Expect::Keep },
+        // Exactly repaid (0 tokens): no longer in debt, so the refund goes through.
+        Case { num: 9, stored: Some(-1.0), amount: 1.0, refunded: true,  remaining: 1, reset_ms: 200, change: Expect::Write(1.0) },
+    ];
+    let now_us = T0 + 100_000;
+    for case in &cases {
+        let stored = case.stored.map(in_debt);
+        let got = refund(stored, now_us, &p, amount(case.amount));
+        let change = match got.change {
+            KeyChange::Keep => Expect::Keep,
+            KeyChange::Delete => Expect::Delete,
+            KeyChange::Write(write) => {
+                assert_eq!(write.state.updated_us, now_us, "case {}", case.num);
+                assert_eq!(write.expire_at_ms, now_us / 1_000 + case.reset_ms, "case {}", case.num);
+                Expect::Write(write.state.tokens)
+            }
+        };
+        assert_eq!(
+            (got.refunded, got.remaining, got.reset_after_ms, change),
+            (case.refunded, case.remaining, case.reset_ms, case.change),
+            "case {}", case.num
+        );
+    }
+}
+
+#[test]
+fn refund_cannot_shorten_a_debt() {
+    // Issue #15: the tokens of a reservation made while in debt cannot be given back; the slot goes unused.
+    let p = params(10.0, 1.0);
+    let first = reserve(None, T0, &p, cost(1.0), max_wait(1_000));
+    let second = reserve(
+        first.write.map(|w| w.state),
+        T0,
+        &p,
+        cost(1.0),
+        max_wait(1_000),
+    );
+    assert_eq!((second.granted(), second.wait_ms), (true, 100));
+    let in_debt = second.write.map(|w| w.state);
+    let back = refund(in_debt, T0 + 50_000, &p, amount(1.0));
+    assert_eq!(
+        (back.refunded, back.remaining, back.change),
+        (false, 0, KeyChange::Keep)
+    );
+    // Once the slot has passed and the debt is repaid, a refund goes through again.
+    let back = refund(in_debt, T0 + 100_000, &p, amount(1.0));
+    assert_eq!((back.refunded, back.change), (true, KeyChange::Delete));
+}
+
+#[test]
+fn refund_soon_after_its_grant_keeps_the_bound() {
+    // burst 1: take 0.5, give it back at once, then 1 token passes: never more than the burst at one instant.
+    let p = params(1.0, 1.0);
+    let taken = acquire(None, T0, &p, cost(0.5));
+    let back = refund(taken.write.map(|w| w.state), T0, &p, amount(0.5));
+    assert_eq!(back.change, KeyChange::Delete);
+    assert!(acquire(None, T0, &p, cost(1.0)).allowed());
+}
+
+#[test]
+fn refund_long_after_its_grant_can_exceed_the_bound() {
+    // Documents the limit stated on `refund`: the core cannot tell how old the refunded grant is. burst 1, rate
+    // 1/s: 0.5 at t=0; at 250 ms 0.75 is there and taken; a refund of the first 0.5 then lets 0.5 more through,
+    // 1.25 tokens at one instant. Had the first grant never happened, the cap would have dropped 0.25 of refill
+    // by 250 ms and the last call would have been denied: the excess is min(amount, rate · 250 ms) = 0.25.
+    let p = params(1.0, 1.0);
+    let first = acquire(None, T0, &p, cost(0.5));
+    let at_us = T0 + 250_000;
+    let second = acquire(first.write.map(|w| w.state), at_us, &p, cost(0.75));
+    assert!(second.allowed());
+    let back = refund(second.write.map(|w| w.state), at_us, &p, amount(0.5));
+    assert!(back.refunded);
+    let KeyChange::Write(write) = back.change else {
+        panic!("a partial refund writes, got {:?}", back.change);
+    };
+    assert!(acquire(Some(write.state), at_us, &p, cost(0.5)).allowed());
+    let never_first = acquire(None, at_us, &p, cost(0.75));
+    assert!(!acquire(never_first.write.map(|w| w.state), at_us, &p, cost(0.5)).allowed());
+}
+
 /// The key's expiry as the glue keeps it: moved (to the end of the window) only when it falls outside the
 /// window of the write. Returns the new expiry and whether it moved.
 fn glue_expiry(current_ms: Option<i64>, write: &Write) -> (i64, bool) {
