@@ -437,6 +437,8 @@ pub enum KeyChange {
 pub struct Refund {
     /// True exactly when the bucket changed (`change` is not `Keep`).
     pub refunded: bool,
+    /// Tokens actually given back: `amount`, or less where the burst capped it; 0 when nothing was refunded.
+    pub tokens_refunded: f64,
     /// Whole tokens in the bucket after the call, rounded down; 0 for a bucket in debt; saturates at `i64::MAX`.
     pub remaining: i64,
     /// Milliseconds until the bucket is full again (debt repaid), rounded up; 0 for a full bucket.
@@ -459,6 +461,7 @@ pub fn refund(stored: Option<State>, now_us: i64, params: &Params, amount: Amoun
     let Some(stored) = stored else {
         return Refund {
             refunded: false,
+            tokens_refunded: 0.0,
             remaining: floor_saturating(params.burst),
             reset_after_ms: 0,
             change: KeyChange::Keep,
@@ -467,6 +470,7 @@ pub fn refund(stored: Option<State>, now_us: i64, params: &Params, amount: Amoun
     let current = refilled(Some(stored), now_us, params);
     let unchanged = |state: &State| Refund {
         refunded: false,
+        tokens_refunded: 0.0,
         remaining: remaining(state),
         reset_after_ms: ms_until(now_us, full_at_us(state, params)),
         change: KeyChange::Keep,
@@ -486,6 +490,7 @@ pub fn refund(stored: Option<State>, now_us: i64, params: &Params, amount: Amoun
     if after.tokens >= params.burst {
         return Refund {
             refunded: true,
+            tokens_refunded: after.tokens - current.tokens,
             remaining: remaining(&after),
             reset_after_ms: 0,
             change: KeyChange::Delete,
@@ -494,6 +499,7 @@ pub fn refund(stored: Option<State>, now_us: i64, params: &Params, amount: Amoun
     let full_at = full_at_us(&after, params);
     Refund {
         refunded: true,
+        tokens_refunded: after.tokens - current.tokens,
         remaining: remaining(&after),
         reset_after_ms: ms_until(now_us, full_at),
         change: KeyChange::Write(write_expiring(after, full_at, now_us, params)),

@@ -1,7 +1,8 @@
 //! Counters for `INFO tb`: what the module has decided since it was loaded.
 //!
-//! Every call lands in exactly one of `allowed`, `denied`, `denied_cost_exceeds_burst`, `peeks` and `errors`, so
-//! they add up to `calls`. `tokens_granted` sums the cost of allowed calls.
+//! Every call lands in exactly one of `allowed`, `reserved_with_wait`, `denied`, `denied_cost_exceeds_burst`,
+//! `peeks`, `refunds`, `refunds_ignored` and `errors`, so they add up to `calls`. `tokens_granted` sums the cost of
+//! allowed and reserved calls, `tokens_refunded` the tokens refunds gave back.
 //!
 //! The counters only ever grow (saturating at `u64::MAX`, and `tokens_granted` at the largest finite `f64`): a
 //! metrics scraper computes rates from their differences, and a reset it did not see reads as a huge negative
@@ -18,6 +19,44 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::bucket::Outcome;
 use crate::server::{self, InfoValue};
+
+/// What one call did, as `INFO tb` counts it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Tally {
+    /// Took `tokens` (> 0) now, to act now.
+    Granted {
+        tokens: f64,
+    },
+    /// `TB.RESERVE` took `tokens` now, for the caller to act after a wait.
+    GrantedWithWait {
+        tokens: f64,
+    },
+    Denied,
+    /// `cost > burst`: can never succeed.
+    Impossible,
+    /// A cost of 0.
+    Peek,
+    /// `TB.REFUND` gave back `tokens` (> 0).
+    Refunded {
+        tokens: f64,
+    },
+    /// `TB.REFUND` changed nothing (missing key, full bucket, a debt, or amount 0).
+    NotRefunded,
+    /// Refused with an error reply.
+    Error,
+}
+
+impl Tally {
+    /// The tally of a call that decided `outcome` for `cost` tokens, to act now.
+    pub fn of(outcome: Outcome, cost: f64) -> Tally {
+        match outcome {
+            Outcome::Allowed if cost == 0.0 => Tally::Peek,
+            Outcome::Allowed => Tally::Granted { tokens: cost },
+            Outcome::Denied => Tally::Denied,
+            Outcome::Impossible => Tally::Impossible,
+        }
+    }
+}
 
 /// A counter bumped only from the server's main thread.
 struct Counter(AtomicU64);
@@ -43,30 +82,34 @@ static DENIED: Counter = Counter::new();
 static DENIED_COST_EXCEEDS_BURST: Counter = Counter::new();
 static PEEKS: Counter = Counter::new();
 static ERRORS: Counter = Counter::new();
+static RESERVED_WITH_WAIT: Counter = Counter::new();
+static REFUNDS: Counter = Counter::new();
+static REFUNDS_IGNORED: Counter = Counter::new();
 /// An `f64` sum of granted costs, kept as its bit pattern.
 static TOKENS_GRANTED_BITS: Counter = Counter::new();
+/// An `f64` sum of refunded tokens, kept as its bit pattern.
+static TOKENS_REFUNDED_BITS: Counter = Counter::new();
 
-/// Counts one decided call that asked for `cost` tokens (from one bucket, or from each of several).
-pub fn record(outcome: Outcome, cost: f64) {
+/// Counts one call.
+pub fn record(tally: Tally) {
     CALLS.add(1);
-    match outcome {
-        Outcome::Allowed if cost == 0.0 => PEEKS.add(1),
-        Outcome::Allowed => {
-            ALLOWED.add(1);
-            let granted = saturating_sum(f64::from_bits(TOKENS_GRANTED_BITS.get()), cost);
-            TOKENS_GRANTED_BITS
-                .0
-                .store(granted.to_bits(), Ordering::Relaxed);
+    let (counter, tokens_sum, tokens) = match tally {
+        Tally::Granted { tokens } => (&ALLOWED, Some(&TOKENS_GRANTED_BITS), tokens),
+        Tally::GrantedWithWait { tokens } => {
+            (&RESERVED_WITH_WAIT, Some(&TOKENS_GRANTED_BITS), tokens)
         }
-        Outcome::Denied => DENIED.add(1),
-        Outcome::Impossible => DENIED_COST_EXCEEDS_BURST.add(1),
+        Tally::Denied => (&DENIED, None, 0.0),
+        Tally::Impossible => (&DENIED_COST_EXCEEDS_BURST, None, 0.0),
+        Tally::Peek => (&PEEKS, None, 0.0),
+        Tally::Refunded { tokens } => (&REFUNDS, Some(&TOKENS_REFUNDED_BITS), tokens),
+        Tally::NotRefunded => (&REFUNDS_IGNORED, None, 0.0),
+        Tally::Error => (&ERRORS, None, 0.0),
+    };
+    counter.add(1);
+    if let Some(sum) = tokens_sum {
+        let total = saturating_sum(f64::from_bits(sum.get()), tokens);
+        sum.0.store(total.to_bits(), Ordering::Relaxed);
     }
-}
-
-/// Counts one call refused with an error.
-pub fn record_error() {
-    CALLS.add(1);
-    ERRORS.add(1);
 }
 
 /// `total + cost`, held at `f64::MAX` instead of overflowing to infinity: costs are finite, but a few near
@@ -80,46 +123,30 @@ fn saturating_sum(total: f64, cost: f64) -> f64 {
     }
 }
 
-/// The counters as `INFO` shows them, in order.
-pub struct Snapshot {
-    pub calls: u64,
-    pub allowed: u64,
-    pub denied: u64,
-    pub denied_cost_exceeds_burst: u64,
-    pub peeks: u64,
-    pub errors: u64,
-    pub tokens_granted: f64,
-}
-
-pub fn snapshot() -> Snapshot {
-    Snapshot {
-        calls: CALLS.get(),
-        allowed: ALLOWED.get(),
-        denied: DENIED.get(),
-        denied_cost_exceeds_burst: DENIED_COST_EXCEEDS_BURST.get(),
-        peeks: PEEKS.get(),
-        errors: ERRORS.get(),
-        tokens_granted: f64::from_bits(TOKENS_GRANTED_BITS.get()),
-    }
-}
-
 /// Adds the `tb_stats` section to `INFO tb`.
 pub fn add_info(ctx: &redis_module::InfoContext) {
-    let now = snapshot();
+    let sum = |bits: &Counter| InfoValue::Number(f64::from_bits(bits.get()));
     server::add_info_section(
         ctx,
         c"stats",
         &[
-            (c"calls", InfoValue::Count(now.calls)),
-            (c"allowed", InfoValue::Count(now.allowed)),
-            (c"denied", InfoValue::Count(now.denied)),
+            (c"calls", InfoValue::Count(CALLS.get())),
+            (c"allowed", InfoValue::Count(ALLOWED.get())),
+            (
+                c"reserved_with_wait",
+                InfoValue::Count(RESERVED_WITH_WAIT.get()),
+            ),
+            (c"denied", InfoValue::Count(DENIED.get())),
             (
                 c"denied_cost_exceeds_burst",
-                InfoValue::Count(now.denied_cost_exceeds_burst),
+                InfoValue::Count(DENIED_COST_EXCEEDS_BURST.get()),
             ),
-            (c"peeks", InfoValue::Count(now.peeks)),
-            (c"errors", InfoValue::Count(now.errors)),
-            (c"tokens_granted", InfoValue::Number(now.tokens_granted)),
+            (c"peeks", InfoValue::Count(PEEKS.get())),
+            (c"refunds", InfoValue::Count(REFUNDS.get())),
+            (c"refunds_ignored", InfoValue::Count(REFUNDS_IGNORED.get())),
+            (c"errors", InfoValue::Count(ERRORS.get())),
+            (c"tokens_granted", sum(&TOKENS_GRANTED_BITS)),
+            (c"tokens_refunded", sum(&TOKENS_REFUNDED_BITS)),
         ],
     );
 }

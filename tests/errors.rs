@@ -110,7 +110,7 @@ fn hash_that_is_not_a_bucket_is_refused_and_kept() {
         &[("tokens", "1")],
         &[("tokens", "1"), ("ts", "5"), ("extra", "x")],
         &[("tokens", "abc"), ("ts", "5")],
-        &[("tokens", "-1"), ("ts", "5")],
+        &[("tokens", "-inf"), ("ts", "5")],
         &[("tokens", "inf"), ("ts", "5")],
         &[("tokens", "1"), ("ts", "soon")],
         &[("tokens", "1"), ("other", "5")],

@@ -185,12 +185,17 @@ fn start_with_renamed(name: &str, new_name: &str) -> (bool, String) {
     (status.is_some_and(|s| !s.success()), text)
 }
 
-/// With `HSET` or `PEXPIREAT` renamed away, an allowed call wrote the hash and then failed to replicate it
+/// With `HSET` or `PEXPIREAT` (or `DEL`, which a refund that fills a bucket replicates) renamed away, an allowed call wrote the hash and then failed to replicate it
 /// (`ERR failed to write the token bucket`), and `TB.ACQUIREALL` wrote some buckets and not others. The module now
 /// refuses to load on such a server, naming the command, so no call can half-write.
 #[test]
 fn renamed_replicated_command_refuses_the_load() {
-    for (name, new_name) in [("PEXPIREAT", ""), ("HSET", ""), ("HSET", "hset-renamed")] {
+    for (name, new_name) in [
+        ("PEXPIREAT", ""),
+        ("HSET", ""),
+        ("HSET", "hset-renamed"),
+        ("DEL", ""),
+    ] {
         let (refused, log) = start_with_renamed(name, new_name);
         assert!(refused, "the server must refuse to start:\n{log}");
         let line = format!("redis-tb: refusing to load: the command {name} is renamed or disabled");

@@ -48,6 +48,7 @@
 
 mod acquire;
 mod args;
+mod reserve;
 mod state;
 
 use std::ffi::CStr;
@@ -55,13 +56,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{Context, RedisString, Status};
 
-use crate::bucket::{Cost, Outcome, ParamError};
+use crate::bucket::{Cost, Outcome, PacingParamError, ParamError};
 use crate::server::{self, ArgDoc, ArgKind, Call, Command, CommandDocs, ShutdownHook, Support};
-use crate::stats;
+use crate::stats::{self, Tally};
 
 use acquire::{
     Acquire, AcquireAll, ACQUIRE_ALL_DOCS, ACQUIRE_ALL_FLAGS, ACQUIRE_ALL_NAME, ACQUIRE_DOCS,
     ACQUIRE_FLAGS, ACQUIRE_NAME,
+};
+use reserve::{
+    Refund, Reserve, REFUND_DOCS, REFUND_FLAGS, REFUND_NAME, RESERVE_DOCS, RESERVE_FLAGS,
+    RESERVE_NAME,
 };
 
 const fn arg(name: &'static CStr, kind: ArgKind, optional: bool) -> ArgDoc {
@@ -82,6 +87,7 @@ pub enum TbError {
     DuplicateKey,
     TooManyBuckets,
     Param(ParamError),
+    Pacing(PacingParamError),
     WrongType,
     NotABucket,
     WriteFailed,
@@ -97,6 +103,10 @@ impl TbError {
             TbError::Param(ParamError::Rate) => c"ERR rate must be a positive number",
             TbError::Param(ParamError::Burst) => c"ERR burst must be a positive number",
             TbError::Param(ParamError::Cost) => c"ERR cost must be a non-negative number",
+            TbError::Pacing(PacingParamError::MaxWait) => {
+                c"ERR max_wait_ms must be an integer from 0 to 86400000"
+            }
+            TbError::Pacing(PacingParamError::Amount) => c"ERR amount must be a non-negative number",
             TbError::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",
             TbError::NotABucket => {
                 c"ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)"
@@ -112,10 +122,16 @@ impl From<ParamError> for TbError {
     }
 }
 
+impl From<PacingParamError> for TbError {
+    fn from(error: PacingParamError) -> TbError {
+        TbError::Pacing(error)
+    }
+}
+
 /// The native commands the module's writes are replicated as. Each must exist under its own name, or a write
 /// could not be replicated after it was made: the module checks them when it loads, so that no call can fail
 /// between its first write and its reply (issue #12).
-const REPLICATED_COMMANDS: [&CStr; 2] = [c"HSET", c"PEXPIREAT"];
+const REPLICATED_COMMANDS: [&CStr; 3] = [c"HSET", c"PEXPIREAT", c"DEL"];
 
 /// The module's own ACL category, on servers that let modules add one.
 const ACL_CATEGORY: &CStr = c"ratelimit";
@@ -159,6 +175,8 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
             &ACQUIRE_ALL_DOCS,
             categories,
         ),
+        register_one::<Reserve>(ctx, RESERVE_NAME, RESERVE_FLAGS, &RESERVE_DOCS, categories),
+        register_one::<Refund>(ctx, REFUND_NAME, REFUND_FLAGS, &REFUND_DOCS, categories),
     ];
     let mut docs = Support::Done;
     let mut acl = Support::Done;
@@ -237,13 +255,18 @@ fn register_one<C: Command>(
 
 /// Counts a decided call in `INFO tb` and sends its integers.
 fn reply_decided(call: &Call<'_>, outcome: Outcome, cost: Cost, fields: &[i64]) {
-    stats::record(outcome, cost.tokens());
+    reply_counted(call, Tally::of(outcome, cost.tokens()), fields);
+}
+
+/// Counts a call in `INFO tb` as `tally` and sends its integers.
+fn reply_counted(call: &Call<'_>, tally: Tally, fields: &[i64]) {
+    stats::record(tally);
     call.reply_integers(fields);
 }
 
 /// Counts a refused call in `INFO tb` and sends its error.
 fn reply_error(call: &Call<'_>, error: TbError) {
-    stats::record_error();
+    stats::record(Tally::Error);
     call.reply_error(error.wire_text());
 }
 
@@ -251,17 +274,22 @@ fn reply_error(call: &Call<'_>, error: TbError) {
 mod tests {
     use super::*;
     use acquire::{ACQUIRE_ALL_ARITY_ERROR, ACQUIRE_ARITY_ERROR};
+    use reserve::{REFUND_ARITY_ERROR, RESERVE_ARITY_ERROR};
 
     #[test]
     fn error_texts_carry_a_redis_prefix() {
         let all = [
             TbError::WrongArity(ACQUIRE_ARITY_ERROR),
             TbError::WrongArity(ACQUIRE_ALL_ARITY_ERROR),
+            TbError::WrongArity(RESERVE_ARITY_ERROR),
+            TbError::WrongArity(REFUND_ARITY_ERROR),
             TbError::DuplicateKey,
             TbError::TooManyBuckets,
             TbError::Param(ParamError::Rate),
             TbError::Param(ParamError::Burst),
             TbError::Param(ParamError::Cost),
+            TbError::Pacing(PacingParamError::MaxWait),
+            TbError::Pacing(PacingParamError::Amount),
             TbError::WrongType,
             TbError::NotABucket,
             TbError::WriteFailed,

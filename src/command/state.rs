@@ -10,9 +10,10 @@ use crate::server::{Call, EventClass, Interned, Key, KeyKind};
 
 use super::TbError;
 
-/// Keyspace events a write fires: those of the native commands it replicates as (`HSET`, `PEXPIREAT`).
+/// Keyspace events a write fires: those of the native commands it replicates as (`HSET`, `PEXPIREAT`, `DEL`).
 const EVENT_HSET: &CStr = c"hset";
 const EVENT_EXPIRE: &CStr = c"expire";
+const EVENT_DEL: &CStr = c"del";
 
 /// Hash field holding the token count. A `static`, not a `const`: the server string is made once and reused.
 static FIELD_TOKENS: Interned = Interned::new(c"tokens");
@@ -69,5 +70,15 @@ pub(super) fn write_state(
             .map_err(|()| TbError::WriteFailed)?;
         call.notify(EventClass::Generic, EVENT_EXPIRE, key);
     }
+    Ok(())
+}
+
+/// Deletes a bucket that is full again (a missing key is a full bucket), replicates a `DEL` and fires its
+/// keyspace event. The key exists and was checked by [`read_state`]; `DEL` was checked at load time.
+pub(super) fn delete_state(call: &Call<'_>, key: &Key<'_>) -> Result<(), TbError> {
+    key.delete()
+        .and_then(|()| call.replicate_del(key))
+        .map_err(|()| TbError::WriteFailed)?;
+    call.notify(EventClass::Generic, EVENT_DEL, key);
     Ok(())
 }

@@ -118,6 +118,14 @@ impl Key<'_> {
         }
     }
 
+    /// Deletes the key.
+    pub fn delete(&self) -> Result<(), ()> {
+        let delete = unsafe { raw::RedisModule_DeleteKey }.ok_or(())?;
+        self.modified.set(true);
+        // SAFETY: `self.key` is open for writing until drop.
+        status(unsafe { delete(self.key) })
+    }
+
     /// Makes the key expire at `at_ms` (Unix milliseconds). Servers without `SetAbsExpire` (6.2) get the
     /// equivalent relative expiry; replicas still receive the absolute `PEXPIREAT`.
     pub fn set_expire_at(&self, at_ms: i64) -> Result<(), ()> {

@@ -205,6 +205,15 @@ impl<'a> Call<'a> {
     }
 }
 
+impl Call<'_> {
+    /// Sends `DEL <key>` to replicas and the AOF, after this command.
+    pub fn replicate_del(&self, key: &Key<'_>) -> Result<(), ()> {
+        let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(())?;
+        // SAFETY: format "s" takes one live RedisModuleString.
+        status(unsafe { replicate(self.ctx, c"DEL".as_ptr(), c"s".as_ptr(), key.name) })
+    }
+}
+
 /// The class of a keyspace event, as `notify-keyspace-events` filters them.
 #[derive(Clone, Copy)]
 pub enum EventClass {

@@ -73,6 +73,7 @@ pub struct ArgDoc {
 pub enum ArgKind {
     Key,
     Double,
+    Integer,
     Block,
 }
 
@@ -178,6 +179,7 @@ fn raw_args(
             type_: match doc.kind {
                 ArgKind::Key => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
                 ArgKind::Double => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
+                ArgKind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
                 ArgKind::Block => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
             },
             key_spec_index: if matches!(doc.kind, ArgKind::Key) {
