@@ -26,7 +26,8 @@ build: deps ## Build the module: target/release/libredis_tb.so
 
 run: build ## Start redis-server in the foreground with the module, on BIND=127.0.0.1 PORT=6379
 	@echo "redis-tb: starting $(REDIS_SERVER) on $(BIND) port $(PORT), nothing persisted; Ctrl-C stops it."
-	@echo "redis-tb: connect from another terminal with: redis-cli$(if $(filter 127.0.0.1 localhost,$(BIND)),, -h $(firstword $(BIND))) -p $(PORT)"
+	@echo "redis-tb: connect from another terminal with: redis-cli$(if $(filter 127.0.0.1 localhost 0.0.0.0 * ::,$(firstword $(BIND))),, -h $(firstword $(BIND))) -p $(PORT)"
+	$(if $(filter-out 127.0.0.1 localhost ::1,$(BIND)),@echo "redis-tb: BIND=$(BIND) listens beyond this machine and the server has no password: set one (requirepass or ACL) or keep the default BIND=127.0.0.1")
 	$(REDIS_SERVER) --port $(PORT) --bind $(BIND) --save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
 
 venv: ## A project-local Python environment with redis-py, for the client example test

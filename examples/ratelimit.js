@@ -33,10 +33,12 @@ async function main() {
   check(at >= 0 && Number.isInteger(port) && port > 0, "usage: node ratelimit.js --port N");
   const redis = new Redis({ host: "127.0.0.1", port, maxRetriesPerRequest: 1 });
 
-  // burst 3 at 1 token/s on /, and a cost above the burst (never allowed) on /big.
+  // burst 3 at 1 token/s on /, and a cost above the burst (never allowed) on /big. Keys of this run only, so
+  // that it can run again at once against the same server.
+  const prefix = `example:node:${process.pid}:${Date.now()}`;
   const server = http.createServer(async (req, res) => {
     try {
-      const [key, cost] = req.url === "/big" ? ["api:user:7", 5] : ["api:user:42", 1];
+      const [key, cost] = req.url === "/big" ? [`${prefix}:user:7`, 5] : [`${prefix}:user:42`, 1];
       if (await rateLimit(redis, res, key, 1, 3, cost)) res.end("ok");
     } catch (err) {
       res.statusCode = 500;

@@ -244,7 +244,7 @@ fn acl_rules_grant_and_deny_the_command() {
     };
     let acquire_all = |conn: &mut redis::Connection, key: &str| -> Vec<i64> {
         redis::cmd("TB.ACQUIREALL")
-            .arg(["1", key, "1", "5"])
+            .arg(&["1", key, "1", "5"])
             .query(conn)
             .expect("TB.ACQUIREALL reply")
     };
