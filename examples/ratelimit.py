@@ -4,14 +4,13 @@ The README's "Using it from your application" section shows `rate_limit` below; 
 against a server it spawned (`python examples/ratelimit.py --port N`), so the snippet cannot rot.
 """
 
-import argparse
+# --- snippet: start -------------------------------------------------------------------------------------------
 import math
 import random
 
 import redis
 
 
-# --- snippet: start -------------------------------------------------------------------------------------------
 def rate_limit(r: redis.Redis, key: str, rate: float, burst: float, cost: float = 1):
     """Takes `cost` tokens from the bucket at `key`. Returns (status, headers) for the HTTP response."""
     allowed, remaining, retry_after_ms, reset_after_ms = r.execute_command(
@@ -37,6 +36,8 @@ def retry_delay_s(retry_after_ms: int) -> float:
 
 
 def main() -> None:
+    import argparse
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     port = parser.parse_args().port

