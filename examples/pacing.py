@@ -60,11 +60,11 @@ def main() -> None:
     for thread in threads:
         thread.join()
     acted.sort()
-    gaps_ms = [(b - a) * 1000 for a, b in zip(acted, acted[1:])]
     assert len(acted) == 20, acted
-    # Sleeps wake a little late, never early: every gap is about 50 ms, none much shorter.
-    assert min(gaps_ms) > 40, gaps_ms
-    assert 19 * 50 * 0.9 < (acted[-1] - acted[0]) * 1000 < 19 * 50 * 1.5, gaps_ms
+    # The server hands out slots 50 ms apart, the first at once, and a sleep never wakes early: the last job
+    # cannot run before 19 x 50 ms after the first. (A busy machine wakes some sleepers late, so single gaps vary.)
+    took_ms = (acted[-1] - acted[0]) * 1000
+    assert 19 * 50 - 5 <= took_ms < 19 * 50 * 3, took_ms
 
     r = redis.Redis(connection_pool=pool)
     # A queue longer than the caller will wait: refused, nothing taken.

@@ -71,3 +71,9 @@ fn readme_go_program_is_the_example_file() {
     let source = "examples/go/main.go";
     assert_shown("go", &read(source), source);
 }
+
+#[test]
+fn readme_pacing_snippet_is_the_tested_example() {
+    let source = "examples/pacing.py";
+    assert_shown("python", &snippet(&read(source)), source);
+}

@@ -291,7 +291,7 @@ fn module_less_replica_holds_debts_and_refunds() {
 
 /// Many clients reserving on one key get distinct slots, evenly spaced: 50 ms apart at 20 tokens/s. Each
 /// client reads the server clock in the same transaction as its reservation, so its act time (that clock plus
-/// `wait_ms`, rounded up to the millisecond) is known to within 1 ms.
+/// `wait_ms`, which is rounded up to the millisecond) is known to within about 1 ms.
 #[test]
 fn concurrent_reservations_get_distinct_evenly_spaced_slots() {
     const CLIENTS: usize = 16;
@@ -327,10 +327,12 @@ fn concurrent_reservations_get_distinct_evenly_spaced_slots() {
         .flat_map(|worker| worker.join().expect("worker"))
         .collect();
     act_us.sort_unstable();
+    // Each act time is its slot rounded up to the millisecond, less the few µs between TIME and TB.RESERVE in
+    // the transaction (more on a busy machine): allow 1 ms of rounding plus 250 µs for that.
     for pair in act_us.windows(2) {
         let gap_us = pair[1] - pair[0];
         assert!(
-            (SLOT_US - 1_000..=SLOT_US + 1_000).contains(&gap_us),
+            (SLOT_US - 1_250..=SLOT_US + 1_250).contains(&gap_us),
             "slots {} µs apart: {act_us:?}",
             gap_us
         );
