@@ -18,7 +18,7 @@ PYTHON := $(CURDIR)/$(VENV)/bin/python
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-deps: ## Install what a fresh Debian machine lacks (redis-server, libclang for bindgen)
+deps: ## Install what a fresh Debian machine lacks (redis-server, redis-cli, libclang for bindgen, python3-venv)
 	@bash scripts/deps.sh
 
 build: deps ## Build the module: target/release/libredis_tb.so
