@@ -411,9 +411,10 @@ pub struct Refund {
 /// promised. So a reservation made while in debt cannot be given back; its slot simply goes unused. A bucket
 /// that becomes full is deleted rather than written.
 ///
-/// The grant a refund stands for is not known here, so a refund is trusted to come soon after that grant acted.
-/// One that comes `d` later can hand back tokens the refill had already replaced (up to `min(amount, rate · d)`),
-/// which lets that much more through than `burst + rate · t` (see the tests).
+/// The grant a refund stands for is not known here. A refund at the very instant of its grant undoes it exactly.
+/// One that comes later may hand back tokens that the refill (capped at `burst`), or another refund, had already
+/// replaced, and lets that many more through than `burst + rate · t`: the tests pin an example and bound the
+/// excess by the tokens such refunds put back.
 pub fn refund(stored: Option<State>, now_us: i64, params: &Params, amount: Amount) -> Refund {
     let Some(stored) = stored else {
         return Refund {
