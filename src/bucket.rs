@@ -63,8 +63,8 @@ pub enum ParamError {
 }
 
 /// Which argument of [`reserve`] or [`refund`] a validating constructor refused. Kept apart from [`ParamError`]
-/// only because `command.rs` matches `ParamError` exhaustively; fold these in when the glue gains their wire
-/// texts.
+/// only because `command.rs` matches `ParamError` exhaustively; fold these in with the glue of issue #15, which
+/// adds their wire texts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PacingParamError {
     /// `max_wait_ms` is not an integer in `0..=MAX_WAIT_LIMIT_MS`.
@@ -480,6 +480,7 @@ pub struct Combined {
 }
 
 /// Decides one call that takes `cost` from every bucket in `buckets` (stored state, parameters), all or none.
+/// A bucket in debt refuses like any bucket short of `cost`, and its wait counts the debt.
 pub fn acquire_all(buckets: &[(Option<State>, Params)], now_us: i64, cost: Cost) -> Combined {
     let decisions: Vec<Decision> = buckets
         .iter()
