@@ -63,8 +63,8 @@ pub enum ParamError {
 }
 
 /// Which argument of [`reserve`] or [`refund`] a validating constructor refused. Kept apart from [`ParamError`]
-/// only because `command.rs` matches `ParamError` exhaustively; fold these in when the glue gains their wire
-/// texts.
+/// only because `command.rs` matches `ParamError` exhaustively; fold these in with the glue of issue #15, which
+/// adds their wire texts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PacingParamError {
     /// `max_wait_ms` is not an integer in `0..=MAX_WAIT_LIMIT_MS`.
@@ -454,9 +454,10 @@ pub struct Refund {
 /// promised. So a reservation made while in debt cannot be given back; its slot simply goes unused. A bucket
 /// that becomes full is deleted rather than written.
 ///
-/// The grant a refund stands for is not known here, so a refund is trusted to come soon after that grant acted.
-/// One that comes `d` later can hand back tokens the refill had already replaced (up to `min(amount, rate · d)`),
-/// which lets that much more through than `burst + rate · t` (see the tests).
+/// The grant a refund stands for is not known here. A refund at the very instant of its grant undoes it exactly.
+/// One that comes later may hand back tokens that the refill (capped at `burst`), or another refund, had already
+/// replaced, and lets that many more through than `burst + rate · t`: the tests pin an example and bound the
+/// excess by the tokens such refunds put back.
 pub fn refund(stored: Option<State>, now_us: i64, params: &Params, amount: Amount) -> Refund {
     let Some(stored) = stored else {
         return Refund {
@@ -526,6 +527,7 @@ pub struct Combined {
 }
 
 /// Decides one call that takes `cost` from every bucket in `buckets` (stored state, parameters), all or none.
+/// A bucket in debt refuses like any bucket short of `cost`, and its wait counts the debt.
 pub fn acquire_all(buckets: &[(Option<State>, Params)], now_us: i64, cost: Cost) -> Combined {
     let decisions: Vec<Decision> = buckets
         .iter()

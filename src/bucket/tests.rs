@@ -680,7 +680,7 @@ fn refund_long_after_its_grant_can_exceed_the_bound() {
     // Documents the limit stated on `refund`: the core cannot tell how old the refunded grant is. burst 1, rate
     // 1/s: 0.5 at t=0; at 250 ms 0.75 is there and taken; a refund of the first 0.5 then lets 0.5 more through,
     // 1.25 tokens at one instant. Had the first grant never happened, the cap would have dropped 0.25 of refill
-    // by 250 ms and the last call would have been denied: the excess is min(amount, rate · 250 ms) = 0.25.
+    // by 250 ms and the last call would have been denied: here the excess is 0.25.
     let p = params(1.0, 1.0);
     let first = acquire(None, T0, &p, cost(0.5));
     let at_us = T0 + 250_000;
@@ -694,6 +694,270 @@ fn refund_long_after_its_grant_can_exceed_the_bound() {
     assert!(acquire(Some(write.state), at_us, &p, cost(0.5)).allowed());
     let never_first = acquire(None, at_us, &p, cost(0.75));
     assert!(!acquire(never_first.write.map(|w| w.state), at_us, &p, cost(0.5)).allowed());
+}
+
+/// A stored bucket between a debt of three bursts and full, written at T0.
+fn arb_state(p: &Params) -> impl Strategy<Value = State> {
+    let burst = p.burst();
+    (-3.0f64..=1.0).prop_map(move |frac| State {
+        tokens: burst * frac,
+        updated_us: T0,
+    })
+}
+
+fn arb_max_wait() -> impl Strategy<Value = MaxWait> {
+    prop_oneof![Just(0), 0i64..2_000, 0i64..=MAX_WAIT_LIMIT_MS].prop_map(max_wait)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn max_wait_zero_is_exactly_acquire(
+        (p, state) in arb_params().prop_flat_map(|p| (Just(p), arb_state(&p))),
+        missing in any::<bool>(), now_off in -2_000_000i64..2_000_000, cost_frac in 0.0f64..=1.2,
+    ) {
+        let stored = (!missing).then_some(state);
+        let now_us = T0 + now_off;
+        let c = cost(p.burst() * cost_frac);
+        let d = acquire(stored, now_us, &p, c);
+        let r = reserve(stored, now_us, &p, c, max_wait(0));
+        prop_assert_eq!(
+            (r.outcome, r.wait_ms, r.remaining, r.reset_after_ms, r.write),
+            (d.outcome, d.retry_after_ms, d.remaining, d.reset_after_ms, d.write)
+        );
+    }
+
+    /// A reservation's wait is exact (an acquire is allowed after `wait_ms` and not 1 ms earlier), a grant takes
+    /// exactly `cost` now, within `max_wait`, and a refusal writes nothing.
+    #[test]
+    fn reservation_wait_is_exact_and_bounded(
+        (p, state) in arb_params().prop_flat_map(|p| (Just(p), arb_state(&p))),
+        now_off in -2_000_000i64..2_000_000, cost_frac in 0.0f64..=1.0, limit in arb_max_wait(),
+    ) {
+        let now_us = T0 + now_off;
+        let c = cost(p.burst() * cost_frac);
+        let r = reserve(Some(state), now_us, &p, c, limit);
+        let current_tokens = state.tokens_at(now_us.max(T0), &p);
+        if r.wait_ms > 0 {
+            let at = |ms: i64| acquire(Some(state), now_us + ms * 1_000, &p, c);
+            prop_assert!(at(r.wait_ms).allowed(), "not allowed after {} ms", r.wait_ms);
+            prop_assert!(!at(r.wait_ms - 1).allowed(), "allowed 1 ms before {} ms", r.wait_ms);
+        }
+        prop_assert_eq!(r.granted(), r.wait_ms <= limit.ms());
+        match r.write {
+            Some(write) => {
+                prop_assert!(r.granted() && c.tokens() > 0.0);
+                // Now or in debt alike (`current ≥ cost` makes the difference ≥ 0, so acquire's clamp changes nothing).
+                prop_assert_eq!(write.state.tokens, current_tokens - c.tokens());
+                prop_assert_eq!(write.state.updated_us, now_us.max(T0));
+                // The debt is what the refill repays by the slot: at most rate · wait.
+                let debt_bound = p.rate_per_sec() * r.wait_ms as f64 / 1e3;
+                prop_assert!(-write.state.tokens <= debt_bound * (1.0 + 1e-9) + 1e-9);
+                // The key expires when full, debt repaid, and not a whole millisecond later.
+                prop_assert!(write.state.tokens_at(write.expire_at_ms * 1_000, &p) >= p.burst());
+                prop_assert!(write.state.tokens_at((write.expire_at_ms - 1) * 1_000, &p) < p.burst());
+            }
+            None => prop_assert!(!r.granted() || c.tokens() == 0.0),
+        }
+        prop_assert!(r.remaining >= 0 && r.reset_after_ms >= 0 && r.wait_ms >= -1);
+    }
+
+    /// For every finite stored value, however extreme the parameters, no reply field or written state is
+    /// infinite or NaN, written tokens never exceed the burst, and expiries stay within the 100-year cap.
+    #[test]
+    fn every_finite_state_gives_finite_answers(
+        token_bits in any::<u64>(), updated_us in 0i64..i64::MAX,
+        now_us in prop_oneof![Just(T0), 0i64..i64::MAX],
+        rate in prop_oneof![1e280f64..f64::MAX, 1e-300f64..1e-280, 1e-3f64..1e4],
+        burst in prop_oneof![1e280f64..f64::MAX, 1e-3f64..1e4],
+        cost_frac in 0.0f64..=1.0, limit in arb_max_wait(), amount_tokens in prop_oneof![0.0f64..1e4, 0.0f64..f64::MAX],
+    ) {
+        let tokens = f64::from_bits(token_bits);
+        prop_assume!(tokens.is_finite());
+        let p = params(rate, burst);
+        let stored = Some(State { tokens, updated_us });
+        let c = cost(burst * cost_frac);
+        let cap_ms = now_us / 1_000 + MAX_TTL_MS;
+        let check_write = |write: &Write| -> Result<(), TestCaseError> {
+            prop_assert!(write.state.tokens.is_finite() && write.state.tokens <= burst, "{:?}", write);
+            prop_assert!(write.state.updated_us == now_us.max(updated_us));
+            prop_assert!(write.expire_at_ms <= cap_ms, "{:?}", write);
+            Ok(())
+        };
+
+        let d = acquire(stored, now_us, &p, c);
+        prop_assert!(d.remaining >= 0 && d.reset_after_ms >= 0 && d.retry_after_ms >= -1);
+        if let Some(write) = &d.write {
+            check_write(write)?;
+        }
+        let r = reserve(stored, now_us, &p, c, limit);
+        prop_assert!(r.remaining >= 0 && r.reset_after_ms >= 0 && r.wait_ms >= -1);
+        prop_assert!(!r.granted() || r.wait_ms <= limit.ms());
+        if let Some(write) = &r.write {
+            check_write(write)?;
+        }
+        let back = refund(stored, now_us, &p, amount(amount_tokens));
+        prop_assert!(back.remaining >= 0 && back.reset_after_ms >= 0);
+        prop_assert_eq!(back.refunded, back.change != KeyChange::Keep);
+        if let KeyChange::Write(write) = &back.change {
+            check_write(write)?;
+            prop_assert!(write.state.tokens >= 0.0 && write.state.tokens < burst);
+        }
+        let all = acquire_all(&[(stored, p), (None, p)], now_us, c);
+        prop_assert!(all.remaining >= 0 && all.reset_after_ms >= 0 && all.retry_after_ms >= -1);
+    }
+}
+
+/// One step of a random history on one bucket, for the pacing guarantee.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Advance the clock by this many microseconds.
+    Wait(i64),
+    /// `acquire` this fraction of the burst.
+    Acquire(f64),
+    /// `reserve` this fraction of the burst, waiting at most this long.
+    Reserve(f64, MaxWait),
+    /// Refund the grant at this index among those not yet refunded, for its full cost.
+    Refund(prop::sample::Index),
+    /// Refund the latest grant not yet refunded: often at the very instant it was granted.
+    RefundLatest,
+}
+
+fn arb_steps() -> impl Strategy<Value = (Params, Vec<Step>)> {
+    let step = prop_oneof![
+        3 => prop_oneof![Just(0i64), 0i64..300_000, 0i64..3_000_000].prop_map(Step::Wait),
+        2 => (0.0f64..=1.1).prop_map(Step::Acquire),
+        4 => ((0.0f64..=1.1), arb_max_wait()).prop_map(|(frac, limit)| Step::Reserve(frac, limit)),
+        1 => any::<prop::sample::Index>().prop_map(Step::Refund),
+        1 => Just(Step::RefundLatest),
+    ];
+    (arb_params(), prop::collection::vec(step, 1..80))
+}
+
+/// A grant as the model counts it.
+#[derive(Debug, Clone, Copy)]
+struct Grant {
+    /// When the call was made.
+    taken_us: i64,
+    /// When the caller acts: the grant's time plus its `wait_ms`.
+    act_us: i64,
+    tokens: f64,
+    refunded: bool,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The guarantee of issue #15. Count each grant at its act time and leave out the grants a successful refund
+    /// gave back: over every interval `[s, s + t]`, the tokens granted stay within `burst + rate · (t + 1 ms)`,
+    /// plus the tokens that *late* refunds put back into the bucket within 1 ms before or during the interval;
+    /// and no caller waits longer than its `max_wait_ms`.
+    ///
+    /// The extra millisecond: a slot is rounded up to a whole millisecond, so a caller acts up to 1 ms after the
+    /// refill has paid for it, and two slots can sit up to 1 ms closer than `cost / rate`.
+    ///
+    /// Late refunds: a refund at the very instant of an immediate grant (no clock step in between) undoes it
+    /// exactly, and gets no allowance. Any other refund may hand back tokens that the refill, capped at burst,
+    /// or another refund had already replaced: `refund` cannot tell how old the grant is. Such a refund can let
+    /// through as much more as it put back, no less (`refund_long_after_its_grant_can_exceed_the_bound`, and the
+    /// committed regression where one refund's cap absorbs another grant), so that is its allowance.
+    #[test]
+    fn paced_grants_never_exceed_burst_plus_refill((p, steps) in arb_steps()) {
+        let mut stored: Option<State> = None;
+        let mut now_us = T0;
+        let mut grants: Vec<Grant> = Vec::new();
+        // (time, tokens put back) of each successful late refund.
+        let mut late_refunds: Vec<(i64, f64)> = Vec::new();
+        for step in steps {
+            match step {
+                Step::Wait(gap_us) => now_us += gap_us,
+                Step::Acquire(frac) => {
+                    let c = p.burst() * frac;
+                    let d = acquire(stored, now_us, &p, cost(c));
+                    if let Some(write) = d.write {
+                        stored = Some(write.state);
+                    }
+                    if d.allowed() && c > 0.0 {
+                        grants.push(Grant { taken_us: now_us, act_us: now_us, tokens: c, refunded: false });
+                    }
+                }
+                Step::Reserve(frac, limit) => {
+                    let c = p.burst() * frac;
+                    let r = reserve(stored, now_us, &p, cost(c), limit);
+                    if let Some(write) = r.write {
+                        stored = Some(write.state);
+                    }
+                    if r.granted() {
+                        prop_assert!((0..=limit.ms()).contains(&r.wait_ms), "waited {} ms", r.wait_ms);
+                        if c > 0.0 {
+                            let act_us = now_us + r.wait_ms * 1_000;
+                            grants.push(Grant { taken_us: now_us, act_us, tokens: c, refunded: false });
+                        }
+                    } else {
+                        prop_assert_eq!(r.write, None);
+                        prop_assert!(r.wait_ms == -1 || r.wait_ms > limit.ms());
+                    }
+                }
+                Step::Refund(_) | Step::RefundLatest => {
+                    let open: Vec<usize> = (0..grants.len()).filter(|&i| !grants[i].refunded).collect();
+                    let pick = match &step {
+                        Step::Refund(index) if !open.is_empty() => Some(open[index.index(open.len())]),
+                        _ => open.last().copied(),
+                    };
+                    let Some(i) = pick else { continue };
+                    let before = stored.map_or(p.burst(), |state| state.tokens_at(now_us.max(state.updated_us), &p));
+                    let back = refund(stored, now_us, &p, amount(grants[i].tokens));
+                    let after = match back.change {
+                        KeyChange::Keep => {
+                            prop_assert!(!back.refunded);
+                            before
+                        }
+                        KeyChange::Delete => {
+                            stored = None;
+                            p.burst()
+                        }
+                        KeyChange::Write(write) => {
+                            prop_assert!(write.state.tokens >= 0.0 && write.state.tokens < p.burst());
+                            stored = Some(write.state);
+                            write.state.tokens
+                        }
+                    };
+                    // Up to one rounding of the burst: a deletion stands for `burst` exactly.
+                    prop_assert!(after - before <= grants[i].tokens + p.burst() * f64::EPSILON);
+                    if back.refunded {
+                        grants[i].refunded = true;
+                        let at_its_instant = grants[i].taken_us == now_us && grants[i].act_us == now_us;
+                        if !at_its_instant {
+                            late_refunds.push((now_us, after - before));
+                        }
+                    }
+                }
+            }
+            if let Some(state) = stored {
+                prop_assert!(state.tokens <= p.burst() && state.tokens.is_finite());
+            }
+        }
+
+        let mut counted: Vec<Grant> = grants.iter().copied().filter(|g| !g.refunded).collect();
+        counted.sort_by_key(|g| g.act_us);
+        let rate_per_us = p.rate_per_sec() / 1e6;
+        // Checking windows between act times suffices: the bound only grows as a window widens.
+        for (i, first) in counted.iter().enumerate() {
+            let mut sum = 0.0;
+            for last in &counted[i..] {
+                sum += last.tokens;
+                let put_back: f64 = late_refunds
+                    .iter()
+                    .filter(|(at_us, _)| (first.act_us - 1_000..=last.act_us).contains(at_us))
+                    .map(|(_, tokens)| tokens)
+                    .sum();
+                let bound = p.burst() + rate_per_us * (last.act_us - first.act_us + 1_000) as f64 + put_back;
+                prop_assert!(sum <= bound * (1.0 + 1e-9) + 1e-9,
+                    "{} tokens act in [{}, {}] µs, bound {}", sum, first.act_us - T0, last.act_us - T0, bound);
+            }
+        }
+    }
 }
 
 /// The key's expiry as the glue keeps it: moved (to the end of the window) only when it falls outside the
