@@ -3,7 +3,7 @@
 //! `acquire(stored, now_us, params, cost)` takes the bucket as it was last written, the current server time and
 //! the caller's parameters, and returns a [`Decision`]: what to reply, and whether (and what) to write back.
 //! [`reserve`] and [`refund`] do the same for pacing (take now, act later) and for giving tokens back.
-//! Everything that touches the server lives in `command.rs`; time is always an argument here so that unit tests,
+//! Everything that touches the server lives in `command/`; time is always an argument here so that unit tests,
 //! property tests and benchmarks control it fully. `make lint` checks that this file never imports
 //! `redis_module` or reads a clock.
 //!
@@ -60,13 +60,6 @@ pub enum ParamError {
     Burst,
     /// `cost` is not a finite number ≥ 0.
     Cost,
-}
-
-/// Which argument of [`reserve`] or [`refund`] a validating constructor refused. Kept apart from [`ParamError`]
-/// only because `command.rs` matches `ParamError` exhaustively; fold these in with the glue of issue #15, which
-/// adds their wire texts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PacingParamError {
     /// `max_wait_ms` is not an integer in `0..=MAX_WAIT_LIMIT_MS`.
     MaxWait,
     /// `amount` is not a finite number ≥ 0.
@@ -131,11 +124,11 @@ impl Cost {
 pub struct MaxWait(i64);
 
 impl MaxWait {
-    pub fn new(max_wait_ms: i64) -> Result<MaxWait, PacingParamError> {
+    pub fn new(max_wait_ms: i64) -> Result<MaxWait, ParamError> {
         if (0..=MAX_WAIT_LIMIT_MS).contains(&max_wait_ms) {
             Ok(MaxWait(max_wait_ms))
         } else {
-            Err(PacingParamError::MaxWait)
+            Err(ParamError::MaxWait)
         }
     }
 
@@ -149,12 +142,12 @@ impl MaxWait {
 pub struct Amount(f64);
 
 impl Amount {
-    pub fn new(tokens: f64) -> Result<Amount, PacingParamError> {
+    pub fn new(tokens: f64) -> Result<Amount, ParamError> {
         if tokens.is_finite() && tokens >= 0.0 {
             // As in `Cost::new`: store +0.0 for `-0.0`.
             Ok(Amount(tokens.abs()))
         } else {
-            Err(PacingParamError::Amount)
+            Err(ParamError::Amount)
         }
     }
 

@@ -1,7 +1,7 @@
 //! The stored form of a bucket: how a [`State`] becomes the two hash values `tokens` and `ts`, and back.
 //!
 //! Pure byte work, like `bucket`: no Redis types, no clock, no I/O, so benches and property tests drive it
-//! directly. `command.rs` is its only caller in the module; it writes exactly the bytes [`with_encoded`] hands it
+//! directly. `command/state.rs` is its only caller in the module; it writes exactly the bytes [`with_encoded`] hands it
 //! (to the hash and to the replication stream alike) and reads them back with [`decode_state`].
 #![forbid(unsafe_code)]
 

@@ -472,19 +472,19 @@ fn in_debt(tokens: f64) -> State {
 
 #[test]
 fn pacing_params_refuse_bad_numbers() {
-    assert_eq!(MaxWait::new(-1), Err(PacingParamError::MaxWait));
+    assert_eq!(MaxWait::new(-1), Err(ParamError::MaxWait));
     assert_eq!(
         MaxWait::new(MAX_WAIT_LIMIT_MS + 1),
-        Err(PacingParamError::MaxWait)
+        Err(ParamError::MaxWait)
     );
-    assert_eq!(MaxWait::new(i64::MAX), Err(PacingParamError::MaxWait));
+    assert_eq!(MaxWait::new(i64::MAX), Err(ParamError::MaxWait));
     assert_eq!(MaxWait::new(0).map(|w| w.ms()), Ok(0));
     assert_eq!(
         MaxWait::new(MAX_WAIT_LIMIT_MS).map(|w| w.ms()),
         Ok(86_400_000)
     );
     for bad in [-1.0, -1e-300, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
-        assert_eq!(Amount::new(bad), Err(PacingParamError::Amount));
+        assert_eq!(Amount::new(bad), Err(ParamError::Amount));
     }
     assert_eq!(
         Amount::new(-0.0).map(|a| a.tokens().is_sign_positive()),

@@ -56,7 +56,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{Context, RedisString, Status};
 
-use crate::bucket::{Cost, Outcome, PacingParamError, ParamError};
+use crate::bucket::{Cost, Outcome, ParamError};
 use crate::server::{self, ArgDoc, ArgKind, Call, Command, CommandDocs, ShutdownHook, Support};
 use crate::stats::{self, Tally};
 
@@ -87,7 +87,6 @@ pub enum TbError {
     DuplicateKey,
     TooManyBuckets,
     Param(ParamError),
-    Pacing(PacingParamError),
     WrongType,
     NotABucket,
     WriteFailed,
@@ -103,10 +102,10 @@ impl TbError {
             TbError::Param(ParamError::Rate) => c"ERR rate must be a positive number",
             TbError::Param(ParamError::Burst) => c"ERR burst must be a positive number",
             TbError::Param(ParamError::Cost) => c"ERR cost must be a non-negative number",
-            TbError::Pacing(PacingParamError::MaxWait) => {
+            TbError::Param(ParamError::MaxWait) => {
                 c"ERR max_wait_ms must be an integer from 0 to 86400000"
             }
-            TbError::Pacing(PacingParamError::Amount) => c"ERR amount must be a non-negative number",
+            TbError::Param(ParamError::Amount) => c"ERR amount must be a non-negative number",
             TbError::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",
             TbError::NotABucket => {
                 c"ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)"
@@ -119,12 +118,6 @@ impl TbError {
 impl From<ParamError> for TbError {
     fn from(error: ParamError) -> TbError {
         TbError::Param(error)
-    }
-}
-
-impl From<PacingParamError> for TbError {
-    fn from(error: PacingParamError) -> TbError {
-        TbError::Pacing(error)
     }
 }
 
@@ -288,8 +281,8 @@ mod tests {
             TbError::Param(ParamError::Rate),
             TbError::Param(ParamError::Burst),
             TbError::Param(ParamError::Cost),
-            TbError::Pacing(PacingParamError::MaxWait),
-            TbError::Pacing(PacingParamError::Amount),
+            TbError::Param(ParamError::MaxWait),
+            TbError::Param(ParamError::Amount),
             TbError::WrongType,
             TbError::NotABucket,
             TbError::WriteFailed,

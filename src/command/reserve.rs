@@ -4,7 +4,7 @@
 
 use std::ffi::CStr;
 
-use crate::bucket::{self, Amount, KeyChange, MaxWait, Outcome, PacingParamError, Reservation};
+use crate::bucket::{self, Amount, KeyChange, MaxWait, Outcome, ParamError, Reservation};
 use crate::number;
 use crate::server::{self, ArgKind, Call, Command, CommandDocs};
 use crate::stats::Tally;
@@ -89,7 +89,7 @@ fn reserve(call: &Call<'_>) -> Result<(Reservation, Tally), TbError> {
     let max_wait = call
         .arg(5)
         .and_then(number::parse_i64)
-        .ok_or(PacingParamError::MaxWait)
+        .ok_or(ParamError::MaxWait)
         .and_then(MaxWait::new)?;
     let key = call.open_key(1).ok_or(TbError::WriteFailed)?;
     let stored = read_state(&key)?;
@@ -140,7 +140,7 @@ fn refund(call: &Call<'_>) -> Result<bucket::Refund, TbError> {
     let amount = call
         .arg(4)
         .and_then(number::parse_f64)
-        .ok_or(PacingParamError::Amount)
+        .ok_or(ParamError::Amount)
         .and_then(Amount::new)?;
     let key = call.open_key(1).ok_or(TbError::WriteFailed)?;
     let stored = read_state(&key)?;
