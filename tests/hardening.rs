@@ -365,7 +365,7 @@ fn info_counters_are_monotonic_whoever_sends_config_resetstat() {
     assert_eq!(calls(&mut admin), 3);
 }
 
-/// The key specs say the commands read the bucket and return it (RW + ACCESS + UPDATE): a user with only write
+/// The key specs say every command reads the bucket and returns it (RW + ACCESS + UPDATE): a user with only write
 /// or only read permission on the key is refused; read and write together work. Servers without key
 /// permissions (Redis 6.2) or key specs skip this.
 #[test]
@@ -391,6 +391,8 @@ fn acl_needs_read_and_write_permission_on_the_bucket() {
             .arg(keys)
             .arg("+tb.acquire")
             .arg("+tb.acquireall")
+            .arg("+tb.reserve")
+            .arg("+tb.refund")
             .query(&mut admin)
             .expect("ACL SETUSER");
     }
@@ -413,7 +415,25 @@ fn acl_needs_read_and_write_permission_on_the_bucket() {
             .arg(1)
             .arg(5)
             .query(&mut conn);
-        for (command, result) in [("TB.ACQUIRE", single), ("TB.ACQUIREALL", multi)] {
+        let reserved: redis::RedisResult<Vec<i64>> = redis::cmd("TB.RESERVE")
+            .arg("k3")
+            .arg(1)
+            .arg(5)
+            .arg(1)
+            .arg(0)
+            .query(&mut conn);
+        let refunded: redis::RedisResult<Vec<i64>> = redis::cmd("TB.REFUND")
+            .arg("k4")
+            .arg(1)
+            .arg(5)
+            .arg(1)
+            .query(&mut conn);
+        for (command, result) in [
+            ("TB.ACQUIRE", single),
+            ("TB.ACQUIREALL", multi),
+            ("TB.RESERVE", reserved),
+            ("TB.REFUND", refunded),
+        ] {
             match result {
                 Ok(reply) => assert!(allowed, "{user} ran {command}: {reply:?}"),
                 Err(e) => {
