@@ -346,25 +346,17 @@ fn unknown_module_argument_refuses_to_load() {
     );
 }
 
+/// The README's Python snippet (`examples/ratelimit.py`) against a spawned server.
 #[test]
 fn python_client_example_runs() {
     let server = Server::start();
-    let python = std::env::var("TB_PYTHON")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/python").to_string());
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/ratelimit.py");
-    let output = Command::new(&python)
-        .arg(script)
-        .arg("--port")
-        .arg(server.port.to_string())
-        .output()
-        .unwrap_or_else(|e| panic!("run {python} (make test creates .venv with redis-py): {e}"));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ratelimit.py");
+    common::run_example(
+        &common::python_binary(),
+        &example,
+        &server,
+        "python client example: ok",
     );
-    assert!(stdout.contains("python client example: ok"), "{stdout}");
 }
 
 /// The Node example (`examples/ratelimit.js`, the README's Node snippet) against a spawned server. `make test`
@@ -383,17 +375,10 @@ fn node_client_example_runs() {
         return;
     }
     let server = Server::start();
-    let output = Command::new(&node)
-        .arg(examples.join("ratelimit.js"))
-        .arg("--port")
-        .arg(server.port.to_string())
-        .output()
-        .unwrap_or_else(|e| panic!("run {node}: {e}"));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    common::run_example(
+        &node,
+        &examples.join("ratelimit.js"),
+        &server,
+        "node client example: ok",
     );
-    assert!(stdout.contains("node client example: ok"), "{stdout}");
 }

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::thread;
 
 use common::{
@@ -380,20 +379,11 @@ fn commands_describe_themselves() {
 #[test]
 fn python_pacing_example_runs() {
     let server = Server::start();
-    let python = std::env::var("TB_PYTHON")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/python").to_string());
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/pacing.py");
-    let output = Command::new(&python)
-        .arg(script)
-        .arg("--port")
-        .arg(server.port.to_string())
-        .output()
-        .unwrap_or_else(|e| panic!("run {python} (make test creates .venv with redis-py): {e}"));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/pacing.py");
+    common::run_example(
+        &common::python_binary(),
+        &example,
+        &server,
+        "python pacing example: ok",
     );
-    assert!(stdout.contains("python pacing example: ok"), "{stdout}");
 }

@@ -637,3 +637,26 @@ pub fn primary_options() -> Options {
         ..Options::default()
     }
 }
+
+/// The Python of the project's `.venv` (`$TB_PYTHON`), which `make test` creates with redis-py.
+pub fn python_binary() -> String {
+    std::env::var("TB_PYTHON")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/python").to_string())
+}
+
+/// Runs `program example --port <port of server>` and asserts it exits 0 and prints `ok_line`.
+pub fn run_example(program: &str, example: &Path, server: &Server, ok_line: &str) {
+    let output = Command::new(program)
+        .arg(example)
+        .arg("--port")
+        .arg(server.port.to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("run {program} {}: {e}", example.display()));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains(ok_line), "{stdout}");
+}
