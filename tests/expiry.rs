@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     acquire, buckets, hgetall, info_int, primary_options, replica_of, wait_acked,
-    wait_replicas_online, Bucket, Options, Server,
+    wait_replicas_online, Bucket, Server,
 };
 
 /// A bucket the workload drives: name, rate per second, burst.
@@ -137,28 +137,20 @@ fn assert_still_drained(conn: &mut redis::Connection, fields: &[(String, String)
 
 #[test]
 fn expiry_window_holds_after_an_aof_reload_with_and_without_the_module() {
-    let aof = |dir, with_module: bool| Options {
-        without_module: !with_module,
-        args: ["--appendonly", "yes", "--appendfsync", "always"]
-            .map(String::from)
-            .to_vec(),
-        dir,
-        ..Options::default()
-    };
-    let server = Server::start_with(aof(None, true));
+    let server = Server::start_with(common::aof_options(None, true));
     let mut conn = server.conn();
     workload(&mut conn, Duration::from_millis(1_000));
     let before = buckets(&mut conn);
     assert_expiry_window(&before, "before restart");
     let dir = server.into_dir();
-    let plain = Server::start_with(aof(Some(dir), false));
+    let plain = Server::start_with(common::aof_options(Some(dir), false));
     let reloaded = buckets(&mut plain.conn());
     for (name, (fields, expiry)) in &reloaded {
         assert_eq!(before.get(name), Some(&(fields.clone(), *expiry)), "{name}");
     }
     assert_expiry_window(&reloaded, "AOF reloaded without the module");
     let dir = plain.into_dir();
-    let with_module = Server::start_with(aof(Some(dir), true));
+    let with_module = Server::start_with(common::aof_options(Some(dir), true));
     let mut conn = with_module.conn();
     assert_expiry_window(&buckets(&mut conn), "AOF reloaded with the module");
     if let Some((fields, _)) = before.get("hot") {

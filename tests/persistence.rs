@@ -15,24 +15,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    acquire, buckets, info_field, info_int, mixed_workload, wait_until, Bucket, Expiry, Options,
-    Server,
+    acquire, aof_options as aof, buckets, info_field, info_int, mixed_workload, wait_until, Bucket,
+    Expiry, Options, Server,
 };
 
 /// Slow rates only: tokens per second.
 const SLOW: [&str; 2] = ["0.001", "0.0005"];
-
-/// An AOF that fsyncs before every reply, so an acknowledged call is on disk.
-fn aof(dir: Option<PathBuf>, with_module: bool) -> Options {
-    Options {
-        without_module: !with_module,
-        args: ["--appendonly", "yes", "--appendfsync", "always"]
-            .map(String::from)
-            .to_vec(),
-        dir,
-        ..Options::default()
-    }
-}
 
 /// An RDB-only server over `dir` (the harness's defaults: `--save ""`, `--appendonly no`).
 fn rdb(dir: PathBuf, with_module: bool) -> Options {

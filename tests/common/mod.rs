@@ -660,3 +660,15 @@ pub fn run_example(program: &str, example: &Path, server: &Server, ok_line: &str
     );
     assert!(stdout.contains(ok_line), "{stdout}");
 }
+
+/// A server with an AOF that fsyncs before every reply (an acknowledged call is on disk), over `dir` if given.
+pub fn aof_options(dir: Option<PathBuf>, with_module: bool) -> Options {
+    Options {
+        without_module: !with_module,
+        args: ["--appendonly", "yes", "--appendfsync", "always"]
+            .map(String::from)
+            .to_vec(),
+        dir,
+        ..Options::default()
+    }
+}
