@@ -43,9 +43,10 @@ Columns, per case (medians over rounds unless said otherwise):
                 and the report says so;
   repl B/call   master_repl_offset delta / calls: the bytes each call adds to the replication stream (the AOF gets
                 the same commands). 0 in bare, where nothing is propagated to a backlog;
-  rewrites      AOF rewrites (INFO persistence `aof_rewrites` delta) that happened during the case, summed over
-                all rounds. Redis rewrites when the AOF has doubled since the last rewrite and exceeds 64 MB; each
-                production case starts from a freshly rewritten (empty) AOF, so the count reflects its own stream;
+  rewrites      AOF rewrites started during the case (INFO persistence `aof_rewrites` delta, plus one still running
+                or scheduled when the run ends, since aof_rewrites counts completions), summed over all rounds.
+                Redis rewrites when the AOF has doubled since the last rewrite and exceeds 64 MB; each production
+                case starts from a freshly rewritten (empty) AOF, so the count reflects its own stream;
   busy, queued  the share of the run's wall time the server's main thread spent on a CPU, and runnable but waiting
                 for one (the kernel's /proc/PID/task/PID/schedstat). Pipelined, busy near 100% means the server was
                 the bottleneck, as the ratios assume. "queued" is time another process held the server's core: the
@@ -486,7 +487,11 @@ def counters(conn):
     else:
         cpu_s = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
     offset = int(conn.info("replication").get("master_repl_offset", 0))
-    rewrites = int(conn.info("persistence").get("aof_rewrites", 0))
+    # aof_rewrites counts a rewrite when it completes; one the case's stream started may still be running when the
+    # run ends, so count running and scheduled ones too: this is rewrites started.
+    persistence = conn.info("persistence")
+    rewrites = sum(int(persistence.get(name, 0))
+                   for name in ("aof_rewrites", "aof_rewrite_in_progress", "aof_rewrite_scheduled"))
     return cpu_s, offset, rewrites
 
 
