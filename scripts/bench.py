@@ -869,7 +869,7 @@ def report(result, rounds):
         goals.append((f"denied: throughput >= {GOAL_DENIED_X_HSET}x HSET", config, throughput(denied, hset, config),
                       x_denied >= GOAL_DENIED_X_HSET, cpu_ratio(denied, hset, config) >= GOAL_DENIED_X_HSET))
     print()
-    print(f"### Goals (issue #13; pipeline {PIPELINE}, this run)")
+    print(f"### Goals (pipeline {PIPELINE}, this run)")
     print()
     print("The issue's goals are on the allowed hot key; the headroom rows apply the same bounds to the common case. "
           "Throughput goals are judged on calls/s; where the CPU-based estimate would judge otherwise, the result "
@@ -893,7 +893,7 @@ def report(result, rounds):
 
     print()
     print("One TB.ACQUIREALL naming many distinct buckets (rate 1, burst 5), while another connection PINGs in a "
-          "loop (issue #12):")
+          "loop:")
     print()
     print("| configuration | buckets | call wall time | worst PING latency meanwhile | PINGs | reply |")
     print("|---|--:|--:|--:|--:|---|")
