@@ -113,7 +113,13 @@ fn expiry_window_holds_on_a_module_less_replica_and_after_failover() {
         .arg("ONE")
         .query(&mut promoted)
         .expect("REPLICAOF NO ONE");
-    assert_eq!(hgetall(&mut promoted, "hot"), hot_before);
+    // The bucket may have filled and expired while the primary was killed and the replica promoted; if it is
+    // still there, it is the one the primary last wrote.
+    let hot_after = hgetall(&mut promoted, "hot");
+    assert!(
+        hot_after.is_empty() || hot_after == hot_before,
+        "{hot_after:?}"
+    );
     assert_still_drained(&mut promoted, &hot_before, "after failover");
     workload(&mut promoted, Duration::from_millis(300));
     assert_expiry_window(&buckets(&mut promoted), "promoted replica");

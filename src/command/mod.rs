@@ -151,9 +151,6 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
         }
     }
     server::signal_only_modified_keys(ctx);
-    if server::on_shutdown::<AllowUnloadAtShutdown>(ctx) == Support::Failed {
-        ctx.log_warning("redis-tb: could not subscribe to the shutdown event");
-    }
     // Added now, while loading: AddACLCategory is refused afterwards.
     let categories = match server::add_acl_category(ctx, ACL_CATEGORY) {
         Support::Done => c"write fast ratelimit",
@@ -188,6 +185,11 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
     }
     if !server::has_abs_expire() {
         ctx.log_notice("redis-tb: this server has no RedisModule_SetAbsExpire (Redis < 7.0): expiries are set relative to now; replicas and the AOF still get the absolute PEXPIREAT");
+    }
+    // Last, after everything that can fail: a server that refuses the load unmaps the library but keeps event
+    // subscriptions, and would call into unmapped code at SHUTDOWN.
+    if server::on_shutdown::<AllowUnloadAtShutdown>(ctx) == Support::Failed {
+        ctx.log_warning("redis-tb: could not subscribe to the shutdown event");
     }
     Status::Ok
 }

@@ -38,8 +38,9 @@ pub(super) const RESERVE_ARITY_ERROR: &CStr =
 
 /// The refunding command's name as registered.
 pub const REFUND_NAME: &CStr = c"tb.refund";
-/// Not `deny-oom`: a refund never grows memory (it rewrites two fields or deletes the key), and a limiter that
-/// cannot give tokens back while memory is full would over-count.
+/// Not `deny-oom`: a refund rewrites two fields of an existing hash (at most a few bytes more, when an integral
+/// token count becomes a fraction) or deletes it, and a limiter that cannot give tokens back while memory is full
+/// would over-count.
 pub const REFUND_FLAGS: &CStr = c"write fast";
 pub const REFUND_DOCS: CommandDocs = CommandDocs {
     summary: c"Gives amount tokens back to the token bucket at key, up to its burst, unless it is in debt.",

@@ -10,6 +10,9 @@ use redis_module::raw;
 
 use super::{errno, now_us, set_errno, status, string_bytes, CallString, Interned};
 
+/// Milliseconds taken off an expiry rebuilt from a relative TTL (see [`Key::expire_at_ms`]).
+const RELATIVE_EXPIRY_MARGIN_MS: i64 = 2;
+
 /// What an opened key holds, as far as the commands care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyKind {
@@ -141,19 +144,28 @@ impl Key<'_> {
     }
 
     /// The key's absolute expiry in Unix milliseconds; `None` if it has none. Only for a key that exists: Redis
-    /// 8.2's `RedisModule_GetAbsExpire` crashes on an empty key. Servers without it (6.2) get now + the TTL.
+    /// 8.2's `RedisModule_GetAbsExpire` crashes on an empty key.
+    ///
+    /// Servers without it (6.2) only tell the TTL, so the expiry is rebuilt as now + TTL, and never later than the
+    /// truth: the clock is read before the TTL (which the server measures from a later instant), and
+    /// [`RELATIVE_EXPIRY_MARGIN_MS`] more is taken off, because there the primary's own expiry, set relative to
+    /// now, can be a millisecond later than the absolute one its replicas and AOF hold. A caller deciding whether
+    /// the expiry is late enough then errs towards moving it.
     pub fn expire_at_ms(&self) -> Option<i64> {
         let at_ms = if let Some(get_abs) = unsafe { raw::RedisModule_GetAbsExpire } {
             // SAFETY: `self.key` is open until drop, and the caller knows it exists.
             unsafe { get_abs(self.key) }
         } else {
             let get_relative = unsafe { raw::RedisModule_GetExpire }?;
+            let now_ms = now_us() / 1_000;
             // SAFETY: as above.
             let ttl_ms = unsafe { get_relative(self.key) };
             if ttl_ms < 0 {
                 return None;
             }
-            (now_us() / 1_000).saturating_add(ttl_ms)
+            now_ms
+                .saturating_add(ttl_ms)
+                .saturating_sub(RELATIVE_EXPIRY_MARGIN_MS)
         };
         (at_ms >= 0).then_some(at_ms)
     }
