@@ -269,7 +269,11 @@ impl Decision {
 /// a reset that counts the debt). Any other cost on a bucket in debt is denied until the debt is repaid and
 /// `cost` is there on top: `retry_after_ms` counts both, because the refill simply starts from negative tokens.
 pub fn acquire(stored: Option<State>, now_us: i64, params: &Params, cost: Cost) -> Decision {
-    let current = refilled(stored, now_us, params);
+    decide(&refilled(stored, now_us, params), now_us, params, cost)
+}
+
+/// [`acquire`] on the bucket already refilled to now (`current`, from [`refilled`]).
+fn decide(current: &State, now_us: i64, params: &Params, cost: Cost) -> Decision {
     // The reply for a bucket that is left as `state`, full again at `full_at_us`.
     let reply_for = |outcome, state: &State, full_at_us: i64, retry_after_ms| Decision {
         outcome,
@@ -282,21 +286,21 @@ pub fn acquire(stored: Option<State>, now_us: i64, params: &Params, cost: Cost) 
     if cost.0 > params.burst {
         return reply_for(
             Outcome::Impossible,
-            &current,
-            full_at_us(&current, params),
+            current,
+            full_at_us(current, params),
             -1,
         );
     }
     // A peek is allowed whatever the bucket holds; checked apart because `tokens < 0` on a bucket in debt.
     if cost.0 == 0.0 {
-        return reply_for(Outcome::Allowed, &current, full_at_us(&current, params), 0);
+        return reply_for(Outcome::Allowed, current, full_at_us(current, params), 0);
     }
     if current.tokens < cost.0 {
-        let retry_after_ms = retry_after_ms(&current, now_us, params, cost);
+        let retry_after_ms = retry_after_ms(current, now_us, params, cost);
         return reply_for(
             Outcome::Denied,
-            &current,
-            full_at_us(&current, params),
+            current,
+            full_at_us(current, params),
             retry_after_ms,
         );
     }
@@ -385,7 +389,8 @@ pub fn reserve(
     cost: Cost,
     max_wait: MaxWait,
 ) -> Reservation {
-    let decision = acquire(stored, now_us, params, cost);
+    let current = refilled(stored, now_us, params);
+    let decision = decide(&current, now_us, params, cost);
     let as_acquired = Reservation {
         outcome: decision.outcome,
         wait_ms: decision.retry_after_ms,
@@ -393,13 +398,12 @@ pub fn reserve(
         reset_after_ms: decision.reset_after_ms,
         write: decision.write,
     };
-    if decision.outcome != Outcome::Denied || decision.retry_after_ms > max_wait.0 {
+    if decision.outcome != Outcome::Denied || decision.retry_after_ms > max_wait.ms() {
         return as_acquired;
     }
     // Granted with a wait: `current.tokens < cost`, so this goes below zero, and it stays finite because
     // `retry_after_ms` saturates (and exceeds any `max_wait`) whenever `cost - current.tokens` overflows, and
     // IEEE subtraction is exactly antisymmetric.
-    let current = refilled(stored, now_us, params);
     let after = State {
         tokens: current.tokens - cost.0,
         updated_us: current.updated_us,
