@@ -108,11 +108,7 @@ fn expiry_window_holds_on_a_module_less_replica_and_after_failover() {
     let hot_before = hgetall(&mut conn, "hot");
     primary.kill();
     let mut promoted = module_replica.conn();
-    let _: String = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut promoted)
-        .expect("REPLICAOF NO ONE");
+    common::promote(&mut promoted);
     // The bucket may have filled and expired while the primary was killed and the replica promoted; if it is
     // still there, it is the one the primary last wrote.
     let hot_after = hgetall(&mut promoted, "hot");

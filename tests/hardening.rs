@@ -4,39 +4,15 @@
 
 mod common;
 
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    acquire, error_text, free_port, fresh_dir, hgetall, info_field, module_path, pexpiretime, ping,
-    server_binary, wait_until, Options, Server,
+    acquire, error_text, hgetall, info_field, module_path, pexpiretime, ping, Options, Server,
 };
 use redis::Value;
-
-/// Options that let clients run `MODULE` commands: Redis 7+ refuses them unless `enable-module-command` says
-/// otherwise; 6.2 has no such option (and allows them).
-fn module_command_options(extra: &[&str]) -> Options {
-    let probe = Server::start_with(Options {
-        without_module: true,
-        ..Options::default()
-    });
-    let setting: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("enable-module-command")
-        .query(&mut probe.conn())
-        .expect("CONFIG GET");
-    let mut args: Vec<String> = extra.iter().map(|arg| arg.to_string()).collect();
-    if setting.len() == 2 {
-        args.extend(["--enable-module-command".to_string(), "yes".to_string()]);
-    }
-    Options {
-        args,
-        ..Options::default()
-    }
-}
 
 /// `TB.ACQUIREALL 1 b0 1 5 b1 1 5 ...` over `count` buckets named `{prefix}N`.
 fn acquire_all_over(count: usize, prefix: &str) -> redis::Cmd {
@@ -113,7 +89,7 @@ fn acquireall_over_many_buckets_answers_without_stalling_others() {
 /// refuses to be unloaded, so the transaction runs and the server lives.
 #[test]
 fn module_unload_is_refused_so_a_queued_transaction_cannot_crash_the_server() {
-    let mut server = Server::start_with(module_command_options(&[]));
+    let mut server = Server::start_with(common::module_command_options(&[]));
     let mut client_a = server.conn();
     let mut client_b = server.conn();
     let _: () = redis::cmd("MULTI").query(&mut client_a).expect("MULTI");
@@ -146,45 +122,6 @@ fn module_unload_is_refused_so_a_queued_transaction_cannot_crash_the_server() {
     assert!(format!("{list:?}").contains("tb"), "{list:?}");
 }
 
-/// Starts a server that loads the module with `rename-command <name> <new_name>` and returns whether it exited,
-/// and its log.
-fn start_with_renamed(name: &str, new_name: &str) -> (bool, String) {
-    let dir = fresh_dir();
-    std::fs::create_dir_all(&dir).expect("dir");
-    let log = dir.join("server.log");
-    let mut child = Command::new(server_binary())
-        .arg("--port")
-        .arg(free_port().to_string())
-        .args([
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--rename-command",
-            name,
-            new_name,
-        ])
-        .arg("--logfile")
-        .arg(&log)
-        .arg("--loadmodule")
-        .arg(module_path())
-        .spawn()
-        .expect("spawn");
-    let exited = wait_until(Duration::from_secs(10), || {
-        matches!(child.try_wait(), Ok(Some(_)))
-    });
-    let status = if exited {
-        child.wait().ok()
-    } else {
-        let _ = child.kill();
-        let _ = child.wait();
-        None
-    };
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&dir);
-    (status.is_some_and(|s| !s.success()), text)
-}
-
 /// With `HSET` or `PEXPIREAT` (or `DEL`, which a refund that fills a bucket replicates) renamed away, an allowed call wrote the hash and then failed to replicate it
 /// (`ERR failed to write the token bucket`), and `TB.ACQUIREALL` wrote some buckets and not others. The module now
 /// refuses to load on such a server, naming the command, so no call can half-write.
@@ -196,7 +133,7 @@ fn renamed_replicated_command_refuses_the_load() {
         ("HSET", "hset-renamed"),
         ("DEL", ""),
     ] {
-        let (refused, log) = start_with_renamed(name, new_name);
+        let (refused, log) = common::start_refused(&["--rename-command", name, new_name], &[]);
         assert!(refused, "the server must refuse to start:\n{log}");
         let line = format!("redis-tb: refusing to load: the command {name} is renamed or disabled");
         assert!(log.contains(&line), "{line}\n{log}");
@@ -212,7 +149,7 @@ fn renamed_replicated_command_refuses_the_load() {
 /// At run time, `MODULE LOAD` on such a server is refused and leaves every key, value and expiry as it was.
 #[test]
 fn renamed_replicated_command_refuses_module_load_and_changes_nothing() {
-    let mut options = module_command_options(&["--rename-command", "PEXPIREAT", ""]);
+    let mut options = common::module_command_options(&["--rename-command", "PEXPIREAT", ""]);
     options.without_module = true;
     let server = Server::start_with(options);
     let mut conn = server.conn();
@@ -396,44 +333,17 @@ fn acl_needs_read_and_write_permission_on_the_bucket() {
             .query(&mut admin)
             .expect("ACL SETUSER");
     }
-    let login = |user: &str| {
-        redis::Client::open(format!("redis://{user}:pw@127.0.0.1:{}/", server.port))
-            .expect("client")
-            .get_connection()
-            .expect("login")
-    };
     for (user, allowed) in [("writer", false), ("reader", false), ("both", true)] {
-        let mut conn = login(user);
-        let single: redis::RedisResult<Vec<i64>> = redis::cmd("TB.ACQUIRE")
-            .arg("k")
-            .arg(1)
-            .arg(5)
-            .query(&mut conn);
-        let multi: redis::RedisResult<Vec<i64>> = redis::cmd("TB.ACQUIREALL")
-            .arg(1)
-            .arg("k2")
-            .arg(1)
-            .arg(5)
-            .query(&mut conn);
-        let reserved: redis::RedisResult<Vec<i64>> = redis::cmd("TB.RESERVE")
-            .arg("k3")
-            .arg(1)
-            .arg(5)
-            .arg(1)
-            .arg(0)
-            .query(&mut conn);
-        let refunded: redis::RedisResult<Vec<i64>> = redis::cmd("TB.REFUND")
-            .arg("k4")
-            .arg(1)
-            .arg(5)
-            .arg(1)
-            .query(&mut conn);
-        for (command, result) in [
-            ("TB.ACQUIRE", single),
-            ("TB.ACQUIREALL", multi),
-            ("TB.RESERVE", reserved),
-            ("TB.REFUND", refunded),
-        ] {
+        let mut conn = server.login(user, "pw");
+        let calls: [(&str, &[&str]); 4] = [
+            ("TB.ACQUIRE", &["k", "1", "5"]),
+            ("TB.ACQUIREALL", &["1", "k2", "1", "5"]),
+            ("TB.RESERVE", &["k3", "1", "5", "1", "0"]),
+            ("TB.REFUND", &["k4", "1", "5", "1"]),
+        ];
+        for (command, args) in calls {
+            let result: redis::RedisResult<Vec<i64>> =
+                redis::cmd(command).arg(args).query(&mut conn);
             match result {
                 Ok(reply) => assert!(allowed, "{user} ran {command}: {reply:?}"),
                 Err(e) => {

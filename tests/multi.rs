@@ -5,18 +5,11 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    acquire, acquire_error, error_text, hgetall, pexpiretime, ping, wait_until, Options, Server,
+    acquire, acquire_all, acquire_error, error_text, hgetall, pexpiretime, ping, wait_until,
+    Options, Server,
 };
 
 const ARITY: &str = "ERR wrong number of arguments for 'tb.acquireall' command";
-
-fn acquire_all(conn: &mut redis::Connection, args: &[&str]) -> [i64; 5] {
-    let reply: Vec<i64> = redis::cmd("TB.ACQUIREALL")
-        .arg(args)
-        .query(conn)
-        .expect("TB.ACQUIREALL");
-    reply.try_into().expect("five integers")
-}
 
 fn acquire_all_error(conn: &mut redis::Connection, args: &[&str]) -> String {
     let result: redis::RedisResult<redis::Value> =

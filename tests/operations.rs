@@ -6,11 +6,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{
-    acquire, acquire_error, error_text, free_port, fresh_dir, module_path, server_binary,
-    wait_until,
-};
-use common::{Options, Server};
+use common::Server;
+use common::{acquire, acquire_error, error_text};
 use redis::Value;
 
 /// Flattens a RESP reply into its leaf strings and integers, in order, for simple containment checks.
@@ -226,24 +223,15 @@ fn acl_rules_grant_and_deny_the_command() {
         &mut admin,
         &["nolimit", "on", ">pw", "~*", "+@all", "-tb.acquire"],
     );
-    let login = |user: &str| {
-        redis::Client::open(format!("redis://{user}:pw@127.0.0.1:{}/", server.port))
-            .expect("client")
-            .get_connection()
-            .expect("login")
-    };
-    let acquire_all = |conn: &mut redis::Connection, key: &str| -> Vec<i64> {
-        redis::cmd("TB.ACQUIREALL")
-            .arg(&["1", key, "1", "5"])
-            .query(conn)
-            .expect("TB.ACQUIREALL reply")
-    };
-    let mut limiter = login("limiter");
+    let mut limiter = server.login("limiter", "pw");
     assert_eq!(acquire(&mut limiter, "k", "1", "5", None)[0], 1);
-    assert_eq!(acquire_all(&mut limiter, "all")[0], 1);
+    assert_eq!(
+        common::acquire_all(&mut limiter, &["1", "all", "1", "5"])[0],
+        1
+    );
     let denied: redis::RedisResult<Value> = redis::cmd("HGETALL").arg("k").query(&mut limiter);
     assert!(error_text(&denied.expect_err("HGETALL is not granted")).starts_with("NOPERM"));
-    let mut nolimit = login("nolimit");
+    let mut nolimit = server.login("nolimit", "pw");
     assert!(acquire_error(&mut nolimit, &["k", "1", "5"]).starts_with("NOPERM"));
 
     // Where the server lets modules declare ACL categories (Redis 7.2+, Valkey), the command is in
@@ -257,9 +245,12 @@ fn acl_rules_grant_and_deny_the_command() {
             &mut admin,
             &["bycategory", "on", ">pw", "~*", "+@ratelimit"],
         );
-        let mut by_category = login("bycategory");
+        let mut by_category = server.login("bycategory", "pw");
         assert_eq!(acquire(&mut by_category, "k2", "1", "5", None)[0], 1);
-        assert_eq!(acquire_all(&mut by_category, "all2")[0], 1);
+        assert_eq!(
+            common::acquire_all(&mut by_category, &["1", "all2", "1", "5"])[0],
+            1
+        );
         let fast: Vec<String> = redis::cmd("ACL")
             .arg("CAT")
             .arg("fast")
@@ -273,19 +264,7 @@ fn acl_rules_grant_and_deny_the_command() {
 
 #[test]
 fn module_list_shows_the_version_and_unload_is_refused() {
-    let mut server = Server::start();
-    // Redis 7 refuses MODULE commands unless enable-module-command says otherwise; 6.2 has no such option.
-    let setting: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("enable-module-command")
-        .query(&mut server.conn())
-        .expect("CONFIG GET");
-    if setting.len() == 2 && setting[1] != "yes" {
-        server = Server::start_with(Options {
-            args: vec!["--enable-module-command".into(), "yes".into()],
-            ..Options::default()
-        });
-    }
+    let server = Server::start_with(common::module_command_options(&[]));
     let mut conn = server.conn();
     let list = flat(&mut conn, &["MODULE", "LIST"]);
     // Other modules may be listed too (Valkey lists its built-in `lua`): look at ours.
@@ -313,33 +292,8 @@ fn module_list_shows_the_version_and_unload_is_refused() {
 
 #[test]
 fn unknown_module_argument_refuses_to_load() {
-    let dir = fresh_dir();
-    std::fs::create_dir_all(&dir).expect("dir");
-    let log = dir.join("server.log");
-    let mut child = Command::new(server_binary())
-        .arg("--port")
-        .arg(free_port().to_string())
-        .args(["--bind", "127.0.0.1", "--save", ""])
-        .arg("--logfile")
-        .arg(&log)
-        .arg("--loadmodule")
-        .arg(module_path())
-        .arg("no-such-option")
-        .spawn()
-        .expect("spawn");
-    let exited = wait_until(Duration::from_secs(10), || {
-        matches!(child.try_wait(), Ok(Some(_)))
-    });
-    if !exited {
-        let _ = child.kill();
-    }
-    let status = child.wait().expect("wait");
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(
-        exited && !status.success(),
-        "the server must refuse to start: {status:?}\n{text}"
-    );
+    let (refused, text) = common::start_refused(&[], &["no-such-option"]);
+    assert!(refused, "the server must refuse to start:\n{text}");
     assert!(
         text.contains("refusing to load with: no-such-option"),
         "{text}"

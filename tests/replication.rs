@@ -352,11 +352,7 @@ fn failover_keeps_drained_buckets_drained() {
     assert!(refused.starts_with("READONLY "), "{refused}");
 
     primary.kill();
-    let _: String = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut on_replica)
-        .expect("REPLICAOF NO ONE");
+    common::promote(&mut on_replica);
     assert_eq!(
         info_field(&mut on_replica, "replication", "role").as_deref(),
         Some("master")
@@ -414,11 +410,7 @@ fn promoted_clock_behind_never_moves_ts_back() {
     wait_replicas_online(&primary, 1);
     primary.kill();
     let mut conn = replica.conn();
-    let _: String = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut conn)
-        .expect("REPLICAOF NO ONE");
+    common::promote(&mut conn);
 
     // Written as a primary 5 s ahead would have left it: 3 tokens as of now + 5 s.
     let future_ms = server_now_ms(&mut conn) + 5_000;

@@ -672,3 +672,92 @@ pub fn aof_options(dir: Option<PathBuf>, with_module: bool) -> Options {
         ..Options::default()
     }
 }
+
+/// The server's major version, from `--version` (`Redis server v=7.0.15 ...`, `Valkey server v=9.1.2 ...`).
+fn server_major_version() -> u32 {
+    let output = Command::new(server_binary())
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("run {} --version: {e}", server_binary()));
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.split("v=")
+        .nth(1)
+        .and_then(|version| version.split('.').next())
+        .and_then(|major| major.parse().ok())
+        .unwrap_or_else(|| panic!("no version in {text:?}"))
+}
+
+/// Options with `extra` arguments that also let clients run `MODULE` commands: Redis 7+ and Valkey refuse them
+/// unless `enable-module-command` says otherwise; 6.2 has no such option (and allows them).
+pub fn module_command_options(extra: &[&str]) -> Options {
+    let mut args: Vec<String> = extra.iter().map(|arg| arg.to_string()).collect();
+    if server_major_version() >= 7 {
+        args.extend(["--enable-module-command".to_string(), "yes".to_string()]);
+    }
+    Options {
+        args,
+        ..Options::default()
+    }
+}
+
+/// Starts a server with `extra` arguments and the module loaded with `module_args`, expecting it to refuse to
+/// start. Returns whether it exited with a failure within 10 s (it is killed otherwise), and its log.
+pub fn start_refused(extra: &[&str], module_args: &[&str]) -> (bool, String) {
+    let dir = fresh_dir();
+    std::fs::create_dir_all(&dir).expect("create the server's directory");
+    let log = dir.join("server.log");
+    let mut child = Command::new(server_binary())
+        .arg("--port")
+        .arg(free_port().to_string())
+        .args(["--bind", "127.0.0.1", "--save", ""])
+        .args(extra)
+        .arg("--logfile")
+        .arg(&log)
+        .arg("--loadmodule")
+        .arg(module_path())
+        .args(module_args)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", server_binary()));
+    let exited = wait_until(Duration::from_secs(10), || {
+        matches!(child.try_wait(), Ok(Some(_)))
+    });
+    if !exited {
+        let _ = child.kill();
+    }
+    let status = child.wait().expect("wait for the server");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    (exited && !status.success(), text)
+}
+
+impl Server {
+    /// A connection authenticated as ACL user `user` with `password`.
+    pub fn login(&self, user: &str, password: &str) -> redis::Connection {
+        redis::Client::open(format!(
+            "redis://{user}:{password}@127.0.0.1:{}/",
+            self.port
+        ))
+        .expect("client")
+        .get_connection()
+        .unwrap_or_else(|e| panic!("log in as {user}: {e}"))
+    }
+}
+
+/// Promotes the replica behind `conn` to a primary (`REPLICAOF NO ONE`), as a failover would.
+pub fn promote(conn: &mut redis::Connection) {
+    let _: String = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(conn)
+        .expect("REPLICAOF NO ONE");
+}
+
+/// `TB.ACQUIREALL` with raw arguments, expecting the 5-integer reply.
+pub fn acquire_all(conn: &mut redis::Connection, args: &[&str]) -> [i64; 5] {
+    let reply: Vec<i64> = redis::cmd("TB.ACQUIREALL")
+        .arg(args)
+        .query(conn)
+        .expect("TB.ACQUIREALL reply");
+    reply.try_into().expect("five integers")
+}
