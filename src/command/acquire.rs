@@ -5,10 +5,11 @@ use std::ffi::CStr;
 
 use crate::bucket::{self, Combined, Cost, Decision, Outcome, Params, State};
 use crate::server::{self, ArgDoc, ArgKind, Call, Command, CommandDocs, Key};
+use crate::stats::Tally;
 
 use super::args::{parse_cost, parse_params};
 use super::state::{read_state, write_state};
-use super::{arg, reply_decided, reply_error, TbError};
+use super::{arg, reply_counted, reply_error, TbError};
 
 /// The command's name as registered.
 pub const ACQUIRE_NAME: &CStr = c"tb.acquire";
@@ -71,10 +72,9 @@ pub struct Acquire;
 impl Command for Acquire {
     fn run(call: &Call<'_>) {
         match acquire(call) {
-            Ok((decision, cost)) => reply_decided(
+            Ok((decision, cost)) => reply_counted(
                 call,
-                decision.outcome,
-                cost,
+                Tally::of(decision.outcome, cost.tokens()),
                 &[
                     i64::from(decision.allowed()),
                     decision.remaining,
@@ -111,10 +111,9 @@ pub struct AcquireAll;
 impl Command for AcquireAll {
     fn run(call: &Call<'_>) {
         match acquire_all(call) {
-            Ok((combined, cost)) => reply_decided(
+            Ok((combined, cost)) => reply_counted(
                 call,
-                combined.outcome,
-                cost,
+                Tally::of(combined.outcome, cost.tokens()),
                 &[
                     i64::from(combined.outcome == Outcome::Allowed),
                     combined.remaining,

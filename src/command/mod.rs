@@ -56,7 +56,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{Context, RedisString, Status};
 
-use crate::bucket::{Cost, Outcome, ParamError};
+use crate::bucket::ParamError;
 use crate::server::{self, ArgDoc, ArgKind, Call, Command, CommandDocs, ShutdownHook, Support};
 use crate::stats::{self, Tally};
 
@@ -129,9 +129,9 @@ const REPLICATED_COMMANDS: [&CStr; 3] = [c"HSET", c"PEXPIREAT", c"DEL"];
 /// The module's own ACL category, on servers that let modules add one.
 const ACL_CATEGORY: &CStr = c"ratelimit";
 
-/// Checks that the server can replicate what the module writes, then registers both commands with their docs and
-/// ACL categories. Every server feature
-/// is detected by the presence of its API, never by version number; a missing one is logged once and skipped.
+/// Checks that the server can replicate what the module writes, then registers every command with its docs and
+/// ACL categories. Every server feature is detected by the presence of its API, never by version number; a missing
+/// one is logged once and skipped.
 pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
     if !args.is_empty() {
         let given: Vec<String> = args.iter().map(RedisString::to_string_lossy).collect();
@@ -246,11 +246,6 @@ fn register_one<C: Command>(
         return Err(Status::Err);
     }
     Ok((described, categorized))
-}
-
-/// Counts a decided call in `INFO tb` and sends its integers.
-fn reply_decided(call: &Call<'_>, outcome: Outcome, cost: Cost, fields: &[i64]) {
-    reply_counted(call, Tally::of(outcome, cost.tokens()), fields);
 }
 
 /// Counts a call in `INFO tb` as `tally` and sends its integers.
