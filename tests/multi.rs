@@ -5,16 +5,13 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    acquire, acquire_all, acquire_error, error_text, hgetall, pexpiretime, ping, wait_until,
-    Options, Server,
+    acquire, acquire_all, acquire_error, hgetall, pexpiretime, ping, wait_until, Options, Server,
 };
 
 const ARITY: &str = "ERR wrong number of arguments for 'tb.acquireall' command";
 
 fn acquire_all_error(conn: &mut redis::Connection, args: &[&str]) -> String {
-    let result: redis::RedisResult<redis::Value> =
-        redis::cmd("TB.ACQUIREALL").arg(args).query(conn);
-    error_text(&result.expect_err("TB.ACQUIREALL must fail"))
+    common::command_error(conn, "TB.ACQUIREALL", args)
 }
 
 #[test]

@@ -7,7 +7,7 @@ mod common;
 use std::thread;
 
 use common::{
-    acquire, buckets, error_text, hgetall, info_int, pexpiretime, ping, primary_options,
+    acquire, buckets, command_error, hgetall, info_int, pexpiretime, ping, primary_options,
     replica_of, wait_acked, wait_replicas_online, Server,
 };
 use redis::Value;
@@ -48,11 +48,6 @@ fn refund(
         .query(conn)
         .expect("TB.REFUND reply");
     reply.try_into().expect("three integers")
-}
-
-fn error_of(conn: &mut redis::Connection, command: &str, args: &[&str]) -> String {
-    let result: redis::RedisResult<Value> = redis::cmd(command).arg(args).query(conn);
-    error_text(&result.expect_err("an error"))
 }
 
 /// The example: burst 2, 10 tokens/s, full. Five reservations in a row wait 0, 0, 100, 200 and 300 ms,
@@ -204,28 +199,28 @@ fn bad_arguments_name_themselves_and_change_nothing() {
     let before = (hgetall(&mut conn, "k"), pexpiretime(&mut conn, "k"));
     for bad in ["-1", "1.5", "86400001", "abc", "", "1e3", " 1"] {
         assert_eq!(
-            error_of(&mut conn, "TB.RESERVE", &["k", "1", "5", "1", bad]),
+            command_error(&mut conn, "TB.RESERVE", &["k", "1", "5", "1", bad]),
             "ERR max_wait_ms must be an integer from 0 to 86400000",
             "{bad:?}"
         );
     }
     for bad in ["-1", "nan", "inf", "x", "1e400"] {
         assert_eq!(
-            error_of(&mut conn, "TB.REFUND", &["k", "1", "5", bad]),
+            command_error(&mut conn, "TB.REFUND", &["k", "1", "5", bad]),
             "ERR amount must be a non-negative number",
             "{bad:?}"
         );
     }
     assert_eq!(
-        error_of(&mut conn, "TB.RESERVE", &["k", "0", "5", "1", "10"]),
+        command_error(&mut conn, "TB.RESERVE", &["k", "0", "5", "1", "10"]),
         "ERR rate must be a positive number"
     );
     assert_eq!(
-        error_of(&mut conn, "TB.RESERVE", &["k", "1", "5", "-1", "10"]),
+        command_error(&mut conn, "TB.RESERVE", &["k", "1", "5", "-1", "10"]),
         "ERR cost must be a non-negative number"
     );
     assert_eq!(
-        error_of(&mut conn, "TB.REFUND", &["k", "1", "-5", "1"]),
+        command_error(&mut conn, "TB.REFUND", &["k", "1", "-5", "1"]),
         "ERR burst must be a positive number"
     );
     for (command, args) in [
@@ -234,7 +229,7 @@ fn bad_arguments_name_themselves_and_change_nothing() {
         ("TB.REFUND", &["k", "1", "5"][..]),
         ("TB.REFUND", &["k", "1", "5", "1", "extra"][..]),
     ] {
-        let error = error_of(&mut conn, command, args);
+        let error = command_error(&mut conn, command, args);
         assert!(
             error.starts_with("ERR wrong number of arguments for"),
             "{command} {args:?}: {error}"
@@ -251,7 +246,7 @@ fn bad_arguments_name_themselves_and_change_nothing() {
         } else {
             &["s", "1", "5", "1"]
         };
-        assert!(error_of(&mut conn, command, args).starts_with("WRONGTYPE"));
+        assert!(command_error(&mut conn, command, args).starts_with("WRONGTYPE"));
     }
     let _: () = redis::cmd("HSET")
         .arg("corrupt")
@@ -262,7 +257,7 @@ fn bad_arguments_name_themselves_and_change_nothing() {
         .query(&mut conn)
         .expect("HSET");
     assert!(
-        error_of(&mut conn, "TB.REFUND", &["corrupt", "1", "5", "1"])
+        command_error(&mut conn, "TB.REFUND", &["corrupt", "1", "5", "1"])
             .starts_with("ERR key is not a valid token bucket")
     );
     assert_eq!(

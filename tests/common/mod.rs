@@ -261,10 +261,15 @@ pub fn acquire(
 
 /// Runs `TB.ACQUIRE` with raw arguments and returns the error text it must fail with.
 pub fn acquire_error(conn: &mut redis::Connection, args: &[&str]) -> String {
-    let result: redis::RedisResult<redis::Value> = redis::cmd("TB.ACQUIRE").arg(args).query(conn);
+    command_error(conn, "TB.ACQUIRE", args)
+}
+
+/// Runs `command` with raw arguments and returns the error text it must fail with.
+pub fn command_error(conn: &mut redis::Connection, command: &str, args: &[&str]) -> String {
+    let result: redis::RedisResult<redis::Value> = redis::cmd(command).arg(args).query(conn);
     match result {
         Err(e) => error_text(&e),
-        Ok(value) => panic!("TB.ACQUIRE {args:?} succeeded with {value:?}"),
+        Ok(value) => panic!("{command} {args:?} succeeded with {value:?}"),
     }
 }
 
