@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Runs each argument as one test command (`cargo test ...`), showing its output as it comes, then prints one
-# line summing every suite's `test result: ... X passed; Y failed` line over all of them:
+# Runs each argument as one test command, showing its output as it comes, then prints one line summing every
+# suite's own summary over all of them. It reads the summaries of the runners the project uses:
+#   cargo test     `test result: ok. X passed; Y failed; ...`
+#   pytest         `X passed, Y failed in 1.23s` (the closing line; -q or not)
+#   node --test    `# pass X` / `# fail Y` (TAP) or `ℹ pass X` / `ℹ fail Y` (spec reporter)
 #
 #   scripts/test-total.sh "cargo test --all-targets --no-fail-fast" "cargo test --doc"
 #   ...
@@ -26,6 +29,21 @@ awk '/^test result: / {
          if ($i ~ /^passed;?$/) passed += $(i - 1)
          if ($i ~ /^failed;?$/) failed += $(i - 1)
        }
+       next
      }
+     # pytest closing line, with or without the ==== frame: "3 passed, 1 failed, 2 skipped in 0.52s".
+     /(^|[= ])[0-9]+ (passed|failed|errors?)[,a-z0-9 ]* in [0-9.]+s/ {
+       line = $0
+       gsub(/=/, "", line)
+       n = split(line, words, /[ ,]+/)
+       for (i = 2; i <= n; i++) {
+         if (words[i] == "passed") passed += words[i - 1]
+         if (words[i] == "failed" || words[i] ~ /^errors?$/) failed += words[i - 1]
+       }
+       next
+     }
+     # node --test: TAP or spec reporter totals.
+     /^(# |ℹ )pass [0-9]+$/ { passed += $NF; next }
+     /^(# |ℹ )fail [0-9]+$/ { failed += $NF; next }
      END { printf "%d passed, %d failed\n", passed, failed }' "$log"
 exit "$status"
