@@ -32,8 +32,8 @@ run: build ## Start redis-server in the foreground with the module, on BIND=127.
 	$(if $(filter-out 127.0.0.1 localhost ::1,$(BIND)),@echo "redis-tb: BIND=$(BIND) listens beyond this machine and the server has no password: set one (requirepass or ACL) or keep the default BIND=127.0.0.1")
 	$(REDIS_SERVER) --port $(PORT) --bind $(BIND) --save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
 
-venv: ## A project-local Python environment with redis-py, for the client example test
-	@$(PYTHON) -c 'import redis' 2>/dev/null || (python3 -m venv $(VENV) && $(PYTHON) -m pip install -q redis)
+venv: ## A project-local Python environment with redis-py and pyflakes, for the client examples and docs tests
+	@$(PYTHON) -c "import redis, pyflakes" 2>/dev/null || (python3 -m venv $(VENV) && $(PYTHON) -m pip install -q redis pyflakes)
 
 node-deps: ## ioredis in examples/node_modules for the Node client example (skipped without node and npm)
 	@if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \

@@ -2,15 +2,13 @@
 first come first served, without polling. `make test` runs this file against a spawned server; run it yourself
 with `python examples/pacing.py --port 6379`."""
 
-import argparse
+# --- snippet: start -------------------------------------------------------------------------------------------
 import math
-import threading
 import time
 
 import redis
 
 
-# --- snippet: start -------------------------------------------------------------------------------------------
 def paced(r: redis.Redis, key: str, rate: float, burst: float, job, cost: float = 1, max_wait_ms: int = 30_000):
     """Runs job() when the bucket at `key` allows it, in the order workers asked, across every process and host.
     Raises TimeoutError when the queue is longer than max_wait_ms (nothing is taken then)."""
@@ -36,6 +34,9 @@ def retry_after_s(wait_ms: int) -> int:
 
 
 def main() -> None:
+    import argparse
+    import threading
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     port = parser.parse_args().port

@@ -64,6 +64,8 @@ pub struct Options {
     /// A cluster node: its bus listens on port + 10000 (Redis 6.2 cannot move it), so pick a port whose bus
     /// port is valid and free too.
     pub cluster_bus: bool,
+    /// Another server binary than `$REDIS_SERVER` (an absolute path), e.g. Redis 8.2 for a session that needs it.
+    pub binary: Option<String>,
 }
 
 impl Server {
@@ -182,7 +184,8 @@ fn free_port_with_bus() -> u16 {
 }
 
 fn spawn(port: u16, dir: &Path, options: &Options) -> Child {
-    let mut command = Command::new(server_binary());
+    let binary = options.binary.clone().unwrap_or_else(server_binary);
+    let mut command = Command::new(&binary);
     command
         .arg("--port")
         .arg(port.to_string())
@@ -202,10 +205,7 @@ fn spawn(port: u16, dir: &Path, options: &Options) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| {
-            panic!(
-                "spawn {}: {e} (set REDIS_SERVER to a redis-server binary)",
-                server_binary()
-            )
+            panic!("spawn {binary}: {e} (set REDIS_SERVER to a redis-server binary)")
         })
 }
 
