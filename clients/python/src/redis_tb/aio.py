@@ -1,0 +1,109 @@
+"""The asyncio client, over `redis.asyncio.Redis` or `redis.asyncio.cluster.RedisCluster`. Same methods and
+backends as `TokenBucket`, awaited."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional, TypeVar, Union
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
+
+from . import _protocol as protocol
+from .client import DETECT_KEY, Backend, Backends, _translated
+from .replies import Acquired, AcquiredAll, AcquiredEach, Charged, PartialGrant, Refunded, Reservation
+
+T = TypeVar("T")
+AsyncRedis = Union["Redis[Any]", RedisCluster]
+
+
+class AsyncTokenBucket:
+    """Token buckets in Redis for asyncio code: see `TokenBucket` for the backends."""
+
+    def __init__(self, redis: AsyncRedis, *, backend: Backend = "auto") -> None:
+        self.redis = redis
+        self._backends = Backends(backend)
+
+    @property
+    def backend_in_use(self) -> Optional[str]:
+        return self._backends.in_use
+
+    async def detect(self) -> str:
+        """Asks the server once which backend applies, and keeps the answer. The question is a peek
+        (`TB.ACQUIRE` with cost 0 on the key `redis-tb:detect`), which writes nothing."""
+        if self._backends.mode == "auto":
+            try:
+                await self.redis.execute_command("TB.ACQUIRE", DETECT_KEY, "1", "1", "0")
+            except (ResponseError, RedisClusterException) as error:
+                if not protocol.is_unknown_command(error):
+                    raise _translated(error) from None
+                self._backends.in_use = protocol.SCRIPT_BACKEND
+            else:
+                self._backends.in_use = protocol.MODULE
+        return self._backends.in_use or protocol.MODULE
+
+    async def _run(self, call: protocol.Call[T]) -> T:
+        if self._backends.uses_module(call.name):
+            try:
+                reply = await self.redis.execute_command(call.name, *call.module_args)
+            except (ResponseError, RedisClusterException) as error:
+                if not protocol.is_unknown_command(error):
+                    raise _translated(error) from None
+                self._backends.module_missing(call.name, error)
+            else:
+                self._backends.module_answered()
+                return call.parse(reply)
+        return call.parse(await self._eval(call))
+
+    async def _eval(self, call: protocol.Call[T]) -> Any:
+        args = call.eval_args()
+        redis: Any = self.redis
+        try:
+            try:
+                return await redis.evalsha(protocol.SCRIPT_SHA, len(call.keys), *args)
+            except NoScriptError:
+                return await redis.eval(protocol.SCRIPT, len(call.keys), *args)
+        except ResponseError as error:
+            raise _translated(error) from None
+
+    async def acquire(self, key: str, rate: float, burst: float, cost: float = 1) -> Acquired:
+        """`TB.ACQUIRE`: takes `cost` tokens if the bucket holds them."""
+        return await self._run(protocol.acquire(key, rate, burst, cost))
+
+    async def acquire_all(self, buckets: Sequence[protocol.Bucket], cost: float = 1) -> AcquiredAll:
+        """`TB.ACQUIREALL`: takes `cost` from every `(key, rate, burst)` bucket, or from none."""
+        return await self._run(protocol.acquire_all(buckets, cost))
+
+    async def acquire_each(self, buckets: Sequence[protocol.BucketWithCost]) -> AcquiredEach:
+        """`TB.ACQUIREEACH`: takes each `(key, rate, burst, cost)` bucket's own cost, from all or none."""
+        return await self._run(protocol.acquire_each(buckets))
+
+    async def acquire_at_most(self, key: str, rate: float, burst: float, max_tokens: int) -> PartialGrant:
+        """`TB.ACQUIREATMOST`: takes up to `max_tokens` whole tokens, as many as are there."""
+        return await self._run(protocol.acquire_at_most(key, rate, burst, max_tokens))
+
+    async def reserve(
+        self, key: str, rate: float, burst: float, cost: float, max_wait_ms: int
+    ) -> Reservation:
+        """`TB.RESERVE`: takes `cost` now for the caller to act after `wait_ms` (at most `max_wait_ms`)."""
+        return await self._run(protocol.reserve(key, rate, burst, cost, max_wait_ms))
+
+    async def refund(self, key: str, rate: float, burst: float, amount: float) -> Refunded:
+        """`TB.REFUND`: gives `amount` tokens back (nothing while the bucket is in debt)."""
+        return await self._run(protocol.refund(key, rate, burst, amount))
+
+    async def charge(self, key: str, rate: float, burst: float, cost: float) -> Charged:
+        """`TB.CHARGE`: takes `cost` whether or not it is there (into debt, up to 24 hours of refill)."""
+        return await self._run(protocol.charge(key, rate, burst, cost))
+
+    async def block(self, key: str, rate: float, burst: float, ms: int) -> Charged:
+        """`TB.BLOCK`: denies every cost above 0 for `ms`, then refills from empty."""
+        return await self._run(protocol.block(key, rate, burst, ms))
+
+    async def reset(self, *keys: str) -> int:
+        """Deletes buckets (a missing bucket is a full one); returns how many existed."""
+        deleted = 0
+        for key in keys:
+            deleted += int(await self.redis.delete(key))
+        return deleted

@@ -1,0 +1,199 @@
+"""Shared harness: private servers on free loopback ports, stopped by PID.
+
+The server binary is `$REDIS_SERVER` (default Debian's `/usr/bin/redis-server`), the module `$TB_MODULE` (default
+`target/release/libredis_tb.so`, which `make test` builds first). Binaries are absolute paths, never looked up on
+the PATH. Tests never touch port 6379 or a server they did not start. A controlled clock (`Clock`) comes from
+the repository's `tests/clock/` tool.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+import redis
+
+REPO = Path(__file__).resolve().parents[3]
+SERVER = os.environ.get("REDIS_SERVER", "/usr/bin/redis-server")
+CLI = os.environ.get("REDIS_CLI", "/usr/bin/redis-cli")
+MODULE = os.environ.get("TB_MODULE", str(REPO / "target/release/libredis_tb.so"))
+STARTUP_DEADLINE_S = 20.0
+
+
+def free_port(with_bus: bool = False) -> int:
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if not with_bus:
+            return port
+        if port + 10000 < 65536:
+            try:
+                with socket.socket() as bus:
+                    bus.bind(("127.0.0.1", port + 10000))
+                return port
+            except OSError:
+                continue
+
+
+class Server:
+    """One redis-server process with its own directory; `stop()` kills it by PID and removes the directory."""
+
+    def __init__(
+        self,
+        *,
+        module: bool = True,
+        args: tuple[str, ...] = (),
+        env: Optional[dict[str, str]] = None,
+        cluster_bus: bool = False,
+        binary: str = SERVER,
+    ) -> None:
+        self.module = module
+        self.dir = Path(tempfile.mkdtemp(prefix="redis-tb-py-"))
+        last_log = ""
+        for _ in range(5):
+            self.port = free_port(cluster_bus)
+            command = [
+                binary,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(self.dir),
+                "--logfile", str(self.dir / "server.log"),
+            ]
+            if module:
+                command += ["--loadmodule", MODULE]
+            command += list(args)
+            full_env = dict(os.environ, **(env or {}))
+            self.process = subprocess.Popen(
+                command, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            if self._wait_ready():
+                return
+            self._kill()
+            log = self.dir / "server.log"
+            last_log = log.read_text() if log.exists() else ""
+        raise RuntimeError(f"{binary} did not start; last log:\n{last_log}")
+
+    def _wait_ready(self) -> bool:
+        deadline = time.monotonic() + STARTUP_DEADLINE_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            try:
+                if redis.Redis(port=self.port, socket_timeout=1).ping():
+                    return True
+            except redis.exceptions.RedisError:
+                time.sleep(0.02)
+        return False
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
+
+    def async_client(self, **kwargs: Any) -> redis.asyncio.Redis:
+        return redis.asyncio.Redis(host="127.0.0.1", port=self.port, **kwargs)
+
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        self._kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def module_server() -> Iterator[Server]:
+    server = Server(module=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def plain_server() -> Iterator[Server]:
+    server = Server(module=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["module", "script"])
+def server(request: pytest.FixtureRequest, module_server: Server, plain_server: Server) -> Server:
+    """Each test that takes `server` runs twice: on a server with the module and on one without."""
+    return module_server if request.param == "module" else plain_server
+
+
+_key_counter = 0
+
+
+@pytest.fixture
+def key(request: pytest.FixtureRequest) -> str:
+    """A key no other test uses."""
+    global _key_counter
+    _key_counter += 1
+    return f"test:{request.node.name}:{_key_counter}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A controlled server clock: libfaketime behind the repository's preload shim (tests/clock/README.md). The server's
+# wall clock (TIME, expiry, the module's clock) stands at the written microsecond until the test moves it.
+# ---------------------------------------------------------------------------------------------------------------
+
+CLOCK_2030_US = 1_893_456_000_000_000
+
+
+def clock_preload() -> Optional[str]:
+    """LD_PRELOAD for a controlled clock, or None where the clock tool is not available."""
+    build = Path(os.environ.get("TB_CLOCK_BUILD", str(REPO / "tests/clock/build.sh")))
+    if not build.exists():
+        return None
+    result = subprocess.run(["bash", str(build)], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        return None
+    return result.stdout.strip()
+
+
+def faketime_text(unix_us: int) -> str:
+    seconds, micros = divmod(unix_us, 1_000_000)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}"
+
+
+class Clock:
+    """A timestamp file servers read on every clock read; `set_us` moves it atomically."""
+
+    def __init__(self, unix_us: int) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="redis-tb-clock-"))
+        self.path = self.dir / "faketime"
+        self.set_us(unix_us)
+
+    def set_us(self, unix_us: int) -> None:
+        # libfaketime reads the fraction through a double: the extra half microsecond makes it read back exact.
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(faketime_text(unix_us) + "5\n")
+        tmp.rename(self.path)
+
+    def env(self, preload: str) -> dict[str, str]:
+        return {
+            "LD_PRELOAD": preload,
+            "FAKETIME_TIMESTAMP_FILE": str(self.path),
+            "FAKETIME_NO_CACHE": "1",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "TZ": "UTC",
+        }
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,175 @@
+"""The Lua fallback (`lua/tb.lua`) against the module: the same random sequences of calls at the same frozen
+instants must give identical replies (errors included), identical stored hashes and identical expiries.
+
+Both servers run under one controlled clock (tests/clock/), so every call of a step sees the same microsecond
+on both. Commands the module under test does not have yet are left out of the comparison.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from conftest import CLOCK_2030_US, Clock, Server, clock_preload
+
+from redis_tb import SCRIPT
+
+SEEDS = range(12)
+STEPS = 250
+KEYS = ["{d}:a", "{d}:b", "{d}:c", "{d}:d"]
+# Parameters drawn per call: a few per key keep state carrying over; odd texts exercise the parser.
+RATES = ["10", "0.5", "1000", "3.3", "7e-1", "25", "0.001", "123456.789"]
+BURSTS = ["20", "1", "5.5", "100", "2", "0.5", "1e3", "33.3"]
+COSTS = ["1", "0", "2.5", "0.1", "5", "20", "1e-3", "7", "100"]
+BAD_NUMBERS = ["abc", "0", "-1", "inf", "nan", "1e400", "0x10", " 1", "1 ", "", "-0", "+2.5e-3", ".5", "5.", "1E2"]
+COMMANDS = [
+    "TB.ACQUIRE", "TB.ACQUIREALL", "TB.ACQUIREEACH", "TB.ACQUIREATMOST", "TB.RESERVE", "TB.REFUND",
+    "TB.CHARGE", "TB.BLOCK",
+]
+
+
+@pytest.fixture(scope="module")
+def clocked() -> Iterator[tuple[Clock, Server, Server, list[str]]]:
+    preload = clock_preload()
+    if preload is None:
+        pytest.skip("no controlled clock (tests/clock/build.sh)")
+    clock = Clock(CLOCK_2030_US)
+    module_server = Server(module=True, args=("--jemalloc-bg-thread", "no"), env=clock.env(preload))
+    script_server = Server(module=False, args=("--jemalloc-bg-thread", "no"), env=clock.env(preload))
+    try:
+        probe = module_server.client()
+        probe.execute_command("TB.ACQUIRE", "probe", "1", "1")
+        if probe.hget("probe", "ts") != str(CLOCK_2030_US).encode():
+            pytest.skip("the module on this server does not follow the controlled clock (Valkey's DEEPBIND)")
+        probe.delete("probe")
+        commands = [name for name in COMMANDS if command_known(probe, name)]
+        yield clock, module_server, script_server, commands
+    finally:
+        module_server.stop()
+        script_server.stop()
+        clock.remove()
+
+
+def command_known(conn: redis.Redis, name: str) -> bool:
+    """Whether the server knows `name`: called bare, a known command is refused for its arity."""
+    try:
+        conn.execute_command(name)
+    except redis.ResponseError as error:
+        return "unknown command" not in str(error).lower()
+    return True
+
+
+def run(conn: redis.Redis, sha: str, on_module: bool, name: str, keys: list[str], args: list[str]) -> Any:
+    """One call: the module's command, or the script with the same keys and arguments. Errors are results."""
+    if on_module:
+        module_args = module_arguments(name, keys, args)
+        try:
+            return conn.execute_command(name, *module_args)
+        except redis.ResponseError as error:
+            return ("error", str(error))
+    try:
+        return conn.evalsha(sha, len(keys), *keys, name, *args)
+    except redis.ResponseError as error:
+        return ("error", str(error))
+
+
+def module_arguments(name: str, keys: list[str], args: list[str]) -> list[str]:
+    """The script's layout (keys apart) back to the command's own argument order."""
+    if name == "TB.ACQUIREALL":
+        out = [args[0]]
+        for i, key in enumerate(keys):
+            out += [key, args[1 + 2 * i], args[2 + 2 * i]]
+        return out
+    if name == "TB.ACQUIREEACH":
+        out = []
+        for i, key in enumerate(keys):
+            out += [key, *args[3 * i : 3 * i + 3]]
+        return out
+    return [keys[0], *args]
+
+
+def pick_number(rng: random.Random, choices: list[str]) -> str:
+    return rng.choice(BAD_NUMBERS) if rng.random() < 0.03 else rng.choice(choices)
+
+
+def random_call(rng: random.Random, commands: list[str], params: dict[str, tuple[str, str]]) -> tuple[str, list[str], list[str]]:
+    name = rng.choice(commands)
+
+    def bucket_params(key: str) -> list[str]:
+        if rng.random() < 0.1:  # a caller changes a bucket's parameters now and then
+            params[key] = (rng.choice(RATES), rng.choice(BURSTS))
+        rate, burst = params[key]
+        if rng.random() < 0.03:
+            return [pick_number(rng, RATES), pick_number(rng, BURSTS)]
+        return [rate, burst]
+
+    if name in ("TB.ACQUIREALL", "TB.ACQUIREEACH"):
+        keys = rng.sample(KEYS, rng.randint(1, 3))
+        if rng.random() < 0.02:
+            keys.append(keys[0])  # a duplicate key is refused
+        if name == "TB.ACQUIREALL":
+            args = [pick_number(rng, COSTS)]
+            for key in keys:
+                args += bucket_params(key)
+        else:
+            args = []
+            for key in keys:
+                args += [*bucket_params(key), pick_number(rng, COSTS)]
+        return name, keys, args
+    key = rng.choice(KEYS)
+    args = bucket_params(key)
+    if name == "TB.ACQUIRE":
+        if rng.random() < 0.8:
+            args.append(pick_number(rng, COSTS))
+    elif name == "TB.ACQUIREATMOST":
+        args.append(rng.choice(["1", "2", "5", "100", "0", "9007199254740993", "1.5"]))
+    elif name == "TB.RESERVE":
+        max_wait = rng.choice(["0", "100", "1000", "5000", "86400000"]) if rng.random() < 0.95 else rng.choice(
+            ["-1", "86400001", "5.5", "x"])
+        args += [pick_number(rng, COSTS), max_wait]
+    elif name in ("TB.REFUND", "TB.CHARGE"):
+        args.append(pick_number(rng, COSTS))
+    elif name == "TB.BLOCK":
+        args.append(rng.choice(["1", "250", "5000", "0", "86400001"]))
+    return name, [key], args
+
+
+def advance_us(rng: random.Random) -> int:
+    """Mostly small steps (state carries over), sometimes ms edges, now and then long enough to expire keys."""
+    roll = rng.random()
+    if roll < 0.15:
+        return rng.choice([0, 1, 999, 1000, 1001])
+    if roll < 0.85:
+        return rng.randint(1, 200_000)
+    if roll < 0.97:
+        return rng.randint(1, 5_000_000)
+    return rng.randint(1, 300_000_000)
+
+
+def snapshot(conn: redis.Redis, keys: list[str]) -> list[Any]:
+    return [(conn.hgetall(key), conn.pexpiretime(key)) for key in keys]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_script_matches_module_on_random_sequences(clocked: tuple[Clock, Server, Server, list[str]], seed: int) -> None:
+    clock, module_server, script_server, commands = clocked
+    rng = random.Random(seed)
+    module_conn, script_conn = module_server.client(), script_server.client()
+    sha = script_conn.script_load(SCRIPT)
+    keys = [key.format(d=seed) for key in KEYS]
+    params = {key: (rng.choice(RATES), rng.choice(BURSTS)) for key in KEYS}
+    now_us = CLOCK_2030_US + seed * 10**12  # every seed starts on its own day, far from the others' buckets
+    clock.set_us(now_us)
+    for step in range(STEPS):
+        now_us += advance_us(rng)
+        clock.set_us(now_us)
+        name, call_keys, args = random_call(rng, commands, params)
+        call_keys = [key.format(d=seed) for key in call_keys]
+        from_module = run(module_conn, sha, True, name, call_keys, args)
+        from_script = run(script_conn, sha, False, name, call_keys, args)
+        context = f"seed {seed} step {step} at {now_us}: {name} {call_keys} {args}"
+        assert from_script == from_module, context
+        assert snapshot(script_conn, keys) == snapshot(module_conn, keys), context

@@ -1,0 +1,744 @@
+--[[
+redis-tb as a Lua script: the module's token bucket for servers that cannot load the module (managed Redis,
+Valkey services). The client packages load this one file (never a copy) and use it only where the module is
+absent; buckets move between the two without migration, because both keep the same hash, the same expiry window
+and the same replies.
+
+CALLING IT
+
+  EVALSHA <sha1> <numkeys> <key> [<key> ...] <command> <the command's other arguments, keys left out>
+
+  KEYS     the buckets, in the order the command names them
+  ARGV[1]  the command it emulates, case-insensitive: TB.ACQUIRE, TB.ACQUIREALL, TB.ACQUIREEACH,
+           TB.ACQUIREATMOST, TB.RESERVE, TB.REFUND, TB.CHARGE or TB.BLOCK
+  ARGV[2…] that command's arguments in their order, without its keys:
+
+    TB.ACQUIRE        KEYS = key           ARGV = TB.ACQUIRE rate burst [cost]
+    TB.ACQUIREALL     KEYS = key1..keyN    ARGV = TB.ACQUIREALL cost rate1 burst1 ... rateN burstN
+    TB.ACQUIREEACH    KEYS = key1..keyN    ARGV = TB.ACQUIREEACH rate1 burst1 cost1 ... rateN burstN costN
+    TB.ACQUIREATMOST  KEYS = key           ARGV = TB.ACQUIREATMOST rate burst max
+    TB.RESERVE        KEYS = key           ARGV = TB.RESERVE rate burst cost max_wait_ms
+    TB.REFUND         KEYS = key           ARGV = TB.REFUND rate burst amount
+    TB.CHARGE         KEYS = key           ARGV = TB.CHARGE rate burst cost
+    TB.BLOCK          KEYS = key           ARGV = TB.BLOCK rate burst ms
+
+  e.g. TB.ACQUIRE user:42 10 20 1  is  EVALSHA <sha1> 1 user:42 TB.ACQUIRE 10 20 1
+
+The reply, the error texts, the stored hash (`tokens` as the shortest decimal that reads back to the same double,
+an integer literal when integral below 2^53; `ts` in integer microseconds), the expiry window and the effects sent
+to replicas and the AOF (HSET, PEXPIREAT, DEL) are the module's: see the README's command reference. The
+arithmetic is the module's core (src/bucket.rs) transcribed step by step on the same IEEE doubles, on the
+server's clock (TIME); a differential test runs both at the same frozen instants and compares replies and hashes.
+
+WHERE IT DIFFERS FROM THE MODULE
+
+  - Integers above 2^53 are not exact in Lua. Replies that the module saturates at 2^63-1 (absurd parameters,
+    e.g. a bucket that takes millennia to refill) come back as 9223372036854774784, the largest double below
+    2^63; stored `ts` values above 2^53 µs (after the year 2255) are read to the nearest double.
+  - Redis 6.2 has no PEXPIRETIME: there the current expiry is read as TIME + PTTL, to the millisecond, and an
+    expiry within a millisecond of the window's edge is moved rather than kept.
+  - Redis 6.2 replicates a script's effects only after redis.replicate_commands(), which this script calls first;
+    a caller's own `redis.set_repl` or `lua-replicate-commands no` is theirs to avoid (the module cannot stop
+    them either on 6.2).
+  - It costs an interpreter per call: see docs/performance.md.
+]]
+
+if redis.replicate_commands then
+  -- Redis 6.2 refuses a write after TIME unless the script replicates its effects; 7.0+ always does.
+  redis.replicate_commands()
+end
+
+local FIELD_TOKENS = 'tokens'
+local FIELD_UPDATED_US = 'ts'
+
+local MICROS_PER_SEC = 1000000.0
+local MICROS_PER_MS = 1000
+local MAX_TTL_MS = 36525 * 24 * 3600 * 1000
+local MAX_WAIT_LIMIT_MS = 24 * 3600 * 1000
+local MAX_CORRECTIONS = 4
+local MIN_EXPIRY_SLACK_MS = 1000
+local MAX_EXPIRY_SLACK_MS = 86400000
+local MAX_BUCKETS = 1000
+local MAX_AT_MOST = 9007199254740992
+local MAX_EXACT_INTEGER = 9007199254740992
+-- i64::MAX and i64::MIN as the module saturates to them; 2^63 is the double nearest to i64::MAX.
+local I64_MAX = 9223372036854775808
+local I64_MIN = -9223372036854775808
+-- What a saturated reply is sent as: a reply converts a double to a 64-bit integer, and 2^63 does not fit.
+local REPLY_MAX = 9223372036854774784
+
+local ERR_RATE = 'ERR rate must be a positive number'
+local ERR_BURST = 'ERR burst must be a positive number'
+local ERR_COST = 'ERR cost must be a non-negative number'
+local ERR_MAX_WAIT = 'ERR max_wait_ms must be an integer from 0 to 86400000'
+local ERR_AMOUNT = 'ERR amount must be a non-negative number'
+local ERR_AT_MOST = 'ERR max must be an integer from 1 to 9007199254740992'
+local ERR_BLOCK_MS = 'ERR ms must be an integer from 1 to 86400000'
+local ERR_DEBT = 'ERR charge refused: it would leave the bucket in debt beyond 24 hours of refill'
+local ERR_WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
+local ERR_NOT_A_BUCKET =
+  'ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)'
+local ERR_DUPLICATE = 'ERR each key may appear only once'
+
+-- A refusal travels as a Lua error carrying this table, and leaves as the error reply; nothing is written
+-- before every check has passed, as in the module.
+local function refuse(text)
+  error({ tb_error = text })
+end
+
+local function arity_error(name)
+  refuse("ERR wrong number of arguments for '" .. name .. "' command")
+end
+
+---------------------------------------------------------------------------------------------------------------
+-- Saturating integer arithmetic on doubles (exact below 2^53), as the core's i64 arithmetic.
+---------------------------------------------------------------------------------------------------------------
+
+local function clamp_i64(x)
+  if x >= I64_MAX then return I64_MAX end
+  if x <= I64_MIN then return I64_MIN end
+  return x
+end
+
+local function sat_add(a, b) return clamp_i64(a + b) end
+local function sat_sub(a, b) return clamp_i64(a - b) end
+local function sat_mul(a, b) return clamp_i64(a * b) end
+
+local function ceil_saturating(x)
+  if x ~= x then return I64_MAX end
+  return clamp_i64(math.ceil(x))
+end
+
+local function floor_saturating(x)
+  if x ~= x then return 0 end
+  return clamp_i64(math.floor(x))
+end
+
+-- floor(n / d) for d > 0; the quotient of two doubles may round across an integer, so correct it by one.
+local function floor_div(n, d)
+  local q = math.floor(n / d)
+  if q * d > n then
+    q = q - 1
+  elseif (q + 1) * d <= n then
+    q = q + 1
+  end
+  return q
+end
+
+local function ceil_div(n, d)
+  local q = floor_div(n, d)
+  if n - q * d == 0 then return q end
+  return sat_add(q, 1)
+end
+
+---------------------------------------------------------------------------------------------------------------
+-- The core: src/bucket.rs, function by function. A state is { tokens = <double>, ts = <µs> }.
+---------------------------------------------------------------------------------------------------------------
+
+local function tokens_at(state, at_us, p)
+  local elapsed_us = math.max(sat_sub(at_us, state.ts), 0)
+  local refill = elapsed_us / MICROS_PER_SEC * p.rate
+  return math.min(state.tokens + refill, p.burst)
+end
+
+local function refilled(stored, now_us, p)
+  if stored then
+    local as_of_us = math.max(now_us, stored.ts)
+    return { tokens = tokens_at(stored, as_of_us, p), ts = as_of_us }
+  end
+  return { tokens = p.burst, ts = now_us }
+end
+
+local function remaining(state)
+  return math.max(floor_saturating(state.tokens), 0)
+end
+
+local function ms_until(now_us, at_us)
+  if at_us == I64_MAX then return I64_MAX end
+  return ceil_div(math.max(sat_sub(at_us, now_us), 0), MICROS_PER_MS)
+end
+
+local function full_at_us(state, p)
+  local missing = p.burst - state.tokens
+  if missing <= 0 then return state.ts end
+  local estimate_us = ceil_saturating(missing / p.rate * MICROS_PER_SEC)
+  local at_us = sat_add(state.ts, estimate_us)
+  for _ = 1, MAX_CORRECTIONS do
+    if at_us == I64_MAX or tokens_at(state, at_us, p) >= p.burst then break end
+    at_us = sat_add(at_us, 1)
+  end
+  return at_us
+end
+
+local function retry_after_ms(current, now_us, p, cost)
+  local missing = cost - current.tokens
+  local estimate_us = ceil_saturating(missing / p.rate * MICROS_PER_SEC)
+  local ready_us = sat_add(current.ts, estimate_us)
+  local wait_ms = math.max(ms_until(now_us, ready_us), 1)
+  local function paid_after(ms)
+    local at_us = sat_add(now_us, sat_mul(ms, MICROS_PER_MS))
+    return tokens_at(current, at_us, p) >= cost
+  end
+  for _ = 1, MAX_CORRECTIONS do
+    if wait_ms == I64_MAX or paid_after(wait_ms) then break end
+    wait_ms = sat_add(wait_ms, 1)
+  end
+  for _ = 1, MAX_CORRECTIONS do
+    if wait_ms <= 1 or not paid_after(wait_ms - 1) then break end
+    wait_ms = wait_ms - 1
+  end
+  return wait_ms
+end
+
+local function expiry_slack_ms(p)
+  local slack = ceil_saturating(p.burst / p.rate * 10.0)
+  return math.min(math.max(slack, MIN_EXPIRY_SLACK_MS), MAX_EXPIRY_SLACK_MS)
+end
+
+local function write_expiring(state, full_at, now_us, p)
+  local cap_ms = sat_add(floor_div(now_us, MICROS_PER_MS), MAX_TTL_MS)
+  return {
+    state = state,
+    expire_at_ms = math.min(ceil_div(full_at, MICROS_PER_MS), cap_ms),
+    expire_slack_ms = expiry_slack_ms(p),
+  }
+end
+
+-- Outcomes, as the core's `Outcome`.
+local ALLOWED, DENIED, IMPOSSIBLE = 'allowed', 'denied', 'impossible'
+
+local function decide(current, now_us, p, cost)
+  local function reply_for(outcome, state, full_at, retry)
+    return {
+      outcome = outcome,
+      remaining = remaining(state),
+      retry_after_ms = retry,
+      reset_after_ms = ms_until(now_us, full_at),
+    }
+  end
+  if cost > p.burst then
+    return reply_for(IMPOSSIBLE, current, full_at_us(current, p), -1)
+  end
+  if cost == 0 then
+    return reply_for(ALLOWED, current, full_at_us(current, p), 0)
+  end
+  if current.tokens < cost then
+    local retry = retry_after_ms(current, now_us, p, cost)
+    return reply_for(DENIED, current, full_at_us(current, p), retry)
+  end
+  local after = { tokens = math.max(current.tokens - cost, 0.0), ts = current.ts }
+  local full_at = full_at_us(after, p)
+  local decision = reply_for(ALLOWED, after, full_at, 0)
+  decision.write = write_expiring(after, full_at, now_us, p)
+  return decision
+end
+
+local function acquire(stored, now_us, p, cost)
+  return decide(refilled(stored, now_us, p), now_us, p, cost)
+end
+
+-- Index (1-based) of the first decision with the largest key(d).
+local function first_extreme(decisions, key)
+  local best = 1
+  for i = 2, #decisions do
+    if key(decisions[i]) > key(decisions[best]) then best = i end
+  end
+  return best
+end
+
+local function fewest_left(d) return -d.remaining end
+local function longest_wait(d) return d.retry_after_ms end
+
+-- acquire_all and acquire_each share this: `members` = { { stored, p, cost } ... }.
+local function acquire_many(members, now_us)
+  local decisions = {}
+  local all_allowed = true
+  for i, m in ipairs(members) do
+    decisions[i] = acquire(m.stored, now_us, m.p, m.cost)
+    if decisions[i].outcome ~= ALLOWED then all_allowed = false end
+  end
+  if all_allowed then
+    return { outcome = ALLOWED, limiting = first_extreme(decisions, fewest_left), buckets = decisions }
+  end
+  local reported = {}
+  for i, m in ipairs(members) do
+    if decisions[i].outcome == ALLOWED then
+      reported[i] = acquire(m.stored, now_us, m.p, 0)
+    else
+      reported[i] = decisions[i]
+    end
+  end
+  local limiting
+  for i, d in ipairs(reported) do
+    if d.outcome == IMPOSSIBLE then
+      limiting = i
+      break
+    end
+  end
+  limiting = limiting or first_extreme(reported, longest_wait)
+  return { outcome = reported[limiting].outcome, limiting = limiting, buckets = reported }
+end
+
+local function reserve(stored, now_us, p, cost, max_wait_ms)
+  local current = refilled(stored, now_us, p)
+  local d = decide(current, now_us, p, cost)
+  if d.outcome ~= DENIED or d.retry_after_ms > max_wait_ms then
+    return { outcome = d.outcome, wait_ms = d.retry_after_ms, remaining = d.remaining,
+             reset_after_ms = d.reset_after_ms, write = d.write }
+  end
+  local after = { tokens = current.tokens - cost, ts = current.ts }
+  local full_at = full_at_us(after, p)
+  return {
+    outcome = ALLOWED,
+    wait_ms = d.retry_after_ms,
+    remaining = remaining(after),
+    reset_after_ms = ms_until(now_us, full_at),
+    write = write_expiring(after, full_at, now_us, p),
+  }
+end
+
+-- change: nil (keep), 'delete', or a write.
+local function refund(stored, now_us, p, amount)
+  if not stored then
+    return { refunded = 0, remaining = floor_saturating(p.burst), reset_after_ms = 0 }
+  end
+  local current = refilled(stored, now_us, p)
+  local function unchanged(state)
+    return { refunded = 0, remaining = remaining(state), reset_after_ms = ms_until(now_us, full_at_us(state, p)) }
+  end
+  if current.tokens < 0 then return unchanged(current) end
+  local after = { tokens = math.min(current.tokens + amount, p.burst), ts = current.ts }
+  if after.tokens <= current.tokens then return unchanged(current) end
+  if after.tokens >= p.burst then
+    return { refunded = 1, remaining = remaining(after), reset_after_ms = 0, delete = true }
+  end
+  local full_at = full_at_us(after, p)
+  return {
+    refunded = 1,
+    remaining = remaining(after),
+    reset_after_ms = ms_until(now_us, full_at),
+    write = write_expiring(after, full_at, now_us, p),
+  }
+end
+
+local function acquire_at_most(stored, now_us, p, max)
+  local current = refilled(stored, now_us, p)
+  local granted = math.min(remaining(current), max)
+  if granted == 0 then
+    local retry
+    if 1 > p.burst then
+      retry = -1
+    else
+      retry = retry_after_ms(current, now_us, p, 1)
+    end
+    return { granted = 0, remaining = 0, retry_after_ms = retry,
+             reset_after_ms = ms_until(now_us, full_at_us(current, p)) }
+  end
+  local d = decide(current, now_us, p, granted)
+  return { granted = granted, remaining = d.remaining, retry_after_ms = 0,
+           reset_after_ms = d.reset_after_ms, write = d.write }
+end
+
+-- What `duration_ms` of refill repays, held at the largest double where the product overflows.
+local function refill_over_ms(duration_ms, p)
+  local refill = duration_ms / 1000.0 * p.rate
+  if refill == math.huge then return 1.7976931348623157e308 end
+  return refill
+end
+
+local function charge_answer(state, now_us, p, write)
+  local retry
+  if 1 > p.burst then
+    retry = -1
+  elseif state.tokens >= 1 then
+    retry = 0
+  else
+    retry = retry_after_ms(state, now_us, p, 1)
+  end
+  return { remaining = remaining(state), retry_after_ms = retry,
+           reset_after_ms = ms_until(now_us, full_at_us(state, p)), write = write }
+end
+
+local function charged(after, now_us, p)
+  local full_at = full_at_us(after, p)
+  return charge_answer(after, now_us, p, write_expiring(after, full_at, now_us, p))
+end
+
+local function charge(stored, now_us, p, cost)
+  local current = refilled(stored, now_us, p)
+  if cost == 0 then return charge_answer(current, now_us, p, nil) end
+  local after = { tokens = current.tokens - cost, ts = current.ts }
+  if after.tokens == -math.huge or after.tokens < -refill_over_ms(MAX_WAIT_LIMIT_MS, p) then
+    refuse(ERR_DEBT)
+  end
+  return charged(after, now_us, p)
+end
+
+local function block(stored, now_us, p, duration_ms)
+  local current = refilled(stored, now_us, p)
+  local blocked_tokens = -refill_over_ms(duration_ms, p)
+  if current.tokens <= blocked_tokens then return charge_answer(current, now_us, p, nil) end
+  return charged({ tokens = blocked_tokens, ts = current.ts }, now_us, p)
+end
+
+---------------------------------------------------------------------------------------------------------------
+-- Numbers as the module parses them (src/number.rs: Rust's grammar, finite values only).
+---------------------------------------------------------------------------------------------------------------
+
+-- A finite decimal: [+-] (digits [. digits] | . digits) [e [+-] digits]. No hex, spaces, inf or nan.
+local function parse_f64(text)
+  if type(text) ~= 'string' then return nil end
+  local body = text:match('^[+-]?(.*)$')
+  local mantissa, exponent = body:match('^([^eE]*)[eE](.*)$')
+  if mantissa then
+    if not exponent:match('^[+-]?%d+$') then return nil end
+  else
+    mantissa = body
+  end
+  if not (mantissa:match('^%d+%.?%d*$') or mantissa:match('^%.%d+$')) then return nil end
+  local value = tonumber(text)
+  if value == nil or value ~= value or value == math.huge or value == -math.huge then return nil end
+  return value
+end
+
+-- An integer in i64 range: [+-] digits.
+local function parse_i64(text)
+  if type(text) ~= 'string' then return nil end
+  local sign, digits = text:match('^([+-]?)(%d+)$')
+  if not digits then return nil end
+  local significant = digits:match('^0*(%d+)$')
+  local limit = (sign == '-') and '9223372036854775808' or '9223372036854775807'
+  if #significant > #limit or (#significant == #limit and significant > limit) then return nil end
+  return tonumber(text)
+end
+
+local function parse_params(rate_text, burst_text)
+  local rate = parse_f64(rate_text)
+  if rate == nil then refuse(ERR_RATE) end
+  local burst = parse_f64(burst_text)
+  if burst == nil then refuse(ERR_BURST) end
+  if not (rate > 0) then refuse(ERR_RATE) end
+  if not (burst > 0) then refuse(ERR_BURST) end
+  return { rate = rate, burst = burst }
+end
+
+-- A finite number >= 0, with -0 read as 0 (as Cost::new and Amount::new).
+local function parse_non_negative(text, message)
+  local value = parse_f64(text)
+  if value == nil or not (value >= 0) then refuse(message) end
+  return math.abs(value)
+end
+
+local function parse_ranged_integer(text, low, high, message)
+  local value = parse_i64(text)
+  if value == nil or value < low or value > high then refuse(message) end
+  return value
+end
+
+---------------------------------------------------------------------------------------------------------------
+-- The stored form (src/codec.rs) and the key's expiry (src/command/state.rs).
+---------------------------------------------------------------------------------------------------------------
+
+-- The digits and decimal exponent of `%.<p-1>e` text: "1.2345e+06" -> "12345", 6.
+local function split_scientific(text)
+  local lead, fraction, exponent = text:match('^(%d)%.?(%d*)e([+-]%d+)$')
+  return lead .. fraction, tonumber(exponent)
+end
+
+-- The next p-digit decimal above `digits` (a string of p digits): "1299" -> "1300", "999" -> "1000" (one longer).
+local function increment_digits(digits)
+  local i = #digits
+  while i >= 1 and digits:sub(i, i) == '9' do i = i - 1 end
+  if i == 0 then return '1' .. string.rep('0', #digits), true end
+  local bumped = string.char(digits:byte(i) + 1)
+  return digits:sub(1, i - 1) .. bumped .. string.rep('0', #digits - i), false
+end
+
+-- The shortest digits that read back to `x` (> 0, finite), closest to `x` among the shortest: what ryu
+-- computes. `%.<p-1>e` rounds correctly, so at each length its text is the closest candidate; only where `x` is
+-- a power of two (its rounding interval is narrower below) can that candidate fall outside while the next one up
+-- lies inside, so that one is tried too.
+local function shortest_digits(x)
+  for p = 1, 17 do
+    local digits, exponent = split_scientific(string.format('%.' .. (p - 1) .. 'e', x))
+    if tonumber(digits:sub(1, 1) .. '.' .. digits:sub(2) .. 'e' .. exponent) == x then
+      return digits, exponent
+    end
+    local up, carried = increment_digits(digits)
+    local up_exponent = exponent
+    if carried then
+      up = up:sub(1, p)
+      up_exponent = exponent + 1
+    end
+    if tonumber(up:sub(1, 1) .. '.' .. up:sub(2) .. 'e' .. up_exponent) == x then
+      return up, up_exponent
+    end
+  end
+  -- Unreachable: 17 significant digits always round-trip.
+  local digits, exponent = split_scientific(string.format('%.16e', x))
+  return digits, exponent
+end
+
+-- ryu's layout of a double (Rust's `ryu::Buffer::format`): "12340000000.0", "12.34", "0.001234", "1e30",
+-- "1.234e33", "1e-7".
+local function ryu_format(x)
+  local sign = ''
+  if x < 0 then
+    sign = '-'
+    x = -x
+  end
+  if x == 0 then return sign .. '0.0' end
+  local digits, exponent = shortest_digits(x)
+  digits = digits:gsub('0+$', '')
+  if digits == '' then digits = '0' end
+  local length = #digits
+  local kk = exponent + 1 -- 10^(kk-1) <= x < 10^kk
+  local k = kk - length -- exponent of the last digit
+  if k >= 0 and kk <= 16 then
+    return sign .. digits .. string.rep('0', k) .. '.0'
+  elseif kk > 0 and kk <= 16 then
+    return sign .. digits:sub(1, kk) .. '.' .. digits:sub(kk + 1)
+  elseif kk > -5 and kk <= 0 then
+    return sign .. '0.' .. string.rep('0', -kk) .. digits
+  elseif length == 1 then
+    return sign .. digits .. 'e' .. string.format('%d', kk - 1)
+  end
+  return sign .. digits:sub(1, 1) .. '.' .. digits:sub(2) .. 'e' .. string.format('%d', kk - 1)
+end
+
+local function encode_tokens(tokens)
+  if tokens == math.floor(tokens) and math.abs(tokens) < MAX_EXACT_INTEGER then
+    if tokens == 0 then return '0' end
+    return string.format('%.0f', tokens)
+  end
+  return ryu_format(tokens)
+end
+
+local function encode_integer(value)
+  return string.format('%.0f', value)
+end
+
+-- The bucket at `key`: nil when missing; refuses another type or a hash that is not a bucket.
+local function read_state(key)
+  local fields = redis.pcall('HGETALL', key)
+  if fields.err then
+    if string.sub(fields.err, 1, 9) == 'WRONGTYPE' then refuse(ERR_WRONGTYPE) end
+    refuse(fields.err)
+  end
+  if #fields == 0 then return nil end
+  if #fields ~= 4 then refuse(ERR_NOT_A_BUCKET) end
+  local tokens_text, ts_text
+  for i = 1, 3, 2 do
+    if fields[i] == FIELD_TOKENS then
+      tokens_text = fields[i + 1]
+    elseif fields[i] == FIELD_UPDATED_US then
+      ts_text = fields[i + 1]
+    end
+  end
+  local tokens = parse_f64(tokens_text)
+  local ts = parse_i64(ts_text)
+  if tokens == nil or ts == nil or ts < 0 then refuse(ERR_NOT_A_BUCKET) end
+  return { tokens = tokens, ts = ts }
+end
+
+-- The key's absolute expiry in ms (nil: none), and whether it is exact (Redis 7.0+) or read as TIME + PTTL.
+local function current_expiry_ms(key, now_us)
+  if redis.REDIS_VERSION_NUM then
+    local at_ms = redis.call('PEXPIRETIME', key)
+    if at_ms < 0 then return nil, true end
+    return at_ms, true
+  end
+  local ttl_ms = redis.call('PTTL', key)
+  if ttl_ms < 0 then return nil, false end
+  return floor_div(now_us, MICROS_PER_MS) + ttl_ms, false
+end
+
+local function write_state(key, write, existed, now_us)
+  local keep = false
+  if existed then
+    local at_ms, exact = current_expiry_ms(key, now_us)
+    if at_ms then
+      local margin = exact and 0 or 1
+      keep = at_ms - margin >= write.expire_at_ms
+        and at_ms + margin <= sat_add(write.expire_at_ms, write.expire_slack_ms)
+    end
+  end
+  redis.call('HSET', key, FIELD_TOKENS, encode_tokens(write.state.tokens),
+    FIELD_UPDATED_US, encode_integer(write.state.ts))
+  if not keep then
+    redis.call('PEXPIREAT', key, encode_integer(sat_add(write.expire_at_ms, write.expire_slack_ms)))
+  end
+end
+
+local function now_us()
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
+-- A reply integer: saturated values become the largest double a reply can carry.
+local function int(value)
+  if value >= REPLY_MAX then return REPLY_MAX end
+  return value
+end
+
+---------------------------------------------------------------------------------------------------------------
+-- The commands: arguments checked in the module's order, then read, decide, write, reply.
+---------------------------------------------------------------------------------------------------------------
+
+local commands = {}
+
+commands['TB.ACQUIRE'] = function(keys, args)
+  if #keys ~= 1 or #args < 2 or #args > 3 then arity_error('tb.acquire') end
+  local p = parse_params(args[1], args[2])
+  local cost = 1
+  if args[3] ~= nil then cost = parse_non_negative(args[3], ERR_COST) end
+  local stored = read_state(keys[1])
+  local now = now_us()
+  local d = acquire(stored, now, p, cost)
+  if d.write then write_state(keys[1], d.write, stored ~= nil, now) end
+  return { d.outcome == ALLOWED and 1 or 0, int(d.remaining), int(d.retry_after_ms), int(d.reset_after_ms) }
+end
+
+local function check_distinct(keys)
+  local seen = {}
+  for _, key in ipairs(keys) do
+    if seen[key] then refuse(ERR_DUPLICATE) end
+    seen[key] = true
+  end
+end
+
+local function read_members(keys, members)
+  for i, key in ipairs(keys) do
+    members[i].stored = read_state(key)
+  end
+end
+
+local function write_members(keys, members, decisions, now)
+  for i, key in ipairs(keys) do
+    local write = decisions[i].write
+    if write then write_state(key, write, members[i].stored ~= nil, now) end
+  end
+end
+
+commands['TB.ACQUIREALL'] = function(keys, args)
+  local n = #keys
+  if n == 0 or #args ~= 1 + 2 * n then arity_error('tb.acquireall') end
+  if n > MAX_BUCKETS then refuse('ERR too many buckets: TB.ACQUIREALL takes at most 1000') end
+  local cost = parse_non_negative(args[1], ERR_COST)
+  local members = {}
+  for i = 1, n do
+    members[i] = { p = parse_params(args[2 * i], args[2 * i + 1]), cost = cost }
+  end
+  check_distinct(keys)
+  read_members(keys, members)
+  local now = now_us()
+  local combined = acquire_many(members, now)
+  if combined.outcome == ALLOWED then write_members(keys, members, combined.buckets, now) end
+  local min_remaining, max_reset = nil, 0
+  for _, d in ipairs(combined.buckets) do
+    if min_remaining == nil or d.remaining < min_remaining then min_remaining = d.remaining end
+    if d.reset_after_ms > max_reset then max_reset = d.reset_after_ms end
+  end
+  local retry = 0
+  if combined.outcome ~= ALLOWED then retry = combined.buckets[combined.limiting].retry_after_ms end
+  return { combined.outcome == ALLOWED and 1 or 0, int(min_remaining), int(retry), int(max_reset),
+           combined.limiting - 1 }
+end
+
+commands['TB.ACQUIREEACH'] = function(keys, args)
+  local n = #keys
+  if n == 0 or #args ~= 3 * n then arity_error('tb.acquireeach') end
+  if n > MAX_BUCKETS then refuse('ERR too many buckets: TB.ACQUIREEACH takes at most 1000') end
+  local members = {}
+  for i = 1, n do
+    local p = parse_params(args[3 * i - 2], args[3 * i - 1])
+    members[i] = { p = p, cost = parse_non_negative(args[3 * i], ERR_COST) }
+  end
+  check_distinct(keys)
+  read_members(keys, members)
+  local now = now_us()
+  local each = acquire_many(members, now)
+  if each.outcome == ALLOWED then write_members(keys, members, each.buckets, now) end
+  local reply = { each.outcome == ALLOWED and 1 or 0, each.limiting - 1 }
+  for i, d in ipairs(each.buckets) do
+    reply[i + 2] = { d.outcome == ALLOWED and 1 or 0, int(d.remaining), int(d.retry_after_ms),
+                     int(d.reset_after_ms) }
+  end
+  return reply
+end
+
+commands['TB.ACQUIREATMOST'] = function(keys, args)
+  if #keys ~= 1 or #args ~= 3 then arity_error('tb.acquireatmost') end
+  local p = parse_params(args[1], args[2])
+  local max = parse_ranged_integer(args[3], 1, MAX_AT_MOST, ERR_AT_MOST)
+  local stored = read_state(keys[1])
+  local now = now_us()
+  local partial = acquire_at_most(stored, now, p, max)
+  if partial.write then write_state(keys[1], partial.write, stored ~= nil, now) end
+  return { int(partial.granted), int(partial.remaining), int(partial.retry_after_ms), int(partial.reset_after_ms) }
+end
+
+commands['TB.RESERVE'] = function(keys, args)
+  if #keys ~= 1 or #args ~= 4 then arity_error('tb.reserve') end
+  local p = parse_params(args[1], args[2])
+  local cost = parse_non_negative(args[3], ERR_COST)
+  local max_wait = parse_ranged_integer(args[4], 0, MAX_WAIT_LIMIT_MS, ERR_MAX_WAIT)
+  local stored = read_state(keys[1])
+  local now = now_us()
+  local r = reserve(stored, now, p, cost, max_wait)
+  if r.write then write_state(keys[1], r.write, stored ~= nil, now) end
+  return { r.outcome == ALLOWED and 1 or 0, int(r.wait_ms), int(r.remaining), int(r.reset_after_ms) }
+end
+
+commands['TB.REFUND'] = function(keys, args)
+  if #keys ~= 1 or #args ~= 3 then arity_error('tb.refund') end
+  local p = parse_params(args[1], args[2])
+  local amount = parse_non_negative(args[3], ERR_AMOUNT)
+  local stored = read_state(keys[1])
+  local now = now_us()
+  local r = refund(stored, now, p, amount)
+  if r.delete then
+    redis.call('DEL', keys[1])
+  elseif r.write then
+    write_state(keys[1], r.write, true, now)
+  end
+  return { r.refunded, int(r.remaining), int(r.reset_after_ms) }
+end
+
+commands['TB.CHARGE'] = function(keys, args)
+  if #keys ~= 1 or #args ~= 3 then arity_error('tb.charge') end
+  local p = parse_params(args[1], args[2])
+  local cost = parse_non_negative(args[3], ERR_COST)
+  local stored = read_state(keys[1])
+  local now = now_us()
+  local c = charge(stored, now, p, cost)
+  if c.write then write_state(keys[1], c.write, stored ~= nil, now) end
+  return { int(c.remaining), int(c.retry_after_ms), int(c.reset_after_ms) }
+end
+
+commands['TB.BLOCK'] = function(keys, args)
+  if #keys ~= 1 or #args ~= 3 then arity_error('tb.block') end
+  local p = parse_params(args[1], args[2])
+  local ms = parse_ranged_integer(args[3], 1, MAX_WAIT_LIMIT_MS, ERR_BLOCK_MS)
+  local stored = read_state(keys[1])
+  local now = now_us()
+  local c = block(stored, now, p, ms)
+  if c.write then write_state(keys[1], c.write, stored ~= nil, now) end
+  return { int(c.remaining), int(c.retry_after_ms), int(c.reset_after_ms) }
+end
+
+local function dispatch(keys, argv)
+  local name = argv[1] and string.upper(argv[1])
+  local command = name and commands[name]
+  if not command then
+    return redis.error_reply('ERR unknown redis-tb command: ' .. tostring(argv[1]))
+  end
+  local args = {}
+  for i = 2, #argv do args[i - 1] = argv[i] end
+  local ok, result = pcall(command, keys, args)
+  if ok then return result end
+  if type(result) == 'table' and result.tb_error then return redis.error_reply(result.tb_error) end
+  error(result)
+end
+
+return dispatch(KEYS, ARGV)
