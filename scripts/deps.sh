@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks to build and test redis-tb: redis-server (to run and test the
-# module), libclang (bindgen, used by the redis-module crate) and python3-venv. Does nothing when all are present.
+# module), libclang (bindgen, used by the redis-module crate), python3-venv, and libfaketime + faketime (the
+# controlled server clock of the tests, tests/clock/). Does nothing when all are present.
 set -euo pipefail
 
 missing=()
@@ -14,6 +15,9 @@ compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null || compgen -G "/usr/lib
   || missing+=(libclang-dev)
 # The venv module, for the project-local Python environment of `make test`.
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+# The controlled clock: libfaketime.so.1 (preloaded into test servers behind tests/clock/'s shim) and its CLI.
+compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || missing+=(libfaketime)
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

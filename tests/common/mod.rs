@@ -66,6 +66,8 @@ pub struct Options {
     pub cluster_bus: bool,
     /// Another server binary than `$REDIS_SERVER` (an absolute path), e.g. Redis 8.2 for a session that needs it.
     pub binary: Option<String>,
+    /// Run under a controlled clock read from this timestamp file (see [`Clock`]); `None`: the real clock.
+    pub clock: Option<PathBuf>,
 }
 
 impl Server {
@@ -199,6 +201,11 @@ fn spawn(port: u16, dir: &Path, options: &Options) -> Child {
         command.arg("--loadmodule").arg(module_path());
     }
     command.args(&options.args);
+    if let Some(timestamp_file) = &options.clock {
+        command
+            .args(["--jemalloc-bg-thread", "no"])
+            .envs(clock_env(timestamp_file));
+    }
     command
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -765,4 +772,145 @@ pub fn acquire_all(conn: &mut redis::Connection, args: &[&str]) -> [i64; 5] {
         .query(conn)
         .expect("TB.ACQUIREALL reply");
     reply.try_into().expect("five integers")
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Controlled server clock (tests/clock/README.md): libfaketime behind a small preload shim, reading a timestamp
+// file the test rewrites. The server's wall clock (TIME, key expiry) and the module's then stand still at the
+// written microsecond until the test moves them, forwards or back; monotonic time (event loop, timers) stays real.
+// ---------------------------------------------------------------------------------------------------------------
+
+/// A server clock the test sets to exact microseconds. Servers started with `Options { clock:
+/// Some(clock.path()), .. }` read it on every clock read; several servers may share one clock. Dropping it deletes
+/// the timestamp file.
+pub struct Clock {
+    path: PathBuf,
+}
+
+/// 2030-01-01 00:00:00 UTC in Unix microseconds: a round instant after the real time, to start clocks at.
+pub const CLOCK_2030_US: i64 = 1_893_456_000_000_000;
+
+impl Clock {
+    /// A clock standing at `unix_us` (microseconds since the Unix epoch, not before 1970: Redis 7.0 breaks there).
+    pub fn new(unix_us: i64) -> Clock {
+        let dir = fresh_dir();
+        std::fs::create_dir_all(&dir).expect("create the clock's directory");
+        let clock = Clock {
+            path: dir.join("faketime"),
+        };
+        clock.set_us(unix_us);
+        clock
+    }
+
+    /// The timestamp file, for [`Options::clock`].
+    pub fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    /// Sets the clock to `unix_us`. Atomic (a temporary file renamed over the old one), so a server never reads
+    /// a half-written time. libfaketime parses the fraction through a double, so the half microsecond written
+    /// after it makes the server read back exactly `unix_us`.
+    pub fn set_us(&self, unix_us: i64) {
+        assert!(unix_us >= 0, "a clock before 1970 breaks Redis itself");
+        let tmp = self.path.with_extension("tmp");
+        std::fs::write(&tmp, format!("{}5\n", faketime_text(unix_us))).expect("write the clock");
+        std::fs::rename(&tmp, &self.path).expect("move the clock into place");
+    }
+
+    /// Sets the clock to `unix_ms` milliseconds.
+    pub fn set_ms(&self, unix_ms: i64) {
+        self.set_us(unix_ms * 1_000);
+    }
+}
+
+impl Drop for Clock {
+    fn drop(&mut self) {
+        if let Some(dir) = self.path.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// `unix_us` as libfaketime's absolute timestamp (UTC, microseconds): `2030-01-01 00:00:00.123456`.
+pub fn faketime_text(unix_us: i64) -> String {
+    let secs = unix_us.div_euclid(1_000_000);
+    let micros = unix_us.rem_euclid(1_000_000);
+    let days = secs.div_euclid(86_400);
+    let in_day = secs.rem_euclid(86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's `civil_from_days`).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{micros:06}",
+        in_day / 3_600,
+        in_day / 60 % 60,
+        in_day % 60
+    )
+}
+
+/// The environment that puts a server under the clock in `timestamp_file`: the shim and libfaketime preloaded,
+/// the file re-read on every clock read, monotonic time left real, UTC.
+pub fn clock_env(timestamp_file: &Path) -> Vec<(String, String)> {
+    vec![
+        ("LD_PRELOAD".into(), clock_preload()),
+        (
+            "FAKETIME_TIMESTAMP_FILE".into(),
+            timestamp_file.display().to_string(),
+        ),
+        ("FAKETIME_NO_CACHE".into(), "1".into()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+        ("TZ".into(), "UTC".into()),
+    ]
+}
+
+/// `LD_PRELOAD` for a controlled clock, from `tests/clock/build.sh` (which builds the shim once per change).
+pub fn clock_preload() -> String {
+    static PRELOAD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PRELOAD
+        .get_or_init(|| {
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clock/build.sh");
+            let output = Command::new("bash")
+                .arg(script)
+                .output()
+                .unwrap_or_else(|e| panic!("run {script}: {e}"));
+            assert!(
+                output.status.success(),
+                "{script} failed (gcc and libfaketime needed; scripts/deps.sh installs libfaketime):\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            String::from_utf8_lossy(&output.stdout).trim().to_string()
+        })
+        .clone()
+}
+
+/// A server with the module under `clock`, plus `extra` options.
+pub fn start_clocked(clock: &Clock, extra: Options) -> Server {
+    Server::start_with(Options {
+        clock: Some(clock.path()),
+        ..extra
+    })
+}
+
+/// Whether the module on `server` reads `clock` (it writes the clock's time as a bucket's `ts`). It does on every
+/// server we test (the shim undoes Valkey's `RTLD_DEEPBIND`, which would bind the module's clock to libc); tests
+/// of exact replies under a controlled clock check it first and skip a server where it does not.
+pub fn module_follows_clock(server: &Server, clock: &Clock, unix_us: i64) -> bool {
+    const PROBE: &str = "redis-tb:clock-probe";
+    clock.set_us(unix_us);
+    let mut conn = server.conn();
+    acquire(&mut conn, PROBE, "1", "1", None);
+    let ts: Option<String> = redis::cmd("HGET")
+        .arg(PROBE)
+        .arg("ts")
+        .query(&mut conn)
+        .expect("HGET");
+    let _: i64 = redis::cmd("DEL").arg(PROBE).query(&mut conn).expect("DEL");
+    ts == Some(unix_us.to_string())
 }
