@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 import redis
@@ -53,7 +53,7 @@ class Server:
         *,
         module: bool = True,
         args: tuple[str, ...] = (),
-        env: Optional[dict[str, str]] = None,
+        env: dict[str, str] | None = None,
         cluster_bus: bool = False,
         binary: str = SERVER,
     ) -> None:
@@ -64,19 +64,28 @@ class Server:
             self.port = free_port(cluster_bus)
             command = [
                 binary,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", str(self.dir),
-                "--logfile", str(self.dir / "server.log"),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+                "--logfile",
+                str(self.dir / "server.log"),
             ]
             if module:
                 command += ["--loadmodule", MODULE]
             command += list(args)
             full_env = dict(os.environ, **(env or {}))
             self.process = subprocess.Popen(
-                command, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                command,
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
             if self._wait_ready():
@@ -156,7 +165,7 @@ def key(request: pytest.FixtureRequest) -> str:
 CLOCK_2030_US = 1_893_456_000_000_000
 
 
-def clock_preload() -> Optional[str]:
+def clock_preload() -> str | None:
     """LD_PRELOAD for a controlled clock, or None where the clock tool is not available."""
     build = Path(os.environ.get("TB_CLOCK_BUILD", str(REPO / "tests/clock/build.sh")))
     if not build.exists():

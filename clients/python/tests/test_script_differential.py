@@ -24,10 +24,32 @@ KEYS = ["{d}:a", "{d}:b", "{d}:c", "{d}:d"]
 RATES = ["10", "0.5", "1000", "3.3", "7e-1", "25", "0.001", "123456.789"]
 BURSTS = ["20", "1", "5.5", "100", "2", "0.5", "1e3", "33.3"]
 COSTS = ["1", "0", "2.5", "0.1", "5", "20", "1e-3", "7", "100"]
-BAD_NUMBERS = ["abc", "0", "-1", "inf", "nan", "1e400", "0x10", " 1", "1 ", "", "-0", "+2.5e-3", ".5", "5.", "1E2"]
+BAD_NUMBERS = [
+    "abc",
+    "0",
+    "-1",
+    "inf",
+    "nan",
+    "1e400",
+    "0x10",
+    " 1",
+    "1 ",
+    "",
+    "-0",
+    "+2.5e-3",
+    ".5",
+    "5.",
+    "1E2",
+]
 COMMANDS = [
-    "TB.ACQUIRE", "TB.ACQUIREALL", "TB.ACQUIREEACH", "TB.ACQUIREATMOST", "TB.RESERVE", "TB.REFUND",
-    "TB.CHARGE", "TB.BLOCK",
+    "TB.ACQUIRE",
+    "TB.ACQUIREALL",
+    "TB.ACQUIREEACH",
+    "TB.ACQUIREATMOST",
+    "TB.RESERVE",
+    "TB.REFUND",
+    "TB.CHARGE",
+    "TB.BLOCK",
 ]
 
 
@@ -41,7 +63,7 @@ def clocked() -> Iterator[tuple[Clock, Server, Server, list[str]]]:
     script_server = Server(module=False, args=("--jemalloc-bg-thread", "no"), env=clock.env(preload))
     try:
         probe = module_server.client()
-        probe.execute_command("TB.ACQUIRE", "probe", "1", "1")
+        probe.execute_command("TB.ACQUIRE", "probe", "1", "1")  # type: ignore[no-untyped-call]
         if probe.hget("probe", "ts") != str(CLOCK_2030_US).encode():
             pytest.skip("the module on this server does not follow the controlled clock (Valkey's DEEPBIND)")
         probe.delete("probe")
@@ -56,7 +78,7 @@ def clocked() -> Iterator[tuple[Clock, Server, Server, list[str]]]:
 def command_known(conn: redis.Redis, name: str) -> bool:
     """Whether the server knows `name`: called bare, a known command is refused for its arity."""
     try:
-        conn.execute_command(name)
+        conn.execute_command(name)  # type: ignore[no-untyped-call]
     except redis.ResponseError as error:
         return "unknown command" not in str(error).lower()
     return True
@@ -67,7 +89,7 @@ def run(conn: redis.Redis, sha: str, on_module: bool, name: str, keys: list[str]
     if on_module:
         module_args = module_arguments(name, keys, args)
         try:
-            return conn.execute_command(name, *module_args)
+            return conn.execute_command(name, *module_args)  # type: ignore[no-untyped-call]
         except redis.ResponseError as error:
             return ("error", str(error))
     try:
@@ -95,7 +117,9 @@ def pick_number(rng: random.Random, choices: list[str]) -> str:
     return rng.choice(BAD_NUMBERS) if rng.random() < 0.03 else rng.choice(choices)
 
 
-def random_call(rng: random.Random, commands: list[str], params: dict[str, tuple[str, str]]) -> tuple[str, list[str], list[str]]:
+def random_call(
+    rng: random.Random, commands: list[str], params: dict[str, tuple[str, str]]
+) -> tuple[str, list[str], list[str]]:
     name = rng.choice(commands)
 
     def bucket_params(key: str) -> list[str]:
@@ -127,8 +151,11 @@ def random_call(rng: random.Random, commands: list[str], params: dict[str, tuple
     elif name == "TB.ACQUIREATMOST":
         args.append(rng.choice(["1", "2", "5", "100", "0", "9007199254740993", "1.5"]))
     elif name == "TB.RESERVE":
-        max_wait = rng.choice(["0", "100", "1000", "5000", "86400000"]) if rng.random() < 0.95 else rng.choice(
-            ["-1", "86400001", "5.5", "x"])
+        max_wait = (
+            rng.choice(["0", "100", "1000", "5000", "86400000"])
+            if rng.random() < 0.95
+            else rng.choice(["-1", "86400001", "5.5", "x"])
+        )
         args += [pick_number(rng, COSTS), max_wait]
     elif name in ("TB.REFUND", "TB.CHARGE"):
         args.append(pick_number(rng, COSTS))

@@ -11,6 +11,8 @@ same algorithm as a Lua script.
 
 from __future__ import annotations
 
+import contextlib
+
 from ._protocol import SCRIPT, SCRIPT_SHA
 from .aio import AsyncTokenBucket
 from .client import TokenBucket
@@ -64,7 +66,6 @@ __all__ = [
     "WrongType",
 ]
 
-try:  # The limits strategy registers itself when `limits` is installed (Flask-Limiter, slowapi).
+# The limits strategy registers itself when `limits` is installed (Flask-Limiter, slowapi).
+with contextlib.suppress(ImportError):
     from . import limits as _limits  # noqa: F401
-except ImportError:
-    pass

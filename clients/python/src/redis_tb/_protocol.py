@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Generic, TypeVar
 
 from redis.exceptions import ResponseError
 
@@ -25,8 +25,9 @@ from .replies import (
     Reservation,
 )
 
-Number = Union[int, float]
+Number = int | float
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 
 def _load_script() -> str:
@@ -57,7 +58,7 @@ def number_text(value: Number) -> str:
 
 
 @dataclass(frozen=True)
-class Call(Generic[T]):
+class Call(Generic[T_co]):
     """One command: its name, its arguments for the module, its keys and other arguments for the script, and how
     its reply is parsed."""
 
@@ -65,7 +66,7 @@ class Call(Generic[T]):
     module_args: tuple[str, ...]
     keys: tuple[str, ...]
     script_args: tuple[str, ...]
-    parse: Callable[[Any], T]
+    parse: Callable[[Any], T_co]
 
     def eval_args(self) -> tuple[str, ...]:
         """`key... command arg...` for EVAL/EVALSHA, after `numkeys` (`len(keys)`)."""
@@ -88,8 +89,7 @@ def _acquired_all(reply: Any) -> AcquiredAll:
 
 def _acquired_each(reply: Any) -> AcquiredEach:
     buckets = tuple(
-        BucketResult(_flag(fits), int(remaining), int(retry), int(reset))
-        for fits, remaining, retry, reset in reply[2:]
+        BucketResult(_flag(fits), int(remaining), int(retry), int(reset)) for fits, remaining, retry, reset in reply[2:]
     )
     return AcquiredEach(_flag(reply[0]), int(reply[1]), buckets)
 

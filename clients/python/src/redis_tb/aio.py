@@ -4,7 +4,7 @@ backends as `TokenBucket`, awaited."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional, TypeVar, Union
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -15,7 +15,7 @@ from .client import DETECT_KEY, Backend, Backends, _translated
 from .replies import Acquired, AcquiredAll, AcquiredEach, Charged, PartialGrant, Refunded, Reservation
 
 T = TypeVar("T")
-AsyncRedis = Union["Redis[Any]", RedisCluster]
+AsyncRedis = Redis | RedisCluster
 
 
 class AsyncTokenBucket:
@@ -26,7 +26,7 @@ class AsyncTokenBucket:
         self._backends = Backends(backend)
 
     @property
-    def backend_in_use(self) -> Optional[str]:
+    def backend_in_use(self) -> str | None:
         return self._backends.in_use
 
     async def detect(self) -> str:
@@ -83,9 +83,7 @@ class AsyncTokenBucket:
         """`TB.ACQUIREATMOST`: takes up to `max_tokens` whole tokens, as many as are there."""
         return await self._run(protocol.acquire_at_most(key, rate, burst, max_tokens))
 
-    async def reserve(
-        self, key: str, rate: float, burst: float, cost: float, max_wait_ms: int
-    ) -> Reservation:
+    async def reserve(self, key: str, rate: float, burst: float, cost: float, max_wait_ms: int) -> Reservation:
         """`TB.RESERVE`: takes `cost` now for the caller to act after `wait_ms` (at most `max_wait_ms`)."""
         return await self._run(protocol.reserve(key, rate, burst, cost, max_wait_ms))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Optional, TypeVar, Union
+from typing import Any, Literal, TypeVar
 
 from redis import Redis
 from redis.cluster import RedisCluster
@@ -15,7 +15,7 @@ from .replies import Acquired, AcquiredAll, AcquiredEach, Charged, PartialGrant,
 
 T = TypeVar("T")
 Backend = Literal["auto", "module", "script"]
-SyncRedis = Union["Redis[Any]", RedisCluster]
+SyncRedis = Redis | RedisCluster
 #: The key `detect()` peeks at (cost 0: nothing is written).
 DETECT_KEY = "redis-tb:detect"
 
@@ -28,7 +28,7 @@ class Backends:
         if backend not in ("auto", "module", "script"):
             raise ValueError(f"backend must be 'auto', 'module' or 'script', not {backend!r}")
         self.mode: Backend = backend
-        self.in_use: Optional[str] = None if backend == "auto" else backend
+        self.in_use: str | None = None if backend == "auto" else backend
         # Commands an older module lacks: those run on the script while the rest stay on the module.
         self.missing: set[str] = set()
 
@@ -63,7 +63,7 @@ class TokenBucket:
         self._backends = Backends(backend)
 
     @property
-    def backend_in_use(self) -> Optional[str]:
+    def backend_in_use(self) -> str | None:
         return self._backends.in_use
 
     def detect(self) -> str:
@@ -71,7 +71,7 @@ class TokenBucket:
         (`TB.ACQUIRE` with cost 0 on the key `redis-tb:detect`), which writes nothing."""
         if self._backends.mode == "auto":
             try:
-                self.redis.execute_command("TB.ACQUIRE", DETECT_KEY, "1", "1", "0")
+                self.redis.execute_command("TB.ACQUIRE", DETECT_KEY, "1", "1", "0")  # type: ignore[no-untyped-call]
             except (ResponseError, RedisClusterException) as error:
                 if not protocol.is_unknown_command(error):
                     raise _translated(error) from None
@@ -83,7 +83,7 @@ class TokenBucket:
     def _run(self, call: protocol.Call[T]) -> T:
         if self._backends.uses_module(call.name):
             try:
-                reply = self.redis.execute_command(call.name, *call.module_args)
+                reply = self.redis.execute_command(call.name, *call.module_args)  # type: ignore[no-untyped-call]
             except (ResponseError, RedisClusterException) as error:
                 if not protocol.is_unknown_command(error):
                     raise _translated(error) from None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal
 
 from .limit import Limit
 
@@ -52,7 +52,7 @@ def rate_limit_headers(
     *,
     limiting_index: int = 0,
     allowed: bool = True,
-    retry_after_ms: Optional[int] = None,
+    retry_after_ms: int | None = None,
     standard: Standard = "both",
 ) -> list[tuple[str, str]]:
     """The header fields for a decision over `buckets` (one for `TB.ACQUIRE`, one per bucket for

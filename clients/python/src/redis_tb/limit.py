@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 #: Who a request counts against, from the request itself: the ASGI scope or the WSGI environ.
-KeyFunction = Callable[[Mapping[str, Any]], Optional[str]]
+KeyFunction = Callable[[Mapping[str, Any]], str | None]
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Limit:
     rate: float
     burst: float
     cost: float = 1
-    key: Optional[KeyFunction] = None
+    key: KeyFunction | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
