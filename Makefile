@@ -8,7 +8,7 @@ MODULE := target/release/libredis_tb.so
 REDIS_SERVER ?= /usr/bin/redis-server
 REDIS_CLI ?= /usr/bin/redis-cli
 # The ioredis release the Node example test installs into examples/node_modules.
-IOREDIS_VERSION := 5.9.3
+IOREDIS_VERSION := 6.0.0
 # A second server for `make bench` to run everything on too (an absolute path); `make bench-all` sets it to Redis 8.2.
 REDIS_SERVER2 ?=
 
@@ -26,11 +26,16 @@ deps: ## Install what a fresh Debian machine lacks (redis-server, redis-cli, lib
 build: deps ## Build the module (target/release/libredis_tb.so) and the rate limit service (target/release/tb-rls)
 	cargo build --release --workspace
 
+# `make run` must not outlive make: `exec` replaces the recipe's shell with the server, so the SIGTERM that make
+# passes to its child on `kill <make's pid>` reaches the server itself; setpriv's parent-death signal (util-linux,
+# on every Debian) stops it even when make is killed with SIGKILL.
+PDEATHSIG := $(if $(wildcard /usr/bin/setpriv),/usr/bin/setpriv --pdeathsig TERM)
+
 run: build ## Start redis-server in the foreground with the module, on BIND=127.0.0.1 PORT=6379
 	@echo "redis-tb: starting $(REDIS_SERVER) on $(BIND) port $(PORT), nothing persisted; Ctrl-C stops it."
 	@echo "redis-tb: connect from another terminal with: redis-cli$(if $(filter 127.0.0.1 localhost 0.0.0.0 * ::,$(firstword $(BIND))),, -h $(firstword $(BIND))) -p $(PORT)"
 	$(if $(filter-out 127.0.0.1 localhost ::1,$(BIND)),@echo "redis-tb: BIND=$(BIND) listens beyond this machine and the server has no password: set one (requirepass or ACL) or keep the default BIND=127.0.0.1")
-	$(REDIS_SERVER) --port $(PORT) --bind $(BIND) --save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
+	exec $(PDEATHSIG) $(REDIS_SERVER) --port $(PORT) --bind $(BIND) --save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
 
 venv: ## A project-local Python environment with redis-py and pyflakes, for the client examples and docs tests
 	@$(PYTHON) -c "import redis, pyflakes" 2>/dev/null || (python3 -m venv $(VENV) && $(PYTHON) -m pip install -q redis pyflakes)
@@ -42,7 +47,7 @@ py-deps: venv ## The Python package (clients/python, built from source) and its 
 node-deps: ## ioredis in examples/node_modules for the Node client example (skipped without node and npm)
 	@if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
 		echo "node or npm not found: the Node client example (examples/ratelimit.js) will be skipped"; \
-	elif [ ! -f examples/node_modules/ioredis/package.json ]; then \
+	elif ! grep -qs '"version": "$(IOREDIS_VERSION)"' examples/node_modules/ioredis/package.json; then \
 		npm install --prefix examples --no-save --no-package-lock --no-audit --no-fund --loglevel=error \
 			ioredis@$(IOREDIS_VERSION); \
 	fi

@@ -35,12 +35,15 @@ def retry_after_s(wait_ms: int) -> int:
 
 def main() -> None:
     import argparse
+    import os
     import threading
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     port = parser.parse_args().port
     pool = redis.ConnectionPool(host="127.0.0.1", port=port)
+    # Keys of this run only, so that it can run again at once against the same server.
+    prefix = f"example:pacing:{os.getpid()}:{time.time_ns()}"
 
     # 4 workers x 5 jobs at 20/s, burst 1: the jobs run one every 50 ms, in no worker's favour.
     acted: list[float] = []
@@ -53,7 +56,7 @@ def main() -> None:
     def worker() -> None:
         r = redis.Redis(connection_pool=pool)
         for _ in range(5):
-            paced(r, "partner:api", rate=20, burst=1, job=job)
+            paced(r, f"{prefix}:partner:api", rate=20, burst=1, job=job)
 
     threads = [threading.Thread(target=worker) for _ in range(4)]
     for thread in threads:
@@ -70,9 +73,9 @@ def main() -> None:
     r = redis.Redis(connection_pool=pool)
     # A queue longer than the caller will wait: refused, nothing taken.
     for _ in range(3):
-        r.execute_command("TB.RESERVE", "partner:slow", 1, 1, 1, 5_000)
+        r.execute_command("TB.RESERVE", f"{prefix}:partner:slow", 1, 1, 1, 5_000)
     try:
-        paced(r, "partner:slow", rate=1, burst=1, job=job, max_wait_ms=1_000)
+        paced(r, f"{prefix}:partner:slow", rate=1, burst=1, job=job, max_wait_ms=1_000)
         raise AssertionError("a 2 s queue was accepted with max_wait_ms 1000")
     except TimeoutError as refused:
         assert "booked for the next" in str(refused), refused
@@ -83,10 +86,10 @@ def main() -> None:
         raise RuntimeError("partner returned 503")
 
     try:
-        paced(r, "partner:flaky", rate=1, burst=5, job=failing)
+        paced(r, f"{prefix}:partner:flaky", rate=1, burst=5, job=failing)
     except RuntimeError:
         pass
-    assert r.execute_command("TB.ACQUIRE", "partner:flaky", 1, 5, 0)[1] == 5
+    assert r.execute_command("TB.ACQUIRE", f"{prefix}:partner:flaky", 1, 5, 0)[1] == 5
     print("python pacing example: ok")
 
 

@@ -1,6 +1,6 @@
 // Rate limiting an HTTP endpoint with TB.ACQUIRE from Node (ioredis).
 //
-// The README's "Using it from your application" section shows `rateLimit` below; `make test` installs ioredis
+// docs/clients.md shows `rateLimit` below; `make test` installs ioredis
 // into examples/node_modules and runs this file against a server it spawned (`node examples/ratelimit.js --port N`),
 // so the snippet cannot rot. It serves HTTP on a free loopback port and sends itself requests.
 "use strict";
@@ -9,12 +9,13 @@ const http = require("node:http");
 const Redis = require("ioredis");
 
 // --- snippet: start ---------------------------------------------------------------------------------------------
-async function rateLimit(redis, res, key, rate, burst, cost = 1) {
+// Sets the RateLimit-Policy and RateLimit fields of draft-ietf-httpapi-ratelimit-headers-10 for the limit named
+// `policy` (mapped as docs/headers.md says), and answers 429 with Retry-After when refused.
+async function rateLimit(redis, res, key, rate, burst, cost = 1, policy = "default") {
   const [allowed, remaining, retryAfterMs, resetAfterMs] =
     await redis.call("TB.ACQUIRE", key, rate, burst, cost);
-  res.setHeader("RateLimit-Limit", Math.floor(burst));
-  res.setHeader("RateLimit-Remaining", remaining);
-  res.setHeader("RateLimit-Reset", Math.ceil(resetAfterMs / 1000));
+  res.setHeader("RateLimit-Policy", `"${policy}";q=${Math.floor(burst)};w=${Math.ceil(burst / rate)}`);
+  res.setHeader("RateLimit", `"${policy}";r=${remaining};t=${Math.ceil(resetAfterMs / 1000)}`);
   if (allowed === 1) return true;
   if (retryAfterMs >= 0) res.setHeader("Retry-After", Math.ceil(retryAfterMs / 1000)); // -1: never
   res.statusCode = 429;
@@ -39,7 +40,7 @@ async function main() {
   const server = http.createServer(async (req, res) => {
     try {
       const [key, cost] = req.url === "/big" ? [`${prefix}:user:7`, 5] : [`${prefix}:user:42`, 1];
-      if (await rateLimit(redis, res, key, 1, 3, cost)) res.end("ok");
+      if (await rateLimit(redis, res, key, 1, 3, cost, "user")) res.end("ok");
     } catch (err) {
       res.statusCode = 500;
       res.end(String(err));
@@ -54,9 +55,8 @@ async function main() {
     const refused = await fetch(`${base}/`);
     check(refused.status === 429, "fifth request refused");
     check(refused.headers.get("retry-after") === "1", "Retry-After: 1");
-    check(refused.headers.get("ratelimit-limit") === "3", "RateLimit-Limit: 3");
-    check(refused.headers.get("ratelimit-remaining") === "0", "RateLimit-Remaining: 0");
-    check(refused.headers.get("ratelimit-reset") === "3", "RateLimit-Reset: 3");
+    check(refused.headers.get("ratelimit-policy") === '"user";q=3;w=3', "RateLimit-Policy");
+    check(refused.headers.get("ratelimit") === '"user";r=0;t=3', "RateLimit");
 
     const big = await fetch(`${base}/big`);
     check(big.status === 429 && !big.headers.has("retry-after"), "cost > burst: 429 without Retry-After");

@@ -7,7 +7,9 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -15,17 +17,17 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// rateLimit takes cost tokens from the bucket at key and sets the RateLimit headers. When it returns false it
-// has already answered 429 Too Many Requests.
-func rateLimit(ctx context.Context, rdb *redis.Client, w http.ResponseWriter, key string, rate, burst, cost float64) (bool, error) {
+// rateLimit takes cost tokens from the bucket at key and sets the RateLimit-Policy and RateLimit fields of
+// draft-ietf-httpapi-ratelimit-headers-10 for the limit named policy (mapped as docs/headers.md says). When it
+// returns false it has already answered 429 Too Many Requests.
+func rateLimit(ctx context.Context, rdb *redis.Client, w http.ResponseWriter, policy, key string, rate, burst, cost float64) (bool, error) {
 	res, err := rdb.Do(ctx, "TB.ACQUIRE", key, rate, burst, cost).Int64Slice()
 	if err != nil {
 		return false, err // decide here whether an unreachable limiter fails open or closed
 	}
 	allowed, remaining, retryAfterMs, resetAfterMs := res[0], res[1], res[2], res[3]
-	w.Header().Set("RateLimit-Limit", strconv.FormatInt(int64(burst), 10))
-	w.Header().Set("RateLimit-Remaining", strconv.FormatInt(remaining, 10))
-	w.Header().Set("RateLimit-Reset", strconv.FormatInt((resetAfterMs+999)/1000, 10))
+	w.Header().Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", policy, int64(math.Floor(burst)), int64(math.Ceil(burst/rate))))
+	w.Header().Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", policy, remaining, (resetAfterMs+999)/1000))
 	if allowed == 1 {
 		return true, nil
 	}
@@ -47,7 +49,7 @@ func main() {
 		if err != nil {
 			client = r.RemoteAddr
 		}
-		ok, err := rateLimit(r.Context(), rdb, w, "api:client:"+client, 10, 20, 1)
+		ok, err := rateLimit(r.Context(), rdb, w, "client", "api:client:"+client, 10, 20, 1)
 		if err != nil {
 			http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
 			return

@@ -1,0 +1,99 @@
+//! `make run` must not outlive `make`: stopping make by its pid (SIGTERM, as `kill <pid>` sends, or SIGKILL) stops
+//! the server it started and releases the port. Each test runs the real `make run PORT=<free port>` from the
+//! repository, waits for the server to answer, stops make, and checks that the server is gone.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Building (a no-op after `make build`, a full release build otherwise) plus the server's start.
+const START_DEADLINE: Duration = Duration::from_secs(300);
+const STOP_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Whether process `pid` is gone (or a zombie nobody has reaped yet: it no longer runs or holds the port).
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state is the first field after the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+    }
+}
+
+fn port_answers(port: u16) -> bool {
+    std::net::TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(200),
+    )
+    .is_ok()
+}
+
+/// The pid of the server answering on `port`, once it answers PING.
+fn server_pid(port: u16) -> Option<u32> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_millis(200))
+        .ok()?;
+    let info: String = redis::cmd("INFO").arg("server").query(&mut conn).ok()?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
+}
+
+fn stops_with_make(signal: &str) {
+    let port = common::free_port();
+    let log = common::fresh_dir().with_extension("make-run.log");
+    let mut make = Command::new("make")
+        .current_dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+        .args(["--no-print-directory", "run"])
+        .arg(format!("PORT={port}"))
+        .arg(format!("REDIS_SERVER={}", common::server_binary()))
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log).expect("create the make log"))
+        .stderr(std::fs::File::options().append(true).open(&log).expect("open the make log"))
+        .spawn()
+        .expect("run make");
+    let mut pid = None;
+    let started = common::wait_until(START_DEADLINE, || {
+        pid = server_pid(port);
+        pid.is_some() || !matches!(make.try_wait(), Ok(None))
+    });
+    let output = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    let Some(server) = pid.filter(|_| started) else {
+        let _ = make.kill();
+        let _ = make.wait();
+        panic!("make run PORT={port} did not start a server:\n{output}");
+    };
+    assert!(
+        output.contains(&format!("connect from another terminal with: redis-cli -p {port}")),
+        "make run says how to connect:\n{output}"
+    );
+
+    let status = Command::new("kill")
+        .args([signal, &make.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} make");
+    let make_gone = common::wait_until(STOP_DEADLINE, || !matches!(make.try_wait(), Ok(None)));
+    let server_gone = common::wait_until(STOP_DEADLINE, || process_gone(server) && !port_answers(port));
+    if !server_gone {
+        // Do not leave it behind for the next test.
+        let _ = Command::new("kill").args(["-KILL", &server.to_string()]).status();
+    }
+    assert!(make_gone, "make exited after kill {signal}");
+    assert!(server_gone, "the server (pid {server}, port {port}) outlived make after kill {signal}");
+}
+
+#[test]
+fn killing_make_by_its_pid_stops_the_server() {
+    stops_with_make("-TERM");
+}
+
+#[test]
+fn killing_make_with_sigkill_stops_the_server_too() {
+    stops_with_make("-KILL");
+}
