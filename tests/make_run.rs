@@ -53,7 +53,12 @@ fn stops_with_make(signal: &str) {
         .arg(format!("REDIS_SERVER={}", common::server_binary()))
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&log).expect("create the make log"))
-        .stderr(std::fs::File::options().append(true).open(&log).expect("open the make log"))
+        .stderr(
+            std::fs::File::options()
+                .append(true)
+                .open(&log)
+                .expect("open the make log"),
+        )
         .spawn()
         .expect("run make");
     let mut pid = None;
@@ -69,7 +74,9 @@ fn stops_with_make(signal: &str) {
         panic!("make run PORT={port} did not start a server:\n{output}");
     };
     assert!(
-        output.contains(&format!("connect from another terminal with: redis-cli -p {port}")),
+        output.contains(&format!(
+            "connect from another terminal with: redis-cli -p {port}"
+        )),
         "make run says how to connect:\n{output}"
     );
 
@@ -79,13 +86,20 @@ fn stops_with_make(signal: &str) {
         .expect("run kill");
     assert!(status.success(), "kill {signal} make");
     let make_gone = common::wait_until(STOP_DEADLINE, || !matches!(make.try_wait(), Ok(None)));
-    let server_gone = common::wait_until(STOP_DEADLINE, || process_gone(server) && !port_answers(port));
+    let server_gone = common::wait_until(STOP_DEADLINE, || {
+        process_gone(server) && !port_answers(port)
+    });
     if !server_gone {
         // Do not leave it behind for the next test.
-        let _ = Command::new("kill").args(["-KILL", &server.to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-KILL", &server.to_string()])
+            .status();
     }
     assert!(make_gone, "make exited after kill {signal}");
-    assert!(server_gone, "the server (pid {server}, port {port}) outlived make after kill {signal}");
+    assert!(
+        server_gone,
+        "the server (pid {server}, port {port}) outlived make after kill {signal}"
+    );
 }
 
 #[test]
