@@ -10,7 +10,8 @@
 //! The model: a bucket holds `tokens` as of `updated_us`. At any later instant `t` it holds
 //! `min(burst, tokens + (t - updated_us) · rate)`. A missing bucket is a full one. Because the refill is a pure
 //! function of time, a denied request needs no write at all, and a bucket can be allowed to expire exactly when it
-//! would be full again.
+//! would be full again. A clock that reads earlier than `updated_us` is the one exception: the bucket keeps its
+//! tokens, refills from that reading on, and the first call to see it records the new time base (`refilled`).
 //!
 //! What holds for `tokens`: every state this module writes has `tokens ≤ burst` (of the call that wrote it), and
 //! `tokens ≥ 0` unless it was written by a [`reserve`] that granted with a wait. Such a bucket is *in debt*: its
@@ -163,7 +164,8 @@ pub struct State {
     /// smaller burst sees more; the refill caps it). Negative only after a [`reserve`] granted with a wait: the
     /// debt, at most `rate · max_wait` of that call. A decoded state may hold any finite value.
     pub tokens: f64,
-    /// Server wall-clock time of the last write, microseconds since the Unix epoch. Never moves backwards.
+    /// Server wall-clock time of the last write, microseconds since the Unix epoch. Moves backwards only when
+    /// the clock does (see [`refilled`]).
     pub updated_us: i64,
 }
 
@@ -253,7 +255,8 @@ pub struct Decision {
     pub retry_after_ms: i64,
     /// Milliseconds until the bucket is full again (debt repaid), rounded up; 0 for a full bucket.
     pub reset_after_ms: i64,
-    /// `Some` only when an allowed call took a non-zero cost. Denials and peeks write nothing.
+    /// `Some` when an allowed call took a non-zero cost. Denials and peeks write nothing, except once per
+    /// bucket after the clock steps back (see [`refilled`]).
     pub write: Option<Write>,
 }
 
@@ -265,11 +268,15 @@ impl Decision {
 
 /// Decides one call at server time `now_us` against the stored bucket (`None`: missing, hence full).
 ///
-/// A `cost` of 0 is a peek: allowed, nothing written, also on a bucket in debt (which reports `remaining` 0 and
+/// A `cost` of 0 is a peek: allowed, nothing written (but see [`refilled`]), also on a bucket in debt (which reports `remaining` 0 and
 /// a reset that counts the debt). Any other cost on a bucket in debt is denied until the debt is repaid and
 /// `cost` is there on top: `retry_after_ms` counts both, because the refill simply starts from negative tokens.
 pub fn acquire(stored: Option<State>, now_us: i64, params: &Params, cost: Cost) -> Decision {
-    decide(&refilled(stored, now_us, params), now_us, params, cost)
+    let mut decision = decide(&refilled(stored, now_us, params), now_us, params, cost);
+    decision.write = decision
+        .write
+        .or_else(|| rebased_write(stored, now_us, params));
+    decision
 }
 
 /// [`acquire`] on the bucket already refilled to now (`current`, from [`refilled`]).
@@ -315,23 +322,42 @@ fn decide(current: &State, now_us: i64, params: &Params, cost: Cost) -> Decision
     decision
 }
 
-/// The stored bucket refilled to now: as of `as_of_us`, the later of now and its last write. A stored time ahead
-/// of our clock (a clock stepped back, or a failover to a replica whose clock is behind) is honoured, never
-/// rewritten to an earlier one. A missing bucket is a full one.
+/// The stored bucket refilled to now. A missing bucket is a full one.
+///
+/// A clock that reads earlier than the stored `updated_us` (a clock stepped back, or a failover to a server whose
+/// clock is behind) has no refill to add: the bucket keeps its stored tokens (capped at `burst`, as any refill
+/// is) and refills from the current reading on, whatever the size of the step. The refill earned between the
+/// last write and that reading is not credited: from the stored state and one clock reading alone the step's
+/// size is unknown, and crediting any time could grant more than `burst + rate · t` over real time. See
+/// [`rebased_write`] for the one write that records the new time base.
 fn refilled(stored: Option<State>, now_us: i64, params: &Params) -> State {
     match stored {
-        Some(state) => {
-            let as_of_us = now_us.max(state.updated_us);
-            State {
-                tokens: state.tokens_at(as_of_us, params),
-                updated_us: as_of_us,
-            }
-        }
+        Some(state) if now_us < state.updated_us => State {
+            tokens: state.tokens.min(params.burst),
+            updated_us: now_us,
+        },
+        Some(state) => State {
+            tokens: state.tokens_at(now_us, params),
+            updated_us: now_us,
+        },
         None => State {
             tokens: params.burst,
             updated_us: now_us,
         },
     }
+}
+
+/// The write a call must make when it would otherwise write nothing (a denial, a peek, a refusal, a refund that
+/// gives nothing back) but the clock reads earlier than the stored `updated_us`: the bucket as [`refilled`]
+/// rebases it, tokens unchanged, as of now. Without it every later call would rebase to its own reading, and the
+/// refill would never accumulate. Once written, the stored time is no longer ahead of the clock, so each bucket
+/// takes at most one such write per backward step. `None` when the clock is not behind, and for a bucket that is
+/// full anyway (it reads the same from any time base).
+fn rebased_write(stored: Option<State>, now_us: i64, params: &Params) -> Option<Write> {
+    let stored = stored.filter(|state| now_us < state.updated_us)?;
+    let rebased = refilled(Some(stored), now_us, params);
+    (rebased.tokens < params.burst)
+        .then(|| write_expiring(rebased, full_at_us(&rebased, params), now_us, params))
 }
 
 /// The `remaining` reply: whole tokens, rounded down, never below 0 (a bucket in debt has none to offer).
@@ -364,7 +390,8 @@ pub struct Reservation {
     pub remaining: i64,
     /// Milliseconds until the bucket is full again, debt repaid, rounded up; 0 for a full bucket.
     pub reset_after_ms: i64,
-    /// `Some` only when a grant took a non-zero cost. Refusals and peeks write nothing.
+    /// `Some` when a grant took a non-zero cost. Refusals and peeks write nothing, except once per bucket after
+    /// the clock steps back (see [`refilled`]).
     pub write: Option<Write>,
 }
 
@@ -396,7 +423,9 @@ pub fn reserve(
         wait_ms: decision.retry_after_ms,
         remaining: decision.remaining,
         reset_after_ms: decision.reset_after_ms,
-        write: decision.write,
+        write: decision
+            .write
+            .or_else(|| rebased_write(stored, now_us, params)),
     };
     if decision.outcome != Outcome::Denied || decision.retry_after_ms > max_wait.ms() {
         return as_acquired;
@@ -432,7 +461,8 @@ pub enum KeyChange {
 /// The answer to a [`refund`]: the three reply fields and the change to the key.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Refund {
-    /// True exactly when the bucket changed (`change` is not `Keep`).
+    /// True exactly when tokens were given back. The key may change without it, once per clock step back
+    /// (see [`refilled`]).
     pub refunded: bool,
     /// Tokens actually given back: `amount`, or less where the burst capped it; 0 when nothing was refunded.
     pub tokens_refunded: f64,
@@ -466,12 +496,14 @@ pub fn refund(stored: Option<State>, now_us: i64, params: &Params, amount: Amoun
         };
     };
     let current = refilled(Some(stored), now_us, params);
+    // Nothing given back; the key changes only to record a new time base after a clock step back.
     let unchanged = |state: &State| Refund {
         refunded: false,
         tokens_refunded: 0.0,
         remaining: remaining(state),
         reset_after_ms: ms_until(now_us, full_at_us(state, params)),
-        change: KeyChange::Keep,
+        change: rebased_write(Some(stored), now_us, params)
+            .map_or(KeyChange::Keep, KeyChange::Write),
     };
     if current.tokens < 0.0 {
         return unchanged(&current);
@@ -519,7 +551,8 @@ pub struct Combined {
     /// impossible one, else the longest wait); when allowed, the one with the fewest tokens left, whose burst and
     /// reset a caller should put in its rate-limit headers. Ties go to the earlier bucket.
     pub limiting_index: usize,
-    /// One entry per bucket, in order: the write for an allowed call, all `None` for a refused one.
+    /// One entry per bucket, in order: the write for an allowed call; for a refused one, `None` except where a
+    /// bucket records a new time base after a clock step back.
     pub writes: Vec<Option<Write>>,
 }
 
@@ -662,3 +695,6 @@ fn floor_saturating(x: f64) -> i64 {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod clock_steps;

@@ -102,22 +102,6 @@ fn denied_call_writes_nothing() {
 }
 
 #[test]
-fn clock_stepping_back_never_mints_tokens() {
-    let p = params(1_000.0, 10.0);
-    let stored = State {
-        tokens: 0.0,
-        updated_us: T0,
-    };
-    // Our clock reads 5 s before the last write: no refill, and the write keeps the later timestamp.
-    let d = acquire(Some(stored), T0 - 5_000_000, &p, cost(1.0));
-    assert_eq!(d.outcome, Outcome::Denied);
-    // 1 ms of refill after the stored time, plus the 5 s our clock is behind.
-    assert_eq!(d.retry_after_ms, 5_001);
-    let later = acquire(Some(stored), T0 + 2_000, &p, cost(1.0));
-    assert_eq!(later.write.map(|w| w.state.updated_us), Some(T0 + 2_000));
-}
-
-#[test]
 fn smaller_burst_caps_stored_tokens() {
     let stored = State {
         tokens: 100.0,
@@ -240,7 +224,9 @@ proptest! {
         let d = acquire(Some(state), now_us, &p, c);
         prop_assume!(d.outcome == Outcome::Denied);
         prop_assert!(d.retry_after_ms >= 1);
-        let at = |ms: i64| acquire(Some(state), now_us + ms * 1_000, &p, c);
+        // Exact against the bucket as this call left it (a clock behind the stored time rebases it).
+        let after = d.write.map_or(state, |write| write.state);
+        let at = |ms: i64| acquire(Some(after), now_us + ms * 1_000, &p, c);
         prop_assert!(at(d.retry_after_ms).allowed(), "not allowed after {} ms", d.retry_after_ms);
         prop_assert!(!at(d.retry_after_ms - 1).allowed(), "allowed 1 ms before {} ms", d.retry_after_ms);
     }
@@ -738,19 +724,25 @@ proptest! {
         let now_us = T0 + now_off;
         let c = cost(p.burst() * cost_frac);
         let r = reserve(Some(state), now_us, &p, c, limit);
-        let current_tokens = state.tokens_at(now_us.max(T0), &p);
+        // A clock behind the stored time keeps the stored tokens and refills from now.
+        let current_tokens = if now_us < T0 { state.tokens.min(p.burst()) } else { state.tokens_at(now_us, &p) };
+        let rebased = State { tokens: current_tokens, updated_us: now_us };
         if r.wait_ms > 0 {
-            let at = |ms: i64| acquire(Some(state), now_us + ms * 1_000, &p, c);
+            let at = |ms: i64| acquire(Some(rebased), now_us + ms * 1_000, &p, c);
             prop_assert!(at(r.wait_ms).allowed(), "not allowed after {} ms", r.wait_ms);
             prop_assert!(!at(r.wait_ms - 1).allowed(), "allowed 1 ms before {} ms", r.wait_ms);
         }
         prop_assert_eq!(r.granted(), r.wait_ms <= limit.ms());
         match r.write {
+            Some(write) if !r.granted() || c.tokens() == 0.0 => {
+                // Only the one write that records a new time base after the clock stepped back.
+                prop_assert!(now_us < T0);
+                prop_assert_eq!(write.state, rebased);
+            }
             Some(write) => {
-                prop_assert!(r.granted() && c.tokens() > 0.0);
                 // Now or in debt alike (`current ≥ cost` makes the difference ≥ 0, so acquire's clamp changes nothing).
                 prop_assert_eq!(write.state.tokens, current_tokens - c.tokens());
-                prop_assert_eq!(write.state.updated_us, now_us.max(T0));
+                prop_assert_eq!(write.state.updated_us, now_us);
                 // The debt is what the refill repays by the slot: at most rate · wait.
                 let debt_bound = p.rate_per_sec() * r.wait_ms as f64 / 1e3;
                 prop_assert!(-write.state.tokens <= debt_bound * (1.0 + 1e-9) + 1e-9);
@@ -758,7 +750,7 @@ proptest! {
                 prop_assert!(write.state.tokens_at(write.expire_at_ms * 1_000, &p) >= p.burst());
                 prop_assert!(write.state.tokens_at((write.expire_at_ms - 1) * 1_000, &p) < p.burst());
             }
-            None => prop_assert!(!r.granted() || c.tokens() == 0.0),
+            None => prop_assert!((!r.granted() || c.tokens() == 0.0) && (now_us >= T0 || rebased.tokens >= p.burst())),
         }
         prop_assert!(r.remaining >= 0 && r.reset_after_ms >= 0 && r.wait_ms >= -1);
     }
@@ -781,7 +773,7 @@ proptest! {
         let cap_ms = now_us / 1_000 + MAX_TTL_MS;
         let check_write = |write: &Write| -> Result<(), TestCaseError> {
             prop_assert!(write.state.tokens.is_finite() && write.state.tokens <= burst, "{:?}", write);
-            prop_assert!(write.state.updated_us == now_us.max(updated_us));
+            prop_assert!(write.state.updated_us == now_us);
             prop_assert!(write.expire_at_ms <= cap_ms, "{:?}", write);
             Ok(())
         };
@@ -799,10 +791,13 @@ proptest! {
         }
         let back = refund(stored, now_us, &p, amount(amount_tokens));
         prop_assert!(back.remaining >= 0 && back.reset_after_ms >= 0);
-        prop_assert_eq!(back.refunded, back.change != KeyChange::Keep);
+        prop_assert!(!back.refunded || back.change != KeyChange::Keep);
         if let KeyChange::Write(write) = &back.change {
             check_write(write)?;
-            prop_assert!(write.state.tokens >= 0.0 && write.state.tokens < burst);
+            prop_assert!(write.state.tokens < burst);
+            // A write that refunds nothing only records a new time base, tokens unchanged.
+            prop_assert!(back.refunded || (now_us < updated_us && write.state.tokens == tokens));
+            prop_assert!(!back.refunded || write.state.tokens >= 0.0);
         }
         let all = acquire_all(&[(stored, p), (None, p)], now_us, c);
         prop_assert!(all.remaining >= 0 && all.reset_after_ms >= 0 && all.retry_after_ms >= -1);

@@ -34,7 +34,11 @@
 //!
 //! Only allowed calls with a non-zero cost write. Denials and peeks leave the key, its expiry and the replication
 //! stream untouched: the refill is a pure function of time, so there is nothing to record. Nor do they signal the
-//! key as modified, so a client's `WATCH` on a bucket survives them (issue #4).
+//! key as modified, so a client's `WATCH` on a bucket survives them (issue #4). The one exception is a clock that
+//! reads earlier than a bucket's `ts` (a step back, or a failover to a server whose clock is behind): the bucket
+//! keeps its tokens and refills from that reading, and the first call of any command to see it writes (and
+//! replicates) the bucket with the new `ts`, once per bucket per step (issue #19; `bucket::refilled`). Every
+//! command gets this from the core's decision, never from code of its own here.
 //!
 //! Replication sends the *effects*, `HSET key tokens T ts TS` and, when the expiry moves, `PEXPIREAT key MS`,
 //! with exactly the bytes written here, never the command itself. `RM_ReplicateVerbatim` is for commands that "deterministically
