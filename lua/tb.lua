@@ -141,10 +141,14 @@ local function tokens_at(state, at_us, p)
   return math.min(state.tokens + refill, p.burst)
 end
 
+-- A clock that reads earlier than the stored ts (stepped back, or a promoted replica behind): the bucket keeps its
+-- tokens, capped at burst, and refills from now on.
 local function refilled(stored, now_us, p)
   if stored then
-    local as_of_us = math.max(now_us, stored.ts)
-    return { tokens = tokens_at(stored, as_of_us, p), ts = as_of_us }
+    if now_us < stored.ts then
+      return { tokens = math.min(stored.tokens, p.burst), ts = now_us }
+    end
+    return { tokens = tokens_at(stored, now_us, p), ts = now_us }
   end
   return { tokens = p.burst, ts = now_us }
 end
@@ -204,6 +208,15 @@ local function write_expiring(state, full_at, now_us, p)
   }
 end
 
+-- The write a call that would write nothing makes when the clock reads earlier than the stored ts: the bucket as
+-- `refilled` rebases it, so that the refill accumulates from now. Once per bucket per step; none for a full one.
+local function rebased_write(stored, now_us, p)
+  if not stored or now_us >= stored.ts then return nil end
+  local rebased = refilled(stored, now_us, p)
+  if rebased.tokens >= p.burst then return nil end
+  return write_expiring(rebased, full_at_us(rebased, p), now_us, p)
+end
+
 -- Outcomes, as the core's `Outcome`.
 local ALLOWED, DENIED, IMPOSSIBLE = 'allowed', 'denied', 'impossible'
 
@@ -234,7 +247,9 @@ local function decide(current, now_us, p, cost)
 end
 
 local function acquire(stored, now_us, p, cost)
-  return decide(refilled(stored, now_us, p), now_us, p, cost)
+  local d = decide(refilled(stored, now_us, p), now_us, p, cost)
+  d.write = d.write or rebased_write(stored, now_us, p)
+  return d
 end
 
 -- Index (1-based) of the first decision with the largest key(d).
@@ -284,7 +299,7 @@ local function reserve(stored, now_us, p, cost, max_wait_ms)
   local d = decide(current, now_us, p, cost)
   if d.outcome ~= DENIED or d.retry_after_ms > max_wait_ms then
     return { outcome = d.outcome, wait_ms = d.retry_after_ms, remaining = d.remaining,
-             reset_after_ms = d.reset_after_ms, write = d.write }
+             reset_after_ms = d.reset_after_ms, write = d.write or rebased_write(stored, now_us, p) }
   end
   local after = { tokens = current.tokens - cost, ts = current.ts }
   local full_at = full_at_us(after, p)
@@ -304,7 +319,8 @@ local function refund(stored, now_us, p, amount)
   end
   local current = refilled(stored, now_us, p)
   local function unchanged(state)
-    return { refunded = 0, remaining = remaining(state), reset_after_ms = ms_until(now_us, full_at_us(state, p)) }
+    return { refunded = 0, remaining = remaining(state), reset_after_ms = ms_until(now_us, full_at_us(state, p)),
+             write = rebased_write(stored, now_us, p) }
   end
   if current.tokens < 0 then return unchanged(current) end
   local after = { tokens = math.min(current.tokens + amount, p.burst), ts = current.ts }
@@ -332,7 +348,7 @@ local function acquire_at_most(stored, now_us, p, max)
       retry = retry_after_ms(current, now_us, p, 1)
     end
     return { granted = 0, remaining = 0, retry_after_ms = retry,
-             reset_after_ms = ms_until(now_us, full_at_us(current, p)) }
+             reset_after_ms = ms_until(now_us, full_at_us(current, p)), write = rebased_write(stored, now_us, p) }
   end
   local d = decide(current, now_us, p, granted)
   return { granted = granted, remaining = d.remaining, retry_after_ms = 0,
@@ -366,7 +382,7 @@ end
 
 local function charge(stored, now_us, p, cost)
   local current = refilled(stored, now_us, p)
-  if cost == 0 then return charge_answer(current, now_us, p, nil) end
+  if cost == 0 then return charge_answer(current, now_us, p, rebased_write(stored, now_us, p)) end
   local after = { tokens = current.tokens - cost, ts = current.ts }
   if after.tokens == -math.huge or after.tokens < -refill_over_ms(MAX_WAIT_LIMIT_MS, p) then
     refuse(ERR_DEBT)
@@ -377,7 +393,9 @@ end
 local function block(stored, now_us, p, duration_ms)
   local current = refilled(stored, now_us, p)
   local blocked_tokens = -refill_over_ms(duration_ms, p)
-  if current.tokens <= blocked_tokens then return charge_answer(current, now_us, p, nil) end
+  if current.tokens <= blocked_tokens then
+    return charge_answer(current, now_us, p, rebased_write(stored, now_us, p))
+  end
   return charged({ tokens = blocked_tokens, ts = current.ts }, now_us, p)
 end
 
@@ -633,7 +651,8 @@ commands['TB.ACQUIREALL'] = function(keys, args)
   read_members(keys, members)
   local now = now_us()
   local combined = acquire_many(members, now)
-  if combined.outcome == ALLOWED then write_members(keys, members, combined.buckets, now) end
+  -- A refused call still writes the buckets that record a new time base after a clock step back.
+  write_members(keys, members, combined.buckets, now)
   local min_remaining, max_reset = nil, 0
   for _, d in ipairs(combined.buckets) do
     if min_remaining == nil or d.remaining < min_remaining then min_remaining = d.remaining end
@@ -658,7 +677,7 @@ commands['TB.ACQUIREEACH'] = function(keys, args)
   read_members(keys, members)
   local now = now_us()
   local each = acquire_many(members, now)
-  if each.outcome == ALLOWED then write_members(keys, members, each.buckets, now) end
+  write_members(keys, members, each.buckets, now)
   local reply = { each.outcome == ALLOWED and 1 or 0, each.limiting - 1 }
   for i, d in ipairs(each.buckets) do
     reply[i + 2] = { d.outcome == ALLOWED and 1 or 0, int(d.remaining), int(d.retry_after_ms),

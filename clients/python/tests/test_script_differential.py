@@ -165,8 +165,12 @@ def random_call(
 
 
 def advance_us(rng: random.Random) -> int:
-    """Mostly small steps (state carries over), sometimes ms edges, now and then long enough to expire keys."""
+    """Mostly small steps (state carries over), sometimes ms edges, now and then long enough to expire keys, and
+    now and then a clock that steps back (up to an hour), where a bucket keeps its tokens and refills from the
+    new reading."""
     roll = rng.random()
+    if roll < 0.04:
+        return -rng.choice([1, 1000, rng.randint(1, 5_000_000), 3_600_000_000])
     if roll < 0.15:
         return rng.choice([0, 1, 999, 1000, 1001])
     if roll < 0.85:
