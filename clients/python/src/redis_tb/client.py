@@ -7,7 +7,7 @@ from typing import Any, Literal, TypeVar
 
 from redis import Redis
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from . import _protocol as protocol
 from .errors import ModuleNotLoaded
@@ -72,7 +72,7 @@ class TokenBucket:
         if self._backends.mode == "auto":
             try:
                 self.redis.execute_command("TB.ACQUIRE", DETECT_KEY, "1", "1", "0")  # type: ignore[no-untyped-call]
-            except (ResponseError, RedisClusterException) as error:
+            except RedisError as error:  # a cluster client's own command table raises a plain RedisError
                 if not protocol.is_unknown_command(error):
                     raise _translated(error) from None
                 self._backends.in_use = protocol.SCRIPT_BACKEND
@@ -84,7 +84,7 @@ class TokenBucket:
         if self._backends.uses_module(call.name):
             try:
                 reply = self.redis.execute_command(call.name, *call.module_args)  # type: ignore[no-untyped-call]
-            except (ResponseError, RedisClusterException) as error:
+            except RedisError as error:  # a cluster client's own command table raises a plain RedisError
                 if not protocol.is_unknown_command(error):
                     raise _translated(error) from None
                 self._backends.module_missing(call.name, error)

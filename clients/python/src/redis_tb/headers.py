@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .limit import Limit
+from .replies import Acquired, AcquiredAll, AcquiredEach
 
 Standard = Literal["draft", "legacy", "both"]
 STANDARDS: tuple[Standard, ...] = ("draft", "legacy", "both")
@@ -79,3 +80,28 @@ def rate_limit_headers(
     if not allowed and retry_after_ms is not None and retry_after_ms >= 0:
         headers.append(("Retry-After", str(_seconds_up(retry_after_ms))))
     return headers
+
+
+def headers_for(
+    limits: Sequence[Limit],
+    reply: Acquired | AcquiredAll | AcquiredEach,
+    *,
+    standard: Standard = "both",
+) -> list[tuple[str, str]]:
+    """The header fields for a reply: `TB.ACQUIRE`'s with its one limit, `TB.ACQUIREEACH`'s with one limit per
+    bucket in call order, or `TB.ACQUIREALL`'s (which reports only the limiting bucket, so only that bucket's
+    limit appears)."""
+    if isinstance(reply, AcquiredEach):
+        statuses = [
+            BucketStatus(limit, b.remaining, b.reset_after_ms) for limit, b in zip(limits, reply.buckets, strict=True)
+        ]
+        return rate_limit_headers(
+            statuses,
+            limiting_index=reply.limiting_index,
+            allowed=reply.allowed,
+            retry_after_ms=reply.retry_after_ms,
+            standard=standard,
+        )
+    index = reply.limiting_index if isinstance(reply, AcquiredAll) else 0
+    status = BucketStatus(limits[index], reply.remaining, reply.reset_after_ms)
+    return rate_limit_headers([status], allowed=reply.allowed, retry_after_ms=reply.retry_after_ms, standard=standard)
