@@ -2,7 +2,9 @@
 //!
 //! `acquire(stored, now_us, params, cost)` takes the bucket as it was last written, the current server time and
 //! the caller's parameters, and returns a [`Decision`]: what to reply, and whether (and what) to write back.
-//! [`reserve`] and [`refund`] do the same for pacing (take now, act later) and for giving tokens back.
+//! [`reserve`] and [`refund`] do the same for pacing (take now, act later) and for giving tokens back;
+//! [`acquire_each`] (`each.rs`) takes its own cost from each of several buckets, all or none, and
+//! [`acquire_at_most`] (`at_most.rs`) takes up to a number of whole tokens.
 //! Everything that touches the server lives in `command/`; time is always an argument here so that unit tests,
 //! property tests and benchmarks control it fully. `make lint` checks that this file never imports
 //! `redis_module` or reads a clock.
@@ -25,6 +27,12 @@
 //! derived with saturating conversions and then checked against the same refill function a later call will use,
 //! so the advertised waits are exact with respect to what the server will actually decide.
 #![forbid(unsafe_code)]
+
+mod at_most;
+mod each;
+
+pub use at_most::{acquire_at_most, AtMost, Partial, MAX_AT_MOST};
+pub use each::{acquire_each, Each, Member};
 
 /// Microseconds in a second: the unit conversion between `rate_per_sec` and the `*_us` timestamps.
 const MICROS_PER_SEC: f64 = 1_000_000.0;
@@ -65,6 +73,8 @@ pub enum ParamError {
     MaxWait,
     /// `amount` is not a finite number ≥ 0.
     Amount,
+    /// `max` (of a partial grant) is not an integer in `1..=MAX_AT_MOST`.
+    AtMost,
 }
 
 /// The shape of one bucket, as the caller passes it on every call. Built only by [`Params::new`].
