@@ -4,6 +4,13 @@
 //! `peeks`, `refunds`, `refunds_ignored` and `errors`, so they add up to `calls`. `tokens_granted` sums the cost of
 //! allowed and reserved calls, `tokens_refunded` the tokens refunds gave back.
 //!
+//! A call on several buckets is one call: `TB.ACQUIREALL` and `TB.ACQUIREEACH` count once, under the outcome of
+//! the whole call (a refusal under the limiting bucket's), and add to `tokens_granted` the largest cost they took
+//! from one bucket (`TB.ACQUIREALL` its cost). So `TB.ACQUIREEACH` with one cost everywhere counts what
+//! `TB.ACQUIREALL` would; costs of different buckets are often in different units (requests, bytes), and a sum of
+//! them would mean nothing. A partial grant (`TB.ACQUIREATMOST`) counts as allowed with the tokens it took, a call
+//! that found no whole token as denied, and one whose burst is below one token as `denied_cost_exceeds_burst`.
+//!
 //! The counters only ever grow (saturating at `u64::MAX`, and `tokens_granted` at the largest finite `f64`): a
 //! metrics scraper computes rates from their differences, and a reset it did not see reads as a huge negative
 //! rate. `CONFIG RESETSTAT` does not reset them. An earlier version reset them from a command filter that saw

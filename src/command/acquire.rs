@@ -65,6 +65,8 @@ pub const ACQUIRE_ALL_DOCS: CommandDocs = CommandDocs {
 };
 pub(super) const ACQUIRE_ALL_ARITY_ERROR: &CStr =
     c"ERR wrong number of arguments for 'tb.acquireall' command";
+pub(super) const ACQUIRE_ALL_TOO_MANY_ERROR: &CStr =
+    c"ERR too many buckets: TB.ACQUIREALL takes at most 1000";
 
 /// `TB.ACQUIRE key rate burst [cost]`.
 pub struct Acquire;
@@ -129,10 +131,10 @@ impl Command for AcquireAll {
 
 /// Arguments per bucket in `TB.ACQUIREALL`: key, rate, burst.
 const BUCKET_ARGS: usize = 3;
-/// Most buckets one `TB.ACQUIREALL` may name. A call costs about 1.5 µs of server time per bucket, and no call may
+/// Most buckets one `TB.ACQUIREALL` (or `TB.ACQUIREEACH`) may name. A call costs about 1.5 µs of server time per bucket, and no call may
 /// hold the server for more than a few milliseconds: 1,000 buckets take about 1.5 ms. (Without a cap, one call
 /// naming 30,000 buckets held every other client for 45 ms.) The error text says the number: keep them in step.
-const MAX_BUCKETS: usize = 1_000;
+pub(super) const MAX_BUCKETS: usize = 1_000;
 /// Index of the first bucket's key in `TB.ACQUIREALL` (after the name and the cost).
 const FIRST_BUCKET_ARG: usize = 2;
 
@@ -142,7 +144,7 @@ fn acquire_all(call: &Call<'_>) -> Result<(Combined, Cost), TbError> {
         return Err(TbError::WrongArity(ACQUIRE_ALL_ARITY_ERROR));
     }
     if (argc - FIRST_BUCKET_ARG) / BUCKET_ARGS > MAX_BUCKETS {
-        return Err(TbError::TooManyBuckets);
+        return Err(TbError::TooManyBuckets(ACQUIRE_ALL_TOO_MANY_ERROR));
     }
     let cost = parse_cost(call.arg(1).unwrap_or_default())?;
     let key_indexes: Vec<usize> = (FIRST_BUCKET_ARG..argc).step_by(BUCKET_ARGS).collect();
@@ -175,7 +177,7 @@ fn acquire_all(call: &Call<'_>) -> Result<(Combined, Cost), TbError> {
 
 /// Whether any two of `keys` are equal. Sorting makes it O(N log N): a pairwise check held the server for seconds
 /// on a call naming 30,000 buckets (issue #12).
-fn has_duplicate<'a>(keys: impl Iterator<Item = Option<&'a [u8]>>) -> bool {
+pub(super) fn has_duplicate<'a>(keys: impl Iterator<Item = Option<&'a [u8]>>) -> bool {
     let mut sorted: Vec<Option<&[u8]>> = keys.collect();
     sorted.sort_unstable();
     sorted.windows(2).any(|pair| pair.first() == pair.last())

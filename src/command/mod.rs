@@ -20,13 +20,31 @@
 //!   A missing key is a full bucket. The key expires no earlier than the moment the bucket is full again and at
 //!   most a slack later: 1% of burst / rate, at least 1 s, at most a day (see `bucket::Write`).
 //!
+//! TB.ACQUIREEACH key rate burst cost [key rate burst cost ...]      (1 to 1000 buckets, each key once)
+//!
+//! Reply: array of 2 + N elements
+//!   1) allowed          1 when every bucket held its own cost and paid it, else 0 and nothing is taken
+//!   2) limiting_index   0-based; TB.ACQUIREALL's rule: refused: the first bucket whose cost exceeds its burst,
+//!                       else the first with the longest wait; allowed: the first with the fewest tokens left
+//!   3..) per bucket, in argument order, 4 integers with TB.ACQUIRE's meanings for that bucket and its cost:
+//!        fits (1 when that bucket alone holds its cost now), remaining, retry_after_ms (0 when it fits, -1 when
+//!        its cost exceeds its burst), reset_after_ms; remaining and reset after this call
+//!
+//! TB.ACQUIREATMOST key rate burst max                                (max an integer from 1 to 2^53)
+//!
+//! Reply: array of 4 integers
+//!   1) granted          min(max, whole tokens in the bucket); 0 when less than one whole token is there
+//!   2) remaining        3) retry_after_ms: 0 when granted, -1 when burst < 1, else ms until one whole token
+//!   4) reset_after_ms
+//!
 //! Errors (nothing is changed by a call that errors):
 //!   ERR wrong number of arguments for 'tb.acquire' command
 //!   ERR rate must be a positive number          (likewise burst; cost must be a non-negative number)
 //!   WRONGTYPE Operation against a key holding the wrong kind of value
 //!   ERR key is not a valid token bucket (...)   a hash with other fields or unparsable values
-//!   ERR each key may appear only once           TB.ACQUIREALL naming a key twice
-//!   ERR too many buckets: TB.ACQUIREALL takes at most 1000
+//!   ERR each key may appear only once           TB.ACQUIREALL or TB.ACQUIREEACH naming a key twice
+//!   ERR too many buckets: TB.ACQUIREALL takes at most 1000            (likewise TB.ACQUIREEACH)
+//!   ERR max must be an integer from 1 to 9007199254740992
 //!   ERR failed to write the token bucket        the server refused a string or key the write needs; no known
 //!                                               input or configuration leads here (renamed HSET/PEXPIREAT are
 //!                                               refused at load time instead)
@@ -45,13 +63,15 @@
 //! re-create the new state" (`module.c`); ours reads the clock, so a replica re-running it would compute with its
 //! own clock, and a replica or AOF loader without the module could not run it at all.
 //!
-//! Layout: `acquire` holds `TB.ACQUIRE` and `TB.ACQUIREALL`; `args` parses what every command shares (rate,
+//! Layout: `acquire` holds `TB.ACQUIRE` and `TB.ACQUIREALL`; `each` holds `TB.ACQUIREEACH` and
+//! `TB.ACQUIREATMOST`; `reserve` holds `TB.RESERVE` and `TB.REFUND`; `args` parses what every command shares (rate,
 //! burst, cost); `state` reads and writes a bucket's hash, expiry and replication; this file holds the error
 //! type, the replies and the module's registration.
 #![forbid(unsafe_code)]
 
 mod acquire;
 mod args;
+mod each;
 mod reserve;
 mod state;
 
@@ -67,6 +87,10 @@ use crate::stats::{self, Tally};
 use acquire::{
     Acquire, AcquireAll, ACQUIRE_ALL_DOCS, ACQUIRE_ALL_FLAGS, ACQUIRE_ALL_NAME, ACQUIRE_DOCS,
     ACQUIRE_FLAGS, ACQUIRE_NAME,
+};
+use each::{
+    AcquireAtMost, AcquireEach, ACQUIRE_AT_MOST_DOCS, ACQUIRE_AT_MOST_FLAGS, ACQUIRE_AT_MOST_NAME,
+    ACQUIRE_EACH_DOCS, ACQUIRE_EACH_FLAGS, ACQUIRE_EACH_NAME,
 };
 use reserve::{
     Refund, Reserve, REFUND_DOCS, REFUND_FLAGS, REFUND_NAME, RESERVE_DOCS, RESERVE_FLAGS,
@@ -89,7 +113,8 @@ pub enum TbError {
     /// Carries the command's own message, which names it.
     WrongArity(&'static CStr),
     DuplicateKey,
-    TooManyBuckets,
+    /// Carries the command's own message, which names it.
+    TooManyBuckets(&'static CStr),
     Param(ParamError),
     WrongType,
     NotABucket,
@@ -102,7 +127,7 @@ impl TbError {
         match self {
             TbError::WrongArity(message) => message,
             TbError::DuplicateKey => c"ERR each key may appear only once",
-            TbError::TooManyBuckets => c"ERR too many buckets: TB.ACQUIREALL takes at most 1000",
+            TbError::TooManyBuckets(message) => message,
             TbError::Param(ParamError::Rate) => c"ERR rate must be a positive number",
             TbError::Param(ParamError::Burst) => c"ERR burst must be a positive number",
             TbError::Param(ParamError::Cost) => c"ERR cost must be a non-negative number",
@@ -110,6 +135,9 @@ impl TbError {
                 c"ERR max_wait_ms must be an integer from 0 to 86400000"
             }
             TbError::Param(ParamError::Amount) => c"ERR amount must be a non-negative number",
+            TbError::Param(ParamError::AtMost) => {
+                c"ERR max must be an integer from 1 to 9007199254740992"
+            }
             TbError::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",
             TbError::NotABucket => {
                 c"ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)"
@@ -171,6 +199,20 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
         ),
         register_one::<Reserve>(ctx, RESERVE_NAME, RESERVE_FLAGS, &RESERVE_DOCS, categories),
         register_one::<Refund>(ctx, REFUND_NAME, REFUND_FLAGS, &REFUND_DOCS, categories),
+        register_one::<AcquireEach>(
+            ctx,
+            ACQUIRE_EACH_NAME,
+            ACQUIRE_EACH_FLAGS,
+            &ACQUIRE_EACH_DOCS,
+            categories,
+        ),
+        register_one::<AcquireAtMost>(
+            ctx,
+            ACQUIRE_AT_MOST_NAME,
+            ACQUIRE_AT_MOST_FLAGS,
+            &ACQUIRE_AT_MOST_DOCS,
+            categories,
+        ),
     ];
     let mut docs = Support::Done;
     let mut acl = Support::Done;
@@ -267,7 +309,10 @@ fn reply_error(call: &Call<'_>, error: TbError) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use acquire::{ACQUIRE_ALL_ARITY_ERROR, ACQUIRE_ARITY_ERROR};
+    use acquire::{ACQUIRE_ALL_ARITY_ERROR, ACQUIRE_ALL_TOO_MANY_ERROR, ACQUIRE_ARITY_ERROR};
+    use each::{
+        ACQUIRE_AT_MOST_ARITY_ERROR, ACQUIRE_EACH_ARITY_ERROR, ACQUIRE_EACH_TOO_MANY_ERROR,
+    };
     use reserve::{REFUND_ARITY_ERROR, RESERVE_ARITY_ERROR};
 
     #[test]
@@ -277,13 +322,17 @@ mod tests {
             TbError::WrongArity(ACQUIRE_ALL_ARITY_ERROR),
             TbError::WrongArity(RESERVE_ARITY_ERROR),
             TbError::WrongArity(REFUND_ARITY_ERROR),
+            TbError::WrongArity(ACQUIRE_EACH_ARITY_ERROR),
+            TbError::WrongArity(ACQUIRE_AT_MOST_ARITY_ERROR),
             TbError::DuplicateKey,
-            TbError::TooManyBuckets,
+            TbError::TooManyBuckets(ACQUIRE_ALL_TOO_MANY_ERROR),
+            TbError::TooManyBuckets(ACQUIRE_EACH_TOO_MANY_ERROR),
             TbError::Param(ParamError::Rate),
             TbError::Param(ParamError::Burst),
             TbError::Param(ParamError::Cost),
             TbError::Param(ParamError::MaxWait),
             TbError::Param(ParamError::Amount),
+            TbError::Param(ParamError::AtMost),
             TbError::WrongType,
             TbError::NotABucket,
             TbError::WriteFailed,

@@ -140,6 +140,39 @@ impl<'a> Call<'a> {
         }
     }
 
+    /// Replies with one array: the integers of `head`, then one nested array of `N` integers per row.
+    pub fn reply_integers_and_rows<const N: usize>(
+        &self,
+        head: &[i64],
+        rows: impl ExactSizeIterator<Item = [i64; N]>,
+    ) {
+        let (Some(array), Some(integer)) = (unsafe { raw::RedisModule_ReplyWithArray }, unsafe {
+            raw::RedisModule_ReplyWithLongLong
+        }) else {
+            return;
+        };
+        let (Ok(len), Ok(row_len)) = (
+            c_long::try_from(head.len().saturating_add(rows.len())),
+            c_long::try_from(N),
+        ) else {
+            return;
+        };
+        // SAFETY: `ctx` is the live context of this call; exactly `len` elements follow the outer array, and
+        // exactly `row_len` integers each nested one.
+        unsafe {
+            array(self.ctx, len);
+            for &value in head {
+                integer(self.ctx, value);
+            }
+            for row in rows {
+                array(self.ctx, row_len);
+                for value in row {
+                    integer(self.ctx, value);
+                }
+            }
+        }
+    }
+
     /// Replies with an error. `message` must carry its own prefix (`ERR `, `WRONGTYPE `): the server sends it
     /// as it is.
     pub fn reply_error(&self, message: &CStr) {
