@@ -271,3 +271,51 @@ fn hash_tags_keep_a_users_buckets_on_one_slot() {
     let cross = error_text(&cross.expect_err("keys in two slots"));
     assert!(cross.starts_with("CROSSSLOT "), "{cross}");
 }
+
+/// TB.ACQUIREEACH's first key sits at position 1 (and every fourth after it), so a cluster client routes it to
+/// the shard of its buckets' hash tag with no command table of its own, and the server refuses buckets in two
+/// slots with CROSSSLOT, as it does for TB.ACQUIREALL (tests/multi.rs).
+#[test]
+fn acquireeach_runs_on_the_shard_of_its_hash_tag() {
+    let cluster = Cluster::start();
+    let mut client = cluster.client();
+    let tagged = [
+        "{tenant:7}:requests",
+        "{tenant:7}:tokens",
+        "{tenant:7}:user:1",
+    ];
+    let args = |keys: &[&str]| -> Vec<String> {
+        keys.iter()
+            .flat_map(|key| [key.to_string(), "0.001".into(), "100".into(), "10".into()])
+            .collect()
+    };
+    let reply: redis::Value = redis::cmd("TB.ACQUIREEACH")
+        .arg(args(&tagged))
+        .query(&mut client)
+        .expect("TB.ACQUIREEACH over one slot");
+    let reply = common::EachReply::from_value(&reply);
+    assert_eq!(reply.allowed, 1, "{reply:?}");
+    assert!(reply.buckets.iter().all(|row| row[1] == 90), "{reply:?}");
+    let mut direct = cluster.direct();
+    let owners: Vec<usize> = tagged.iter().map(|key| owner(&mut direct, key)).collect();
+    assert!(owners.iter().all(|&owner| owner == owners[0]), "{owners:?}");
+    // Sent straight to a node that does not own the slot: MOVED, nothing written there.
+    let elsewhere = (owners[0] + 1) % direct.len();
+    let moved: redis::RedisResult<redis::Value> = redis::cmd("TB.ACQUIREEACH")
+        .arg(args(&tagged))
+        .query(&mut direct[elsewhere]);
+    assert_eq!(moved.expect_err("not the owner").code(), Some("MOVED"));
+    assert_eq!(dbsize(&mut direct[elsewhere]), 0);
+
+    let mut conn = cluster.nodes[0].conn();
+    let untagged = ["tenant:7:requests", "tenant:8:requests"];
+    assert_ne!(
+        keyslot(&mut conn, untagged[0]),
+        keyslot(&mut conn, untagged[1])
+    );
+    let cross: redis::RedisResult<redis::Value> = redis::cmd("TB.ACQUIREEACH")
+        .arg(args(&untagged))
+        .query(&mut client);
+    let cross = error_text(&cross.expect_err("keys in two slots"));
+    assert!(cross.starts_with("CROSSSLOT "), "{cross}");
+}

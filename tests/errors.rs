@@ -176,8 +176,15 @@ fn random_argument_vectors_never_hurt_the_server() {
     };
     let mut pipe = redis::pipe();
     for round in 0..3_000 {
-        let argc = (next() % 7) as usize;
-        let mut command = redis::cmd("TB.ACQUIRE");
+        // Half the rounds TB.ACQUIRE, the others the commands that take several buckets or a `max`.
+        let name = [
+            "TB.ACQUIRE",
+            "TB.ACQUIREEACH",
+            "TB.ACQUIRE",
+            "TB.ACQUIREATMOST",
+        ][(next() % 4) as usize];
+        let argc = (next() % 10) as usize;
+        let mut command = redis::cmd(name);
         for _ in 0..argc {
             if next() % 5 == 0 {
                 let bytes: Vec<u8> = (0..next() % 12).map(|_| next() as u8).collect();

@@ -314,19 +314,26 @@ fn acl_needs_read_and_write_permission_on_the_bucket() {
             .arg("+tb.acquireall")
             .arg("+tb.reserve")
             .arg("+tb.refund")
+            .arg("+tb.acquireeach")
+            .arg("+tb.acquireatmost")
             .query(&mut admin)
             .expect("ACL SETUSER");
     }
     for (user, allowed) in [("writer", false), ("reader", false), ("both", true)] {
         let mut conn = server.login(user, "pw");
-        let calls: [(&str, &[&str]); 4] = [
+        let calls: [(&str, &[&str]); 6] = [
             ("TB.ACQUIRE", &["k", "1", "5"]),
             ("TB.ACQUIREALL", &["1", "k2", "1", "5"]),
             ("TB.RESERVE", &["k3", "1", "5", "1", "0"]),
             ("TB.REFUND", &["k4", "1", "5", "1"]),
+            (
+                "TB.ACQUIREEACH",
+                &["k5", "1", "5", "1", "k6", "1", "5", "0"],
+            ),
+            ("TB.ACQUIREATMOST", &["k7", "1", "5", "2"]),
         ];
         for (command, args) in calls {
-            let result: redis::RedisResult<Vec<i64>> =
+            let result: redis::RedisResult<redis::Value> =
                 redis::cmd(command).arg(args).query(&mut conn);
             match result {
                 Ok(reply) => assert!(allowed, "{user} ran {command}: {reply:?}"),

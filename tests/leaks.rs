@@ -18,7 +18,7 @@ fn used_memory(conn: &mut redis::Connection) -> i64 {
 fn many_calls_of_every_kind_leave_memory_flat() {
     let server = Server::start();
     let mut conn = server.conn();
-    let commands: [&[&str]; 8] = [
+    let commands: [&[&str]; 12] = [
         &["TB.ACQUIRE", "allowed", "0.001", "1e12"],
         &["TB.ACQUIRE", "drained", "1e-9", "1", "1"],
         &["TB.ACQUIRE", "allowed", "0.001", "1e12", "0"],
@@ -54,6 +54,30 @@ fn many_calls_of_every_kind_leave_memory_flat() {
             "0.001",
             "1e12",
         ],
+        &[
+            "TB.ACQUIREEACH",
+            "a",
+            "0.001",
+            "1e12",
+            "1.5",
+            "b",
+            "0.001",
+            "1e12",
+            "0",
+        ],
+        &[
+            "TB.ACQUIREEACH",
+            "a",
+            "0.001",
+            "1e12",
+            "1",
+            "drained",
+            "1e-9",
+            "1",
+            "1",
+        ],
+        &["TB.ACQUIREATMOST", "a", "0.001", "1e12", "3"],
+        &["TB.ACQUIREATMOST", "drained", "1e-9", "1", "3"],
     ];
     let run = |conn: &mut redis::Connection, rounds: usize| {
         for _ in 0..rounds / BATCH {

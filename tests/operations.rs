@@ -256,9 +256,33 @@ fn acl_rules_grant_and_deny_the_command() {
             .arg("fast")
             .query(&mut admin)
             .expect("ACL CAT");
-        for command in ["tb.acquire", "tb.acquireall"] {
+        let ratelimit: Vec<String> = redis::cmd("ACL")
+            .arg("CAT")
+            .arg("ratelimit")
+            .query(&mut admin)
+            .expect("ACL CAT");
+        for command in [
+            "tb.acquire",
+            "tb.acquireall",
+            "tb.reserve",
+            "tb.refund",
+            "tb.acquireeach",
+            "tb.acquireatmost",
+        ] {
             assert!(fast.iter().any(|c| c == command), "{command} in {fast:?}");
+            assert!(
+                ratelimit.iter().any(|c| c == command),
+                "{command} in {ratelimit:?}"
+            );
         }
+        assert_eq!(
+            common::acquire_each(&mut by_category, &["each", "1", "5", "2"]).allowed,
+            1
+        );
+        assert_eq!(
+            common::acquire_at_most(&mut by_category, "atmost", "1", "5", "2")[0],
+            2
+        );
     }
 }
 

@@ -550,12 +550,15 @@ pub struct Mix {
     pub denied: usize,
     pub in_multi: usize,
     pub in_lua: usize,
+    /// `TB.ACQUIREEACH` calls (each over 2 or 3 distinct buckets) and `TB.ACQUIREATMOST` calls.
+    pub each: usize,
+    pub at_most: usize,
 }
 
-/// Runs `calls` TB.ACQUIRE calls over keys `{prefix}0..{prefix}{keys}`: plain calls, batches inside
-/// MULTI/EXEC, and calls from a Lua script that takes two buckets. Key `n` always uses the same rate (from
-/// `rates`) and burst, so each key's history is a real bucket's; costs vary and include peeks (0) and costs above
-/// the burst (never allowed).
+/// Runs `calls` calls over keys `{prefix}0..{prefix}{keys}` (at least 3 keys): plain TB.ACQUIRE calls, batches
+/// inside MULTI/EXEC, calls from a Lua script that takes two buckets, TB.ACQUIREEACH over 2 or 3 distinct buckets
+/// and TB.ACQUIREATMOST. Key `n` always uses the same rate (from `rates`) and burst, so each key's history is a real
+/// bucket's; costs vary and include peeks (0) and costs above the burst (never allowed).
 pub fn mixed_workload(
     conn: &mut redis::Connection,
     prefix: &str,
@@ -630,6 +633,35 @@ pub fn mixed_workload(
                 }
                 mix.in_lua += 2;
                 done += 2;
+            }
+            3 => {
+                let first = rng.below(keys);
+                let mut picked = vec![first];
+                for _ in 0..1 + rng.below(2) {
+                    let n = (picked[picked.len() - 1] + 1 + rng.below(keys - 1)) % keys;
+                    if !picked.contains(&n) {
+                        picked.push(n);
+                    }
+                }
+                let mut args: Vec<String> = Vec::new();
+                for n in picked {
+                    args.push(format!("{prefix}{n}"));
+                    args.push(rates[n % rates.len()].to_string());
+                    args.push(BURSTS[n % BURSTS.len()].to_string());
+                    args.push(rng.pick(&COSTS).to_string());
+                }
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                count(&mut mix, acquire_each(conn, &args).allowed);
+                mix.each += 1;
+                done += 1;
+            }
+            4 => {
+                let (key, rate, burst, _) = call(&mut rng);
+                let granted =
+                    acquire_at_most(conn, &key, rate, burst, rng.pick(&["1", "2", "100"]))[0];
+                count(&mut mix, i64::from(granted > 0));
+                mix.at_most += 1;
+                done += 1;
             }
             _ => {
                 let (key, rate, burst, cost) = call(&mut rng);
@@ -913,4 +945,70 @@ pub fn module_follows_clock(server: &Server, clock: &Clock, unix_us: i64) -> boo
         .expect("HGET");
     let _: i64 = redis::cmd("DEL").arg(PROBE).query(&mut conn).expect("DEL");
     ts == Some(unix_us.to_string())
+}
+
+/// A `TB.ACQUIREEACH` reply: `allowed`, `limiting_index`, then `[fits, remaining, retry_after_ms,
+/// reset_after_ms]` per bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EachReply {
+    pub allowed: i64,
+    pub limiting_index: i64,
+    pub buckets: Vec<[i64; 4]>,
+}
+
+impl EachReply {
+    /// Parses the reply's shape: two integers, then one array of four integers per bucket.
+    pub fn from_value(value: &redis::Value) -> EachReply {
+        let redis::Value::Array(items) = value else {
+            panic!("TB.ACQUIREEACH replies with an array: {value:?}");
+        };
+        let int = |item: &redis::Value| match item {
+            redis::Value::Int(n) => *n,
+            other => panic!("an integer: {other:?}"),
+        };
+        assert!(items.len() >= 3, "2 + N elements: {items:?}");
+        EachReply {
+            allowed: int(&items[0]),
+            limiting_index: int(&items[1]),
+            buckets: items[2..]
+                .iter()
+                .map(|row| match row {
+                    redis::Value::Array(fields) if fields.len() == 4 => [
+                        int(&fields[0]),
+                        int(&fields[1]),
+                        int(&fields[2]),
+                        int(&fields[3]),
+                    ],
+                    other => panic!("four integers per bucket: {other:?}"),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `TB.ACQUIREEACH` with raw arguments (`key rate burst cost` per bucket).
+pub fn acquire_each(conn: &mut redis::Connection, args: &[&str]) -> EachReply {
+    let value: redis::Value = redis::cmd("TB.ACQUIREEACH")
+        .arg(args)
+        .query(conn)
+        .expect("TB.ACQUIREEACH reply");
+    EachReply::from_value(&value)
+}
+
+/// `TB.ACQUIREATMOST key rate burst max`, expecting `[granted, remaining, retry_after_ms, reset_after_ms]`.
+pub fn acquire_at_most(
+    conn: &mut redis::Connection,
+    key: &str,
+    rate: &str,
+    burst: &str,
+    max: &str,
+) -> [i64; 4] {
+    let reply: Vec<i64> = redis::cmd("TB.ACQUIREATMOST")
+        .arg(key)
+        .arg(rate)
+        .arg(burst)
+        .arg(max)
+        .query(conn)
+        .expect("TB.ACQUIREATMOST reply");
+    reply.try_into().expect("four integers")
 }
