@@ -450,6 +450,10 @@ end
 local function parse_ranged_integer(text, low, high, message)
   local value = parse_i64(text)
   if value == nil or value < low or value > high then refuse(message) end
+  -- From 2^53 on a double no longer tells neighbours apart (2^53 + 1 reads as 2^53): compare the digits.
+  if value >= MAX_EXACT_INTEGER and string.format('%.0f', value) ~= text:match('^%+?0*(%d+)$') then
+    refuse(message)
+  end
   return value
 end
 

@@ -7,8 +7,8 @@
 #![forbid(unsafe_code)]
 
 use super::{
-    decide, full_at_us, ms_until, refilled, remaining, retry_after_ms, Cost, Outcome, ParamError,
-    Params, State, Write,
+    decide, full_at_us, ms_until, rebased_write, refilled, remaining, retry_after_ms, Cost,
+    Outcome, ParamError, Params, State, Write,
 };
 
 /// The largest `max` a caller may ask for: 2^53, the largest integer up to which every integer is an exact
@@ -45,7 +45,8 @@ pub struct Partial {
     pub retry_after_ms: i64,
     /// Milliseconds until the bucket is full again (debt repaid), rounded up; 0 for a full bucket.
     pub reset_after_ms: i64,
-    /// `Some` exactly when `granted > 0`.
+    /// `Some` when `granted > 0`; otherwise `None`, except once per bucket after the clock steps back (see
+    /// `refilled`), as for every command.
     pub write: Option<Write>,
 }
 
@@ -84,7 +85,8 @@ pub fn acquire_at_most(
             remaining: 0,
             retry_after_ms,
             reset_after_ms: ms_until(now_us, full_at_us(&current, params)),
-            write: None,
+            // Nothing taken; only a clock behind the stored time writes, to record the new time base.
+            write: rebased_write(stored, now_us, params),
         };
     }
     // i64 -> f64 is exact below 2^53, and `granted ≤ MAX_AT_MOST`.

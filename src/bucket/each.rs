@@ -32,7 +32,8 @@ pub struct Each {
     /// [`acquire`] decision, writes included. When refused, nothing is taken from any bucket: an entry that fits
     /// reports `remaining` and `reset_after_ms` as the bucket stands (a peek) with `retry_after_ms` 0, the
     /// others are their own denial (`retry_after_ms` the wait for that bucket's cost, -1 when it exceeds the
-    /// burst), and no entry carries a write.
+    /// burst), and no entry carries a write except where a bucket records a new time base after a clock step
+    /// back (see `refilled`), as `acquire_all` does.
     pub buckets: Vec<Decision>,
 }
 
