@@ -239,13 +239,14 @@ fn works_inside_multi_and_lua() {
         .expect("MULTI/EXEC");
     assert_eq!(replies.iter().map(|r| r[0]).collect::<Vec<_>>(), [1, 1, 0]);
     let script = redis::Script::new("return redis.call('TB.ACQUIRE', KEYS[1], ARGV[1], ARGV[2])");
-    let from_lua: Vec<i64> = script
-        .key("lua")
-        .arg(1)
-        .arg(5)
-        .invoke(&mut conn)
-        .expect("EVAL");
-    assert_eq!(from_lua[..2], [1, 4]);
+    let from_lua: redis::RedisResult<Vec<i64>> = script.key("lua").arg(1).arg(5).invoke(&mut conn);
+    if common::scripts_refused(&mut conn) {
+        // Redis 6.2: refused, and nothing written (tests/scripts.rs says why).
+        common::assert_script_refused(from_lua);
+        assert!(common::hgetall(&mut conn, "lua").is_empty());
+    } else {
+        assert_eq!(from_lua.expect("EVAL")[..2], [1, 4]);
+    }
 }
 
 #[test]
@@ -303,23 +304,25 @@ fn extreme_stored_values_never_hurt_the_server() {
             .query(conn)
             .expect("HSET");
     };
-    // A timestamp at the end of time: nothing refills, waits saturate, the TTL is capped, ts stays put.
+    // A timestamp at the end of time is a clock far behind it: the bucket keeps its tokens and refills from
+    // now (rate 1/s: a token in 1 s, full in 5 s), and the first call records the server's time as `ts`.
     hset(&mut conn, "future", "0", &i64::MAX.to_string());
     assert_eq!(
         acquire(&mut conn, "future", "1", "5", None),
-        [0, 0, i64::MAX, i64::MAX]
+        [0, 0, 1_000, 5_000]
     );
+    assert_ne!(hgetall(&mut conn, "future")[1].1, i64::MAX.to_string());
     hset(&mut conn, "future", "3", &i64::MAX.to_string());
-    assert_eq!(acquire(&mut conn, "future", "1", "5", None)[..3], [1, 2, 0]);
-    assert_eq!(hgetall(&mut conn, "future")[1].1, i64::MAX.to_string());
+    assert_eq!(
+        acquire(&mut conn, "future", "1", "5", None),
+        [1, 2, 0, 3_000]
+    );
     let ttl_ms: i64 = redis::cmd("PTTL")
         .arg("future")
         .query(&mut conn)
         .expect("PTTL");
-    assert!(
-        ttl_ms > 0 && ttl_ms <= 3_155_760_000_000 + MAX_SLACK_MS + 10,
-        "{ttl_ms}"
-    );
+    // Full in 3 s (rounded up to the next whole ms), plus the 1 s slack.
+    assert!(ttl_ms > 3_000 - 100 && ttl_ms <= 4_001, "{ttl_ms}");
     // The epoch, and tokens far above the burst: refilled or capped to the burst.
     hset(&mut conn, "epoch", "0", "0");
     assert_eq!(

@@ -110,7 +110,7 @@ fn every_command_records_the_new_time_base_once_and_replicates_it() {
     );
     wait_replicas_online(&primary, 1);
     let mut conn = primary.conn();
-    for key in ["acquire", "all", "reserve"] {
+    for key in ["acquire", "all", "reserve", "each", "atmost"] {
         assert_eq!(
             acquire(&mut conn, key, "10", "3", Some("3")),
             [1, 0, 0, 300]
@@ -144,22 +144,30 @@ fn every_command_records_the_new_time_base_once_and_replicates_it() {
             [0, 0, 500]
         );
         assert_eq!(acquire(conn, "peek", "10", "3", Some("0")), [1, 2, 0, 100]);
+        let each = acquire_each(conn, &["each", "10", "3", "1"]);
+        assert_eq!((each.allowed, each.buckets), (0, vec![[0, 0, 100, 300]]));
+        assert_eq!(
+            acquire_at_most(conn, "atmost", "10", "3", "2"),
+            [0, 0, 100, 300]
+        );
     };
     denials(&mut conn);
-    // Five buckets, each an HSET and a PEXPIREAT (the old expiry lies an hour beyond the new window).
-    assert_eq!(dirty(&mut conn) - before, 10);
+    // Seven buckets, each an HSET and a PEXPIREAT (the old expiry lies an hour beyond the new window).
+    assert_eq!(dirty(&mut conn) - before, 14);
     for (key, tokens) in [
         ("acquire", "0"),
         ("all", "0"),
         ("reserve", "0"),
         ("debt", "-2"),
         ("peek", "2"),
+        ("each", "0"),
+        ("atmost", "0"),
     ] {
         assert_eq!(hgetall(&mut conn, key), fields(tokens, back), "{key}");
     }
     // The same calls again: same replies, nothing written.
     denials(&mut conn);
-    assert_eq!(dirty(&mut conn) - before, 10);
+    assert_eq!(dirty(&mut conn) - before, 14);
 
     wait_acked(&mut conn, 1, 5_000);
     let mut on_replica = replica.conn();

@@ -247,15 +247,19 @@ fn hash_tags_keep_a_users_buckets_on_one_slot() {
          local b = redis.call('TB.ACQUIRE', KEYS[2], ARGV[1], ARGV[2], ARGV[3]) \
          return {b[1], b[3]}",
     );
-    let taken: Vec<i64> = both
+    let taken: redis::RedisResult<Vec<i64>> = both
         .key("{user:42}:api")
         .key("{user:42}:login")
         .arg("0.001")
         .arg("3")
         .arg("2")
-        .invoke(&mut client)
-        .expect("EVAL over one slot");
-    assert_eq!(taken[0], 1);
+        .invoke(&mut client);
+    if common::scripts_refused(&mut conn) {
+        // Redis 6.2 refuses TB commands inside scripts (tests/scripts.rs); the slot check below still applies.
+        common::assert_script_refused(taken);
+    } else {
+        assert_eq!(taken.expect("EVAL over one slot")[0], 1);
+    }
     // Without the tag the two buckets live in different slots, and the cluster refuses the script.
     assert_ne!(
         keyslot(&mut conn, "user:42:api"),

@@ -45,6 +45,7 @@
 //!   ERR each key may appear only once           TB.ACQUIREALL or TB.ACQUIREEACH naming a key twice
 //!   ERR too many buckets: TB.ACQUIREALL takes at most 1000            (likewise TB.ACQUIREEACH)
 //!   ERR max must be an integer from 1 to 9007199254740992
+//!   ERR TB commands are refused inside scripts on Redis before 7.0: ...   any command from a script on 6.2
 //!   ERR failed to write the token bucket        the server refused a string or key the write needs; no known
 //!                                               input or configuration leads here (renamed HSET/PEXPIREAT are
 //!                                               refused at load time instead)
@@ -76,6 +77,7 @@ mod reserve;
 mod state;
 
 use std::ffi::CStr;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{Context, RedisString, Status};
@@ -119,6 +121,8 @@ pub enum TbError {
     WrongType,
     NotABucket,
     WriteFailed,
+    /// Called from a script on a server whose scripts can keep a module's writes from replicas and the AOF.
+    ScriptOnLegacyServer,
 }
 
 impl TbError {
@@ -143,6 +147,9 @@ impl TbError {
                 c"ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)"
             }
             TbError::WriteFailed => c"ERR failed to write the token bucket",
+            TbError::ScriptOnLegacyServer => {
+                c"ERR TB commands are refused inside scripts on Redis before 7.0: there a script (redis.set_repl, or lua-replicate-commands no) can keep their writes from replicas and the AOF. Call them outside the script (MULTI/EXEC is fine), or upgrade to Redis 7.0 or later"
+            }
         }
     }
 }
@@ -162,8 +169,8 @@ const REPLICATED_COMMANDS: [&CStr; 3] = [c"HSET", c"PEXPIREAT", c"DEL"];
 const ACL_CATEGORY: &CStr = c"ratelimit";
 
 /// Checks that the server can replicate what the module writes, then registers every command with its docs and
-/// ACL categories. Every server feature is detected by the presence of its API, never by version number; a missing
-/// one is logged once and skipped.
+/// ACL categories. Every server feature is detected by the presence of its API, not by version number; a missing
+/// one is logged once and skipped. The one exception, a behaviour rather than an API, is [`SCRIPTS_MAY_DROP_WRITES`].
 pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
     if !args.is_empty() {
         let given: Vec<String> = args.iter().map(RedisString::to_string_lossy).collect();
@@ -182,6 +189,8 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
+    let legacy_scripts = server::server_version().is_none_or(|version| version < (7, 0, 0));
+    SCRIPTS_MAY_DROP_WRITES.store(legacy_scripts, Ordering::Relaxed);
     server::signal_only_modified_keys(ctx);
     // Added now, while loading: AddACLCategory is refused afterwards.
     let categories = match server::add_acl_category(ctx, ACL_CATEGORY) {
@@ -229,6 +238,9 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
     if acl == Support::Unsupported {
         ctx.log_notice("redis-tb: this server has no module ACL categories (Redis < 7.2): grant the commands by name");
     }
+    if legacy_scripts {
+        ctx.log_notice("redis-tb: scripts on this server (Redis < 7.0) can keep a module's writes from replicas and the AOF: the commands are refused inside scripts");
+    }
     if !server::has_abs_expire() {
         ctx.log_notice("redis-tb: this server has no RedisModule_SetAbsExpire (Redis < 7.0): expiries are set relative to now; replicas and the AOF still get the absolute PEXPIREAT");
     }
@@ -267,6 +279,33 @@ impl ShutdownHook for AllowUnloadAtShutdown {
     }
 }
 
+/// Whether scripts on this server can keep the module's writes from replicas and the AOF (Redis before 7.0), set
+/// once at load.
+///
+/// On 6.2 a script's `redis.set_repl()` (anything but `REPL_ALL`) filters what a module command replicates, and
+/// with `lua-replicate-commands no` the script's effects are not replicated at all: the `EVAL` is, and a replica
+/// or AOF loader re-runs it with its own clock, or fails where it lacks the module (`luaRedisGenericCommand` and
+/// `call()` in 6.2's scripting.c and server.c). Neither setting is visible to a module (`RM_GetContextFlags` says
+/// only that a script is running), so the one rule that keeps replicas and the AOF equal to the primary is to
+/// refuse every call from a script there. Redis 7.0 replicates a script's effects always and lets no script
+/// filter a module's. This is told by version, not by an API's presence, because it is a behaviour.
+static SCRIPTS_MAY_DROP_WRITES: AtomicBool = AtomicBool::new(false);
+
+/// Every command as registered: refused inside a script where [`SCRIPTS_MAY_DROP_WRITES`], before it reads or
+/// changes anything; otherwise `C` itself. Applied by [`register_one`], so no command can miss it.
+struct ScriptGuarded<C>(PhantomData<C>);
+
+impl<C: Command> Command for ScriptGuarded<C> {
+    fn run(call: &Call<'_>) {
+        // The flag first: on 7.0+ the context flags are never read.
+        if SCRIPTS_MAY_DROP_WRITES.load(Ordering::Relaxed) && call.in_script() {
+            reply_error(call, TbError::ScriptOnLegacyServer);
+        } else {
+            C::run(call);
+        }
+    }
+}
+
 /// Registers one command and describes it where the server can take it. `Err` fails the module load.
 fn register_one<C: Command>(
     ctx: &Context,
@@ -276,8 +315,14 @@ fn register_one<C: Command>(
     categories: &CStr,
 ) -> Result<(Support, Support), Status> {
     let last_key = docs.legacy_last_key();
-    if server::create_command::<C>(ctx, name, flags, docs.first_key, last_key, docs.key_step)
-        == Status::Err
+    if server::create_command::<ScriptGuarded<C>>(
+        ctx,
+        name,
+        flags,
+        docs.first_key,
+        last_key,
+        docs.key_step,
+    ) == Status::Err
     {
         return Err(Status::Err);
     }
@@ -336,6 +381,7 @@ mod tests {
             TbError::WrongType,
             TbError::NotABucket,
             TbError::WriteFailed,
+            TbError::ScriptOnLegacyServer,
         ];
         for error in all {
             let text = error.wire_text().to_str().expect("ascii");

@@ -121,6 +121,16 @@ impl<'a> Call<'a> {
         })
     }
 
+    /// Whether this call runs inside a Lua script (`EVAL`, `EVALSHA`, `FCALL`).
+    pub fn in_script(&self) -> bool {
+        let Some(flags) = (unsafe { raw::RedisModule_GetContextFlags }) else {
+            return false;
+        };
+        // SAFETY: `ctx` is the live context of this call.
+        let flags = unsafe { flags(self.ctx) };
+        flags & raw::REDISMODULE_CTX_FLAGS_LUA as c_int != 0
+    }
+
     /// Replies with an array of integers.
     pub fn reply_integers(&self, values: &[i64]) {
         let (Some(array), Some(integer)) = (unsafe { raw::RedisModule_ReplyWithArray }, unsafe {
@@ -342,6 +352,15 @@ impl Interned {
             }
         }
     }
+}
+
+/// The server's version as `(major, minor, patch)`, from `RedisModule_GetServerVersion`; `None` where the server
+/// does not say (Redis before 6.0.9). Valkey gives the Redis version it is compatible with.
+pub fn server_version() -> Option<(i32, i32, i32)> {
+    let version = unsafe { raw::RedisModule_GetServerVersion }?;
+    // SAFETY: takes no arguments and only reads a constant.
+    let packed = unsafe { version() };
+    Some((packed >> 16 & 0xff, packed >> 8 & 0xff, packed & 0xff))
 }
 
 /// The server's wall clock in microseconds since the Unix epoch (`CLOCK_REALTIME`, the clock Redis itself uses
