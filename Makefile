@@ -15,7 +15,7 @@ REDIS_SERVER2 ?=
 VENV := .venv
 PYTHON := $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: help deps venv py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
+.PHONY: help deps dist deb venv py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -37,6 +37,12 @@ run: build ## Start redis-server in the foreground with the module, on BIND=127.
 	$(if $(filter-out 127.0.0.1 localhost ::1,$(BIND)),@echo "redis-tb: BIND=$(BIND) listens beyond this machine and the server has no password: set one (requirepass or ACL) or keep the default BIND=127.0.0.1")
 	exec $(PDEATHSIG) $(REDIS_SERVER) --port $(PORT) --bind $(BIND) --save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
 
+dist: build ## The release tarball dist/redis-tb-<version>-x86_64-linux-gnu.tar.gz (stripped module, docs, SHA256SUMS)
+	@bash scripts/dist.sh dist
+
+deb: build ## The Debian package dist/redis-tb_<version>_amd64.deb (module in /usr/lib/redis/modules, a loadmodule snippet)
+	@bash scripts/dist.sh deb
+
 venv: ## A project-local Python environment with redis-py and pyflakes, for the client examples and docs tests
 	@$(PYTHON) -c "import redis, pyflakes" 2>/dev/null || (python3 -m venv $(VENV) && $(PYTHON) -m pip install -q redis pyflakes)
 
@@ -52,7 +58,7 @@ node-deps: ## ioredis in examples/node_modules for the Node client example (skip
 			ioredis@$(IOREDIS_VERSION); \
 	fi
 
-test: build venv py-deps node-deps ## Unit, property, integration, doc and Python tests; ends with one line: N passed, N failed
+test: build venv compat-venv py-deps node-deps ## Unit, property, integration, doc, docs-session, release-artifact (make dist, .deb: needs root) and Python tests; ends with one line: N passed, N failed
 	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) TB_MODULE=$(CURDIR)/$(MODULE) TB_PYTHON=$(PYTHON) \
 		bash scripts/test-total.sh "cargo test --all-targets --no-fail-fast" "cargo test --doc" \
 		"cargo test -p tb-rls --all-targets --no-fail-fast" \

@@ -3,6 +3,32 @@
 # module), libclang (bindgen, used by the redis-module crate), python3-venv, and libfaketime + faketime (the
 # controlled server clock of the tests, tests/clock/). Does nothing when all are present.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Rust: the toolchain comes from rustup, not apt (Debian's rustc is older than the crates need). Each manifest's
+# `rust-version` is the oldest rustc that builds it with Cargo.lock; a member that needs a newer one than the module
+# (the gateway service) is named separately, since the module alone can still be built with `cargo build -p redis-tb`.
+version_ge() { [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n 1)" = "$2" ]; }
+rustc_version="$(rustc --version 2>/dev/null | awk '{print $2}' | sed 's/-.*//')"
+too_old=()
+for manifest in Cargo.toml gateway/Cargo.toml; do
+  [ -f "$manifest" ] || continue
+  need="$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' "$manifest" | head -n 1)"
+  [ -n "$need" ] || continue
+  part="the module"
+  [ "$manifest" = Cargo.toml ] || part="the $(dirname "$manifest")/ crate"
+  if [ -z "$rustc_version" ] || ! version_ge "$rustc_version" "$need"; then
+    too_old+=("$part needs Rust $need or newer ($manifest rust-version)")
+  fi
+done
+if [ ${#too_old[@]} -gt 0 ]; then
+  echo "rustc: ${rustc_version:-not found}, but:"
+  printf '  %s\n' "${too_old[@]}"
+  echo "Install a current toolchain with rustup (https://rustup.rs):"
+  echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh    # or, with rustup already there: rustup update stable"
+  echo "then open a new shell (or: . \"\$HOME/.cargo/env\") and run make again. Debian's own rustc package is too old."
+  exit 1
+fi
 
 missing=()
 # Debian's binaries at their absolute paths, which the Makefile and the tests use by default: a `redis-server` that

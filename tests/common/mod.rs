@@ -68,6 +68,8 @@ pub struct Options {
     pub binary: Option<String>,
     /// Run under a controlled clock read from this timestamp file (see [`Clock`]); `None`: the real clock.
     pub clock: Option<PathBuf>,
+    /// Another module file than `module_path()`, e.g. the one unpacked from a release artifact.
+    pub module: Option<PathBuf>,
 }
 
 impl Server {
@@ -198,7 +200,9 @@ fn spawn(port: u16, dir: &Path, options: &Options) -> Child {
         .arg(log_path(dir, port))
         .args(["--daemonize", "no"]);
     if !options.without_module {
-        command.arg("--loadmodule").arg(module_path());
+        command
+            .arg("--loadmodule")
+            .arg(options.module.clone().unwrap_or_else(module_path));
     }
     command.args(&options.args);
     if let Some(timestamp_file) = &options.clock {
