@@ -16,8 +16,9 @@
 //! tokens, refills from that reading on, and the first call to see it records the new time base (`refilled`).
 //!
 //! What holds for `tokens`: every state this module writes has `tokens ≤ burst` (of the call that wrote it), and
-//! `tokens ≥ 0` unless it was written by a [`reserve`] that granted with a wait. Such a bucket is *in debt*: its
-//! negative `tokens` are slots already promised to callers, repaid by the refill before anyone else is served.
+//! `tokens ≥ 0` unless it was written by a [`reserve`] that granted with a wait, or by a [`charge`] or [`block`]
+//! (in `bucket/charge.rs`). Such a bucket is *in debt*: its negative `tokens` are slots already promised to
+//! callers, or tokens taken after the fact, repaid by the refill before anyone else is served.
 //! [`acquire`] and [`acquire_all`] deny on a bucket in debt until the refill has repaid the debt and brought
 //! `cost` on top, and say so in `retry_after_ms`; [`refund`] gives nothing back to it. A state read back from
 //! the server may hold any finite `tokens` (a smaller `burst` than the writer's, or a hand-written `-1e300`,
@@ -75,6 +76,8 @@ pub enum ParamError {
     Amount,
     /// `max` (of a partial grant) is not an integer in `1..=MAX_AT_MOST`.
     AtMost,
+    /// A block's `ms` is not an integer in `1..=MAX_WAIT_LIMIT_MS`.
+    BlockMs,
 }
 
 /// The shape of one bucket, as the caller passes it on every call. Built only by [`Params::new`].
@@ -171,8 +174,8 @@ impl Amount {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct State {
     /// Tokens held at `updated_us`; finite. Written states hold at most the writer's burst (a later call with a
-    /// smaller burst sees more; the refill caps it). Negative only after a [`reserve`] granted with a wait: the
-    /// debt, at most `rate · max_wait` of that call. A decoded state may hold any finite value.
+    /// smaller burst sees more; the refill caps it). Negative only after a [`reserve`] granted with a wait, a
+    /// [`charge`] or a [`block`]: the debt, at most `rate · 24 h`. A decoded state may hold any finite value.
     pub tokens: f64,
     /// Server wall-clock time of the last write, microseconds since the Unix epoch. Moves backwards only when
     /// the clock does (see [`refilled`]).
@@ -702,6 +705,9 @@ fn floor_saturating(x: f64) -> i64 {
     // Saturating cast of an already integral value, as in `ceil_saturating`.
     x.floor() as i64
 }
+
+mod charge;
+pub use charge::{block, charge, BlockMs, Charge, DebtBeyondLimit};
 
 #[cfg(test)]
 mod tests;
