@@ -1,8 +1,11 @@
 //! Counters for `INFO tb`: what the module has decided since it was loaded.
 //!
 //! Every call lands in exactly one of `allowed`, `reserved_with_wait`, `denied`, `denied_cost_exceeds_burst`,
-//! `peeks`, `refunds`, `refunds_ignored` and `errors`, so they add up to `calls`. `tokens_granted` sums the cost of
-//! allowed and reserved calls, `tokens_refunded` the tokens refunds gave back.
+//! `peeks`, `refunds`, `refunds_ignored`, `charges`, `blocks` and `errors`, so they add up to `calls`.
+//! `tokens_granted` sums the cost of allowed and reserved calls, `tokens_refunded` the tokens refunds gave back,
+//! `tokens_charged` the cost of charges. A `TB.CHARGE` with a cost above 0 is a charge (it always lands, so it is
+//! no grant and never a denial), one with cost 0 a peek, one refused for going too deep into debt an error.
+//! Every `TB.BLOCK` that replies is a block, also one that left a longer debt as it was.
 //!
 //! A call on several buckets is one call: `TB.ACQUIREALL` and `TB.ACQUIREEACH` count once, under the outcome of
 //! the whole call (a refusal under the limiting bucket's), and add to `tokens_granted` the largest cost they took
@@ -49,6 +52,12 @@ pub enum Tally {
     },
     /// `TB.REFUND` changed nothing (missing key, full bucket, a debt, or amount 0).
     NotRefunded,
+    /// `TB.CHARGE` took `tokens` (> 0), into debt where the bucket lacked them.
+    Charged {
+        tokens: f64,
+    },
+    /// `TB.BLOCK` (whether it deepened the debt or found a longer one).
+    Blocked,
     /// Refused with an error reply.
     Error,
 }
@@ -92,10 +101,14 @@ static ERRORS: Counter = Counter::new();
 static RESERVED_WITH_WAIT: Counter = Counter::new();
 static REFUNDS: Counter = Counter::new();
 static REFUNDS_IGNORED: Counter = Counter::new();
+static CHARGES: Counter = Counter::new();
+static BLOCKS: Counter = Counter::new();
 /// An `f64` sum of granted costs, kept as its bit pattern.
 static TOKENS_GRANTED_BITS: Counter = Counter::new();
 /// An `f64` sum of refunded tokens, kept as its bit pattern.
 static TOKENS_REFUNDED_BITS: Counter = Counter::new();
+/// An `f64` sum of charged tokens, kept as its bit pattern.
+static TOKENS_CHARGED_BITS: Counter = Counter::new();
 
 /// Counts one call.
 pub fn record(tally: Tally) {
@@ -110,6 +123,8 @@ pub fn record(tally: Tally) {
         Tally::Peek => (&PEEKS, None, 0.0),
         Tally::Refunded { tokens } => (&REFUNDS, Some(&TOKENS_REFUNDED_BITS), tokens),
         Tally::NotRefunded => (&REFUNDS_IGNORED, None, 0.0),
+        Tally::Charged { tokens } => (&CHARGES, Some(&TOKENS_CHARGED_BITS), tokens),
+        Tally::Blocked => (&BLOCKS, None, 0.0),
         Tally::Error => (&ERRORS, None, 0.0),
     };
     counter.add(1);
@@ -151,9 +166,12 @@ pub fn add_info(ctx: &redis_module::InfoContext) {
             (c"peeks", InfoValue::Count(PEEKS.get())),
             (c"refunds", InfoValue::Count(REFUNDS.get())),
             (c"refunds_ignored", InfoValue::Count(REFUNDS_IGNORED.get())),
+            (c"charges", InfoValue::Count(CHARGES.get())),
+            (c"blocks", InfoValue::Count(BLOCKS.get())),
             (c"errors", InfoValue::Count(ERRORS.get())),
             (c"tokens_granted", sum(&TOKENS_GRANTED_BITS)),
             (c"tokens_refunded", sum(&TOKENS_REFUNDED_BITS)),
+            (c"tokens_charged", sum(&TOKENS_CHARGED_BITS)),
         ],
     );
 }

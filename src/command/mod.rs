@@ -72,6 +72,7 @@
 
 mod acquire;
 mod args;
+mod charge;
 mod each;
 mod reserve;
 mod state;
@@ -89,6 +90,9 @@ use crate::stats::{self, Tally};
 use acquire::{
     Acquire, AcquireAll, ACQUIRE_ALL_DOCS, ACQUIRE_ALL_FLAGS, ACQUIRE_ALL_NAME, ACQUIRE_DOCS,
     ACQUIRE_FLAGS, ACQUIRE_NAME,
+};
+use charge::{
+    Block, Charge, BLOCK_DOCS, BLOCK_FLAGS, BLOCK_NAME, CHARGE_DOCS, CHARGE_FLAGS, CHARGE_NAME,
 };
 use each::{
     AcquireAtMost, AcquireEach, ACQUIRE_AT_MOST_DOCS, ACQUIRE_AT_MOST_FLAGS, ACQUIRE_AT_MOST_NAME,
@@ -118,6 +122,8 @@ pub enum TbError {
     /// Carries the command's own message, which names it.
     TooManyBuckets(&'static CStr),
     Param(ParamError),
+    /// `TB.CHARGE` would leave a debt that a day of refill does not repay.
+    DebtBeyondLimit,
     WrongType,
     NotABucket,
     WriteFailed,
@@ -141,6 +147,10 @@ impl TbError {
             TbError::Param(ParamError::Amount) => c"ERR amount must be a non-negative number",
             TbError::Param(ParamError::AtMost) => {
                 c"ERR max must be an integer from 1 to 9007199254740992"
+            }
+            TbError::Param(ParamError::BlockMs) => c"ERR ms must be an integer from 1 to 86400000",
+            TbError::DebtBeyondLimit => {
+                c"ERR charge would put the bucket more than 24 hours of refill into debt"
             }
             TbError::WrongType => c"WRONGTYPE Operation against a key holding the wrong kind of value",
             TbError::NotABucket => {
@@ -222,6 +232,8 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
             &ACQUIRE_AT_MOST_DOCS,
             categories,
         ),
+        register_one::<Charge>(ctx, CHARGE_NAME, CHARGE_FLAGS, &CHARGE_DOCS, categories),
+        register_one::<Block>(ctx, BLOCK_NAME, BLOCK_FLAGS, &BLOCK_DOCS, categories),
     ];
     let mut docs = Support::Done;
     let mut acl = Support::Done;
@@ -355,6 +367,7 @@ fn reply_error(call: &Call<'_>, error: TbError) {
 mod tests {
     use super::*;
     use acquire::{ACQUIRE_ALL_ARITY_ERROR, ACQUIRE_ALL_TOO_MANY_ERROR, ACQUIRE_ARITY_ERROR};
+    use charge::{BLOCK_ARITY_ERROR, CHARGE_ARITY_ERROR};
     use each::{
         ACQUIRE_AT_MOST_ARITY_ERROR, ACQUIRE_EACH_ARITY_ERROR, ACQUIRE_EACH_TOO_MANY_ERROR,
     };
@@ -378,6 +391,10 @@ mod tests {
             TbError::Param(ParamError::MaxWait),
             TbError::Param(ParamError::Amount),
             TbError::Param(ParamError::AtMost),
+            TbError::Param(ParamError::BlockMs),
+            TbError::DebtBeyondLimit,
+            TbError::WrongArity(CHARGE_ARITY_ERROR),
+            TbError::WrongArity(BLOCK_ARITY_ERROR),
             TbError::WrongType,
             TbError::NotABucket,
             TbError::WriteFailed,

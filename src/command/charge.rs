@@ -1,0 +1,135 @@
+//! `TB.CHARGE` and `TB.BLOCK`: take tokens whether or not the bucket holds them (a penalty, a cost known only
+//! after the response), and shut a key out for a while. Same arguments, state, expiry window and replication as
+//! `TB.ACQUIRE`; both leave the bucket in debt as a granted `TB.RESERVE` does, so every other command treats the
+//! result as it treats a reservation's debt.
+#![forbid(unsafe_code)]
+
+use std::ffi::CStr;
+
+use crate::bucket::{self, BlockMs, Charge as Charged, DebtBeyondLimit, ParamError};
+use crate::number;
+use crate::server::{self, ArgKind, Call, Command, CommandDocs};
+use crate::stats::Tally;
+
+use super::args::{parse_cost, parse_params};
+use super::state::{read_state, write_state};
+use super::{arg, reply_counted, reply_error, TbError};
+
+/// The charging command's name as registered.
+pub const CHARGE_NAME: &CStr = c"tb.charge";
+/// Like `TB.ACQUIRE`: it writes, may create a key (refused under OOM, as every call that takes is), and is O(1).
+pub const CHARGE_FLAGS: &CStr = c"write deny-oom fast";
+pub const CHARGE_DOCS: CommandDocs = CommandDocs {
+    summary: c"Takes cost tokens from the token bucket at key even when it does not hold them, leaving it in debt.",
+    complexity: c"O(1)",
+    since: c"0.3.0",
+    arity: 5,
+    first_key: 1,
+    last_key: 0,
+    key_step: 1,
+    args: &[
+        arg(c"key", ArgKind::Key, false),
+        arg(c"rate", ArgKind::Double, false),
+        arg(c"burst", ArgKind::Double, false),
+        arg(c"cost", ArgKind::Double, false),
+    ],
+};
+pub(super) const CHARGE_ARITY_ERROR: &CStr =
+    c"ERR wrong number of arguments for 'tb.charge' command";
+
+/// The blocking command's name as registered.
+pub const BLOCK_NAME: &CStr = c"tb.block";
+/// Same flags as `TB.CHARGE`.
+pub const BLOCK_FLAGS: &CStr = CHARGE_FLAGS;
+pub const BLOCK_DOCS: CommandDocs = CommandDocs {
+    summary: c"Denies every call with a cost above 0 on the token bucket at key for ms milliseconds; it then refills from empty.",
+    complexity: c"O(1)",
+    since: c"0.3.0",
+    arity: 5,
+    first_key: 1,
+    last_key: 0,
+    key_step: 1,
+    args: &[
+        arg(c"key", ArgKind::Key, false),
+        arg(c"rate", ArgKind::Double, false),
+        arg(c"burst", ArgKind::Double, false),
+        arg(c"ms", ArgKind::Integer, false),
+    ],
+};
+pub(super) const BLOCK_ARITY_ERROR: &CStr = c"ERR wrong number of arguments for 'tb.block' command";
+
+/// The three integers both commands reply with.
+fn reply_fields(charged: &Charged) -> [i64; 3] {
+    [
+        charged.remaining,
+        charged.retry_after_ms,
+        charged.reset_after_ms,
+    ]
+}
+
+/// `TB.CHARGE key rate burst cost`.
+pub struct Charge;
+
+impl Command for Charge {
+    fn run(call: &Call<'_>) {
+        match charge(call) {
+            Ok((charged, tokens)) => {
+                let tally = if tokens == 0.0 {
+                    Tally::Peek
+                } else {
+                    Tally::Charged { tokens }
+                };
+                reply_counted(call, tally, &reply_fields(&charged));
+            }
+            Err(error) => reply_error(call, error),
+        }
+    }
+}
+
+/// Runs a charge; returns the answer and the tokens it took.
+fn charge(call: &Call<'_>) -> Result<(Charged, f64), TbError> {
+    if call.arg_count() != 5 {
+        return Err(TbError::WrongArity(CHARGE_ARITY_ERROR));
+    }
+    let params = parse_params(call, 2)?;
+    let cost = parse_cost(call.arg(4).unwrap_or_default())?;
+    let key = call.open_key(1).ok_or(TbError::WriteFailed)?;
+    let stored = read_state(&key)?;
+    let charged = bucket::charge(stored, server::now_us(), &params, cost)
+        .map_err(|DebtBeyondLimit| TbError::DebtBeyondLimit)?;
+    if let Some(write) = charged.write {
+        write_state(call, &key, &write, stored.is_some())?;
+    }
+    Ok((charged, cost.tokens()))
+}
+
+/// `TB.BLOCK key rate burst ms`.
+pub struct Block;
+
+impl Command for Block {
+    fn run(call: &Call<'_>) {
+        match block(call) {
+            Ok(charged) => reply_counted(call, Tally::Blocked, &reply_fields(&charged)),
+            Err(error) => reply_error(call, error),
+        }
+    }
+}
+
+fn block(call: &Call<'_>) -> Result<Charged, TbError> {
+    if call.arg_count() != 5 {
+        return Err(TbError::WrongArity(BLOCK_ARITY_ERROR));
+    }
+    let params = parse_params(call, 2)?;
+    let duration = call
+        .arg(4)
+        .and_then(number::parse_i64)
+        .ok_or(ParamError::BlockMs)
+        .and_then(BlockMs::new)?;
+    let key = call.open_key(1).ok_or(TbError::WriteFailed)?;
+    let stored = read_state(&key)?;
+    let charged = bucket::block(stored, server::now_us(), &params, duration);
+    if let Some(write) = charged.write {
+        write_state(call, &key, &write, stored.is_some())?;
+    }
+    Ok(charged)
+}
