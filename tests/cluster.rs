@@ -132,6 +132,19 @@ fn cluster_client_routes_each_bucket_to_its_shard() {
         assert_eq!(acquire(&mut client, key, "2")[..2], [1, 0]);
         assert_eq!(acquire(&mut client, key, "1")[0], 0, "{key} over-granted");
     }
+    // TB.CHARGE and TB.BLOCK route by their key as well.
+    for key in &keys[..10] {
+        for (command, last) in [("TB.CHARGE", "1"), ("TB.BLOCK", "1000")] {
+            let reply: Vec<i64> = redis::cmd(command)
+                .arg(key)
+                .arg("0.001")
+                .arg("3")
+                .arg(last)
+                .query(&mut client)
+                .unwrap_or_else(|e| panic!("{command} {key}: {e}"));
+            assert_eq!(reply[0], 0, "{command} {key}");
+        }
+    }
     // Every call went straight to its shard: no node ever had to redirect the client.
     for node in &cluster.nodes {
         let mut conn = node.conn();
@@ -217,6 +230,16 @@ fn wrong_node_answers_moved_and_getkeys_reports_the_key() {
         .arg("3")
         .query(&mut direct[(fresh_home + 1) % cluster.nodes.len()]);
     assert!(error_text(&fresh.expect_err("refused")).starts_with("MOVED "));
+    for (command, last) in [("TB.CHARGE", "1"), ("TB.BLOCK", "1000")] {
+        let refused: redis::RedisResult<Vec<i64>> = redis::cmd(command)
+            .arg("user:42")
+            .arg("1")
+            .arg("3")
+            .arg(last)
+            .query(&mut on_wrong);
+        let text = error_text(&refused.expect_err("refused"));
+        assert_eq!(text, moved, "{command}");
+    }
     assert_eq!(dbsize(&mut on_wrong), size_before, "the wrong node wrote");
 }
 

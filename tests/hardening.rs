@@ -316,12 +316,14 @@ fn acl_needs_read_and_write_permission_on_the_bucket() {
             .arg("+tb.refund")
             .arg("+tb.acquireeach")
             .arg("+tb.acquireatmost")
+            .arg("+tb.charge")
+            .arg("+tb.block")
             .query(&mut admin)
             .expect("ACL SETUSER");
     }
     for (user, allowed) in [("writer", false), ("reader", false), ("both", true)] {
         let mut conn = server.login(user, "pw");
-        let calls: [(&str, &[&str]); 6] = [
+        let calls: [(&str, &[&str]); 8] = [
             ("TB.ACQUIRE", &["k", "1", "5"]),
             ("TB.ACQUIREALL", &["1", "k2", "1", "5"]),
             ("TB.RESERVE", &["k3", "1", "5", "1", "0"]),
@@ -331,6 +333,8 @@ fn acl_needs_read_and_write_permission_on_the_bucket() {
                 &["k5", "1", "5", "1", "k6", "1", "5", "0"],
             ),
             ("TB.ACQUIREATMOST", &["k7", "1", "5", "2"]),
+            ("TB.CHARGE", &["k8", "1", "5", "1"]),
+            ("TB.BLOCK", &["k9", "1", "5", "1000"]),
         ];
         for (command, args) in calls {
             let result: redis::RedisResult<redis::Value> =

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::Server;
-use common::{acquire, acquire_error, error_text};
+use common::{acquire, acquire_error, block, charge, command_error, error_text};
 use redis::Value;
 
 /// Flattens a RESP reply into its leaf strings and integers, in order, for simple containment checks.
@@ -137,20 +137,49 @@ fn info_tb_counts_outcomes() {
     acquire(&mut conn, "k", "0.001", "5", Some("6")); // cost > burst
     acquire(&mut conn, "k", "0.001", "5", Some("0")); // peek
     acquire_error(&mut conn, &["k", "nope", "5"]);
+    // A charge always lands (into debt here): neither a grant nor a denial. A zero charge is a peek, one beyond a
+    // day of refill an error. Every block counts, also one that keeps a longer debt.
+    charge(&mut conn, "k", "0.001", "5", "1.25");
+    charge(&mut conn, "k", "0.001", "5", "0");
+    command_error(&mut conn, "TB.CHARGE", &["k", "0.001", "5", "1000"]);
+    block(&mut conn, "k", "0.001", "5", "1000");
+    block(&mut conn, "b", "0.001", "5", "1000");
+    command_error(&mut conn, "TB.BLOCK", &["b", "0.001", "5", "0"]);
     let stats = info_tb(&mut conn);
     let expected = [
-        ("tb_calls", 6.0),
+        ("tb_calls", 12.0),
         ("tb_allowed", 2.0),
         ("tb_denied", 1.0),
         ("tb_denied_cost_exceeds_burst", 1.0),
-        ("tb_peeks", 1.0),
-        ("tb_errors", 1.0),
+        ("tb_peeks", 2.0),
+        ("tb_charges", 1.0),
+        ("tb_blocks", 2.0),
+        ("tb_errors", 3.0),
         ("tb_tokens_granted", 4.5),
+        ("tb_tokens_charged", 1.25),
     ];
     for (name, value) in expected {
         assert_eq!(stat(&stats, name), value, "{name}: {stats:?}");
     }
     // Counted since the module loaded: CONFIG RESETSTAT leaves them (tests/hardening.rs).
+    let outcomes = [
+        "tb_allowed",
+        "tb_reserved_with_wait",
+        "tb_denied",
+        "tb_denied_cost_exceeds_burst",
+        "tb_peeks",
+        "tb_refunds",
+        "tb_refunds_ignored",
+        "tb_charges",
+        "tb_blocks",
+        "tb_errors",
+    ];
+    let sum: f64 = outcomes.iter().map(|name| stat(&stats, name)).sum();
+    assert_eq!(
+        sum,
+        stat(&stats, "tb_calls"),
+        "the outcomes add up to the calls"
+    );
     acquire(&mut conn, "k2", "1", "5", None);
     assert_eq!(stat(&info_tb(&mut conn), "tb_allowed"), 3.0);
 }
@@ -188,6 +217,17 @@ fn writes_fire_keyspace_events_and_denials_fire_none() {
     acquire(&mut conn, "bucket", "0.001", "2", Some("1"));
     acquire(&mut conn, "bucket", "0.001", "2", Some("0"));
     acquire(&mut conn, "fresh", "1", "2", Some("0"));
+    // Charges and blocks fire what their writes replicate as; a zero charge, a block that keeps a longer debt and
+    // a refused charge fire nothing.
+    charge(&mut conn, "charged", "0.001", "2", "5");
+    assert_eq!(next_event(), ("charged".to_string(), "hset".to_string()));
+    assert_eq!(next_event(), ("charged".to_string(), "expire".to_string()));
+    block(&mut conn, "blocked", "0.001", "2", "1000");
+    assert_eq!(next_event(), ("blocked".to_string(), "hset".to_string()));
+    assert_eq!(next_event(), ("blocked".to_string(), "expire".to_string()));
+    charge(&mut conn, "charged", "0.001", "2", "0");
+    block(&mut conn, "charged", "0.001", "2", "1000");
+    command_error(&mut conn, "TB.CHARGE", &["charged", "0.001", "2", "100"]);
     let _: () = redis::cmd("SET")
         .arg("marker")
         .arg(1)
@@ -217,6 +257,8 @@ fn acl_rules_grant_and_deny_the_command() {
             "~*",
             "+tb.acquire",
             "+tb.acquireall",
+            "+tb.charge",
+            "+tb.block",
         ],
     );
     setuser(
@@ -225,6 +267,8 @@ fn acl_rules_grant_and_deny_the_command() {
     );
     let mut limiter = server.login("limiter", "pw");
     assert_eq!(acquire(&mut limiter, "k", "1", "5", None)[0], 1);
+    assert_eq!(charge(&mut limiter, "k", "1", "5", "1")[0], 3);
+    assert_eq!(block(&mut limiter, "k", "1", "5", "1")[0], 0);
     assert_eq!(
         common::acquire_all(&mut limiter, &["1", "all", "1", "5"])[0],
         1
@@ -256,6 +300,8 @@ fn acl_rules_grant_and_deny_the_command() {
             .arg("fast")
             .query(&mut admin)
             .expect("ACL CAT");
+        assert_eq!(charge(&mut by_category, "k3", "1", "5", "1")[0], 4);
+        assert_eq!(block(&mut by_category, "k3", "1", "5", "1")[0], 0);
         let ratelimit: Vec<String> = redis::cmd("ACL")
             .arg("CAT")
             .arg("ratelimit")
@@ -268,6 +314,8 @@ fn acl_rules_grant_and_deny_the_command() {
             "tb.refund",
             "tb.acquireeach",
             "tb.acquireatmost",
+            "tb.charge",
+            "tb.block",
         ] {
             assert!(fast.iter().any(|c| c == command), "{command} in {fast:?}");
             assert!(

@@ -6,8 +6,9 @@
 mod common;
 
 use common::{
-    acquire, buckets, error_text, hgetall, info_field, info_int, mixed_workload, pexpiretime,
-    primary_options, replica_of, server_now_ms, wait_acked, wait_replicas_online, Bucket, Server,
+    acquire, block, buckets, charge, command_error, error_text, hgetall, info_field, info_int,
+    mixed_workload, pexpiretime, primary_options, replica_of, server_now_ms, wait_acked,
+    wait_replicas_online, Bucket, Server,
 };
 use std::collections::BTreeMap;
 
@@ -185,6 +186,8 @@ fn denials_and_peeks_send_nothing_down_the_stream() {
     // Slow rates: nothing expires (an expiry would send a DEL) and nothing refills during the test.
     acquire(&mut conn, "drained", "0.001", "2", Some("2"));
     acquire(&mut conn, "partial", "0.001", "5", Some("3"));
+    // 48 tokens owed at 0.001/s (13 hours): a day of refill is 86.4 tokens.
+    charge(&mut conn, "indebted", "0.001", "2", "50");
     wait_acked(&mut conn, 1, WAIT_MS);
     let script = redis::Script::new(
         "local a = redis.call('TB.ACQUIRE', KEYS[1], '0.001', '2') \
@@ -214,6 +217,14 @@ fn denials_and_peeks_send_nothing_down_the_stream() {
             acquire(&mut conn, "missing", "1", "5", Some("0")),
             [1, 5, 0, 0]
         );
+        // A zero charge, a block shorter than the debt, and refused charges and blocks change nothing.
+        assert_eq!(charge(&mut conn, "indebted", "0.001", "2", "0")[0], 0);
+        assert_eq!(block(&mut conn, "indebted", "0.001", "2", "1000")[0], 0);
+        assert!(
+            command_error(&mut conn, "TB.CHARGE", &["indebted", "0.001", "2", "40"])
+                .starts_with("ERR charge would put")
+        );
+        command_error(&mut conn, "TB.BLOCK", &["missing", "1", "5", "0"]);
     }
     let in_multi: Vec<Vec<i64>> = redis::pipe()
         .atomic()
@@ -287,6 +298,26 @@ fn denials_and_peeks_send_nothing_down_the_stream() {
     wait_acked(&mut conn, 1, WAIT_MS);
     assert_eq!(hgetall(&mut on_replica, "partial"), fields);
     assert_eq!(pexpiretime(&mut on_replica, "partial"), expiry);
+    // A charge replicates as any write does: here it moves the expiry 1,000 s later, beyond the 20 s slack.
+    let offset = info_int(&mut conn, "replication", "master_repl_offset");
+    charge(&mut conn, "indebted", "0.001", "2", "1");
+    let fields = hgetall(&mut conn, "indebted");
+    let [(tokens_field, tokens), (ts_field, ts)] = &fields[..] else {
+        panic!("two fields: {fields:?}");
+    };
+    let charged_expiry = pexpiretime(&mut conn, "indebted");
+    let expected = resp_len(&["MULTI"])
+        + resp_len(&["HSET", "indebted", tokens_field, tokens, ts_field, ts])
+        + resp_len(&["PEXPIREAT", "indebted", &charged_expiry.to_string()])
+        + resp_len(&["EXEC"]);
+    assert_eq!(
+        info_int(&mut conn, "replication", "master_repl_offset") - offset,
+        expected,
+        "a charge sends MULTI, HSET, PEXPIREAT, EXEC and nothing else"
+    );
+    wait_acked(&mut conn, 1, WAIT_MS);
+    assert_eq!(hgetall(&mut on_replica, "indebted"), fields);
+    assert_eq!(pexpiretime(&mut on_replica, "indebted"), charged_expiry);
     let exists: i64 = redis::cmd("EXISTS")
         .arg("missing")
         .query(&mut on_replica)

@@ -1042,3 +1042,39 @@ pub fn assert_script_refused<T: std::fmt::Debug>(result: redis::RedisResult<T>) 
         error_text(&result.expect_err("a TB command inside a script is refused on this server"));
     assert!(text.contains(SCRIPT_REFUSAL), "{text}");
 }
+
+/// `TB.CHARGE key rate burst cost`, expecting `[remaining, retry_after_ms, reset_after_ms]`.
+pub fn charge(
+    conn: &mut redis::Connection,
+    key: &str,
+    rate: &str,
+    burst: &str,
+    cost: &str,
+) -> [i64; 3] {
+    let reply: Vec<i64> = redis::cmd("TB.CHARGE")
+        .arg(key)
+        .arg(rate)
+        .arg(burst)
+        .arg(cost)
+        .query(conn)
+        .expect("TB.CHARGE reply");
+    reply.try_into().expect("three integers")
+}
+
+/// `TB.BLOCK key rate burst ms`, expecting `[remaining, retry_after_ms, reset_after_ms]`.
+pub fn block(
+    conn: &mut redis::Connection,
+    key: &str,
+    rate: &str,
+    burst: &str,
+    ms: &str,
+) -> [i64; 3] {
+    let reply: Vec<i64> = redis::cmd("TB.BLOCK")
+        .arg(key)
+        .arg(rate)
+        .arg(burst)
+        .arg(ms)
+        .query(conn)
+        .expect("TB.BLOCK reply");
+    reply.try_into().expect("three integers")
+}
