@@ -74,7 +74,7 @@ local ERR_MAX_WAIT = 'ERR max_wait_ms must be an integer from 0 to 86400000'
 local ERR_AMOUNT = 'ERR amount must be a non-negative number'
 local ERR_AT_MOST = 'ERR max must be an integer from 1 to 9007199254740992'
 local ERR_BLOCK_MS = 'ERR ms must be an integer from 1 to 86400000'
-local ERR_DEBT = 'ERR charge refused: it would leave the bucket in debt beyond 24 hours of refill'
+local ERR_DEBT = 'ERR charge would put the bucket more than 24 hours of refill into debt'
 local ERR_WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
 local ERR_NOT_A_BUCKET =
   'ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)'

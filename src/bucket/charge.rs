@@ -18,8 +18,8 @@
 #![forbid(unsafe_code)]
 
 use super::{
-    full_at_us, ms_until, refilled, remaining, retry_after_ms, write_expiring, Cost, ParamError,
-    Params, State, Write, MAX_WAIT_LIMIT_MS,
+    full_at_us, ms_until, rebased_write, refilled, remaining, retry_after_ms, write_expiring, Cost,
+    ParamError, Params, State, Write, MAX_WAIT_LIMIT_MS,
 };
 
 /// Milliseconds in a second, for turning a duration in ms into refill.
@@ -54,7 +54,8 @@ pub struct Charge {
     pub retry_after_ms: i64,
     /// Milliseconds until the bucket is full again, debt repaid, rounded up; 0 for a full bucket.
     pub reset_after_ms: i64,
-    /// `Some` when the bucket changed: a charge with a cost above 0, or a block that made a debt deeper.
+    /// `Some` when the bucket changed: a charge with a cost above 0, or a block that made a debt deeper; otherwise
+    /// only to record a new time base after a clock step back (see `refilled`).
     pub write: Option<Write>,
 }
 
@@ -79,7 +80,8 @@ fn refill_over_ms(duration_ms: i64, params: &Params) -> f64 {
 /// Takes `cost` from the bucket at `now_us` whether or not it holds it: the bucket goes into debt by what it
 /// lacks, like a reservation granted with a wait, and every later call waits for the refill to repay it.
 ///
-/// A cost of 0 changes nothing and reports the bucket. A charge whose result would be below `-(rate · 24 h)`
+/// A cost of 0 changes nothing and reports the bucket (but records a new time base after a clock step back, as
+/// every command does: see `refilled`). A charge whose result would be below `-(rate · 24 h)`
 /// tokens (a debt that a day of refill does not repay) is refused with [`DebtBeyondLimit`], also when the debt is
 /// already that deep before it; at the exact edge it lands. A cost above the burst is no special case: it lands if
 /// the debt it leaves is within the bound.
@@ -91,7 +93,12 @@ pub fn charge(
 ) -> Result<Charge, DebtBeyondLimit> {
     let current = refilled(stored, now_us, params);
     if cost.tokens() == 0.0 {
-        return Ok(answer(&current, now_us, params, None));
+        return Ok(answer(
+            &current,
+            now_us,
+            params,
+            rebased_write(stored, now_us, params),
+        ));
     }
     // Finite operands; the difference can only overflow downwards, to `-inf`, which the check refuses.
     let after = State {
@@ -107,12 +114,14 @@ pub fn charge(
 /// Blocks the bucket for `duration` from `now_us`: every call with a cost above 0 is denied (a reservation waits)
 /// until then, and the bucket refills from empty afterwards. Stored as a debt of `rate · duration` tokens. A
 /// bucket already deeper in debt (reservations or charges that a longer refill repays) is left as it is: the
-/// block keeps whichever ends later, never shortening a debt.
+/// block keeps whichever ends later, never shortening a debt (and writes only to record a new time base after a
+/// clock step back, as every command does).
 pub fn block(stored: Option<State>, now_us: i64, params: &Params, duration: BlockMs) -> Charge {
     let current = refilled(stored, now_us, params);
     let blocked_tokens = -refill_over_ms(duration.0, params);
     if current.tokens <= blocked_tokens {
-        return answer(&current, now_us, params, None);
+        let write = rebased_write(stored, now_us, params);
+        return answer(&current, now_us, params, write);
     }
     let after = State {
         tokens: blocked_tokens,
