@@ -144,6 +144,7 @@ fn aof_restarts_hold_the_same_buckets_with_and_without_module() {
     let mix = mixed_workload(&mut conn, "aof:", 30, &SLOW, 300, 11);
     assert!(mix.allowed > 50 && mix.denied > 50, "{mix:?}");
     assert!(mix.each >= 10 && mix.at_most >= 10, "{mix:?}");
+    assert!(mix.charged >= 5 && mix.blocked >= 3, "{mix:?}");
     let written = buckets(&mut conn);
     assert_eq!(written.len(), 30);
     let dir = first.shutdown_into_dir(&[]);

@@ -130,6 +130,7 @@ fn module_less_replica_holds_identical_buckets() {
     };
     assert!(mix.in_multi > 20 && lua_calls_ok, "{mix:?}");
     assert!(mix.each >= 10 && mix.at_most >= 10, "{mix:?}");
+    assert!(mix.charged >= 5 && mix.blocked >= 3, "{mix:?}");
     wait_acked(&mut conn, 1, WAIT_MS);
     // Counted before this test reads the replica itself: on Redis 6.2 each of its reads of an expiry starts with
     // a PEXPIRETIME that the server does not know, an error reply of our own making.

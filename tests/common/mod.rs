@@ -557,12 +557,17 @@ pub struct Mix {
     /// `TB.ACQUIREEACH` calls (each over 2 or 3 distinct buckets) and `TB.ACQUIREATMOST` calls.
     pub each: usize,
     pub at_most: usize,
+    /// `TB.CHARGE` calls that landed, those refused for going more than a day into debt, and `TB.BLOCK` calls.
+    pub charged: usize,
+    pub charges_refused: usize,
+    pub blocked: usize,
 }
 
 /// Runs `calls` calls over keys `{prefix}0..{prefix}{keys}` (at least 3 keys): plain TB.ACQUIRE calls, batches
 /// inside MULTI/EXEC, calls from a Lua script that takes two buckets, TB.ACQUIREEACH over 2 or 3 distinct buckets
-/// and TB.ACQUIREATMOST. Key `n` always uses the same rate (from `rates`) and burst, so each key's history is a real
-/// bucket's; costs vary and include peeks (0) and costs above the burst (never allowed).
+/// and TB.ACQUIREATMOST, TB.CHARGE (some refused beyond a day of debt) and TB.BLOCK (1 ms to a day). Key `n` always
+/// uses the same rate (from `rates`) and burst, so each key's history is a real bucket's; costs vary and include
+/// peeks (0) and costs above the burst (never allowed).
 pub fn mixed_workload(
     conn: &mut redis::Connection,
     prefix: &str,
@@ -667,6 +672,31 @@ pub fn mixed_workload(
                     acquire_at_most(conn, &key, rate, burst, rng.pick(&["1", "2", "100"]))[0];
                 count(&mut mix, i64::from(granted > 0));
                 mix.at_most += 1;
+                done += 1;
+            }
+            5 if rng.below(3) < 2 => {
+                let (key, rate, burst, cost) = call(&mut rng);
+                let reply: redis::RedisResult<Vec<i64>> = redis::cmd("TB.CHARGE")
+                    .arg(&key)
+                    .arg(rate)
+                    .arg(burst)
+                    .arg(cost)
+                    .query(conn);
+                match reply {
+                    Ok(_) => mix.charged += 1,
+                    Err(e) => {
+                        let text = error_text(&e);
+                        assert!(text.starts_with("ERR charge would put"), "{text}");
+                        mix.charges_refused += 1;
+                    }
+                }
+                done += 1;
+            }
+            5 => {
+                let (key, rate, burst, _) = call(&mut rng);
+                let ms = rng.pick(&["1", "50", "1000", "60000", "86400000"]);
+                block(conn, &key, rate, burst, ms);
+                mix.blocked += 1;
                 done += 1;
             }
             _ => {
