@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from redis_tb import Limit
@@ -69,3 +71,18 @@ def test_limits_are_validated() -> None:
         Limit("x", rate=0, burst=1)
     with pytest.raises(ValueError):
         Limit("", rate=1, burst=1)
+
+
+def test_the_examples_of_docs_headers_md() -> None:
+    """docs/headers.md's two examples, as that page shows them."""
+    allowed = rate_limit_headers([BucketStatus(PER_USER, 19, 100), BucketStatus(PER_TENANT, 999, 10)])
+    refused = rate_limit_headers(
+        [BucketStatus(PER_USER, 0, 2000), BucketStatus(PER_TENANT, 980, 200)],
+        limiting_index=0,
+        allowed=False,
+        retry_after_ms=100,
+    )
+    page = (Path(__file__).resolve().parents[3] / "docs/headers.md").read_text()
+    for headers in (allowed, refused):
+        block = "\n".join(f"{name}: {value}" for name, value in headers)
+        assert f"```\n{block}\n```" in page, block

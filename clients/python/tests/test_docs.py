@@ -1,0 +1,118 @@
+"""docs/python.md's snippets, run exactly as the page shows them (read from the page), against a server with the
+module and one without: each block is executed on its own with `REDIS_URL` pointing at the server, then the app or
+function it defines is driven."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import Server
+
+PAGE = Path(__file__).resolve().parents[3] / "docs/python.md"
+
+
+def blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
+
+
+def block_with(marker: str) -> str:
+    (found,) = [block for block in blocks() if marker in block]
+    return found
+
+
+def run_block(marker: str, server: Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    monkeypatch.setenv("REDIS_URL", server.url())
+    namespace: dict[str, Any] = {"__name__": "docs_block"}
+    exec(compile(block_with(marker), str(PAGE), "exec"), namespace)
+    return namespace
+
+
+def assert_burst_then_429(statuses: list[int], elapsed_s: float, burst: int = 20, rate: float = 10) -> None:
+    """The burst passes, then a 429 comes, and never more passed than `burst + rate * elapsed` (a slow machine
+    lets the refill add a token or two during the run)."""
+    assert 429 in statuses, statuses
+    passed = statuses.index(429)
+    assert statuses[:passed] == [200] * passed
+    assert burst <= passed <= burst + rate * elapsed_s + 1, (passed, elapsed_s)
+
+
+def test_every_block_is_tested() -> None:
+    markers = [
+        "def handle",
+        "RateLimitMiddleware,\n",
+        "app.wsgi_app = RateLimitMiddleware",
+        "RATELIMIT_STRATEGY",
+        'strategy="token-bucket"',
+        "async def call_partner",
+    ]
+    assert sorted(block_with(marker) for marker in markers) == sorted(blocks())
+
+
+def test_client_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    handle = run_block("def handle", server, monkeypatch)["handle"]
+    begin = time.monotonic()
+    statuses = [handle("docs-client") for _ in range(40)]
+    assert_burst_then_429(statuses, time.monotonic() - begin)
+
+
+async def test_fastapi_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = run_block("RateLimitMiddleware,\n", server, monkeypatch)["app"]
+    transport = httpx.ASGITransport(app=app, client=(f"docs-fastapi-{server.port}", 1))
+    begin = time.monotonic()
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        responses = [await http.get("/") for _ in range(40)]
+    statuses = [r.status_code for r in responses]
+    assert_burst_then_429(statuses, time.monotonic() - begin)
+    assert responses[0].json() == {"hello": "world"}
+    assert responses[0].headers["ratelimit"] == '"per-client";r=19;t=1'
+    assert responses[statuses.index(429)].headers["retry-after"] == "1"
+
+
+def test_flask_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = run_block("app.wsgi_app = RateLimitMiddleware", server, monkeypatch)["app"]
+    http = app.test_client()
+    environ = {"REMOTE_ADDR": f"docs-flask-{server.port}"}
+    begin = time.monotonic()
+    searches = [http.get("/search", environ_base=environ).status_code for _ in range(10)]
+    assert_burst_then_429(searches, time.monotonic() - begin, burst=5, rate=1)
+    home = http.get("/", environ_base=environ)
+    assert home.status_code == 200 and home.headers["RateLimit"].startswith('"per-client";r=1')
+
+
+def test_flask_limiter_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = run_block("RATELIMIT_STRATEGY", server, monkeypatch)["app"]
+    http = app.test_client()
+    environ = {"REMOTE_ADDR": f"docs-flask-limiter-{server.port}"}
+    begin = time.monotonic()
+    statuses = [http.get("/", environ_base=environ).status_code for _ in range(40)]
+    assert_burst_then_429(statuses, time.monotonic() - begin)
+
+
+async def test_slowapi_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = run_block('strategy="token-bucket"', server, monkeypatch)["app"]
+    transport = httpx.ASGITransport(app=app, client=(f"docs-slowapi-{server.port}", 1))
+    begin = time.monotonic()
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        statuses = [(await http.get("/")).status_code for _ in range(40)]
+    assert_burst_then_429(statuses, time.monotonic() - begin)
+
+
+async def test_pacing_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    namespace = run_block("async def call_partner", server, monkeypatch)
+    await namespace["limiter"].reset("partner:api")
+
+    async def send(request: str) -> str:
+        return f"sent {request}"
+
+    loop = asyncio.get_running_loop()
+    begin = loop.time()
+    results = await asyncio.gather(*(namespace["call_partner"](send, n) for n in range(5)))
+    assert sorted(results) == [f"sent {n}" for n in range(5)]
+    assert loop.time() - begin >= 0.195  # 20/s, burst 1: the fifth call waits 200 ms
+    await namespace["limiter"].redis.aclose()
