@@ -137,8 +137,24 @@ end
 
 local function tokens_at(state, at_us, p)
   local elapsed_us = math.max(sat_sub(at_us, state.ts), 0)
-  local refill = elapsed_us / MICROS_PER_SEC * p.rate
-  return math.min(state.tokens + refill, p.burst)
+  local elapsed_s = elapsed_us / MICROS_PER_SEC
+  local refill = elapsed_s * p.rate
+  local tokens
+  if refill ~= math.huge then
+    tokens = state.tokens + refill
+  else
+    -- A refill beyond the largest double, counted in units of the rate (a deep debt at the top of the range).
+    tokens = (elapsed_s + state.tokens / p.rate) * p.rate
+  end
+  return math.min(tokens, p.burst)
+end
+
+-- Seconds the refill takes from `tokens` to `target`, without overflow: term by term where the difference
+-- overflows.
+local function seconds_to_refill(tokens, target, p)
+  local missing = target - tokens
+  if missing ~= math.huge and missing ~= -math.huge then return missing / p.rate end
+  return target / p.rate - tokens / p.rate
 end
 
 -- A clock that reads earlier than the stored ts (stepped back, or a promoted replica behind): the bucket keeps its
@@ -163,9 +179,8 @@ local function ms_until(now_us, at_us)
 end
 
 local function full_at_us(state, p)
-  local missing = p.burst - state.tokens
-  if missing <= 0 then return state.ts end
-  local estimate_us = ceil_saturating(missing / p.rate * MICROS_PER_SEC)
+  if state.tokens >= p.burst then return state.ts end
+  local estimate_us = ceil_saturating(seconds_to_refill(state.tokens, p.burst, p) * MICROS_PER_SEC)
   local at_us = sat_add(state.ts, estimate_us)
   for _ = 1, MAX_CORRECTIONS do
     if at_us == I64_MAX or tokens_at(state, at_us, p) >= p.burst then break end
@@ -175,8 +190,7 @@ local function full_at_us(state, p)
 end
 
 local function retry_after_ms(current, now_us, p, cost)
-  local missing = cost - current.tokens
-  local estimate_us = ceil_saturating(missing / p.rate * MICROS_PER_SEC)
+  local estimate_us = ceil_saturating(seconds_to_refill(current.tokens, cost, p) * MICROS_PER_SEC)
   local ready_us = sat_add(current.ts, estimate_us)
   local wait_ms = math.max(ms_until(now_us, ready_us), 1)
   local function paid_after(ms)
@@ -297,7 +311,9 @@ end
 local function reserve(stored, now_us, p, cost, max_wait_ms)
   local current = refilled(stored, now_us, p)
   local d = decide(current, now_us, p, cost)
-  if d.outcome ~= DENIED or d.retry_after_ms > max_wait_ms then
+  -- A debt that does not fit a double (only near its largest value) is refused, as a wait beyond max_wait is.
+  local debt = current.tokens - cost
+  if d.outcome ~= DENIED or d.retry_after_ms > max_wait_ms or debt == -math.huge then
     return { outcome = d.outcome, wait_ms = d.retry_after_ms, remaining = d.remaining,
              reset_after_ms = d.reset_after_ms, write = d.write or rebased_write(stored, now_us, p) }
   end

@@ -184,16 +184,26 @@ pub struct State {
 
 impl State {
     /// Tokens this bucket holds at `at_us`: the refill, capped at `burst`. A time before `updated_us` adds
-    /// nothing, so a clock that steps back never mints tokens. Finite for every finite `tokens`: the sum of a
-    /// finite `tokens` and a refill ≥ 0 can only overflow upwards, and the cap turns `+inf` into `burst`.
+    /// nothing, so a clock that steps back never mints tokens. Finite for every finite `tokens`, and true up to
+    /// rounding at every magnitude (see below).
     pub fn tokens_at(&self, at_us: i64, params: &Params) -> f64 {
         let elapsed_us = at_us.saturating_sub(self.updated_us).max(0);
         // i64 -> f64 rounds for |x| > 2^53 µs (285 years); the result stays monotone, which is all we need.
         // Seconds first, then times the rate: `elapsed_us · rate` would overflow to infinity for a huge finite
-        // rate (1e303 over 250 ms) and refill a drained bucket at once. This way the product is infinite only
-        // when the true refill exceeds `f64::MAX`, hence any burst, so the cap below gives the right answer.
-        let refill = elapsed_us as f64 / MICROS_PER_SEC * params.rate_per_sec;
-        (self.tokens + refill).min(params.burst)
+        // rate (1e303 over 250 ms) and refill a drained bucket at once.
+        let elapsed_s = elapsed_us as f64 / MICROS_PER_SEC;
+        let refill = elapsed_s * params.rate_per_sec;
+        let tokens = if refill.is_finite() {
+            // Can only overflow upwards, to `+inf`, when the true sum exceeds `f64::MAX` and hence any burst.
+            self.tokens + refill
+        } else {
+            // The refill alone exceeds `f64::MAX`, yet a deep debt (rate 1e308, tokens -1.7e308, 2 s later) may
+            // leave the true sum far below the burst. In units of the rate nothing overflows: the refill is
+            // infinite only for a rate above 1e295, where `tokens / rate` is small, and the product is
+            // infinite only when the true sum exceeds `f64::MAX`.
+            (elapsed_s + self.tokens / params.rate_per_sec) * params.rate_per_sec
+        };
+        tokens.min(params.burst)
     }
 }
 
@@ -392,7 +402,8 @@ fn write_expiring(state: State, full_at_us: i64, now_us: i64, params: &Params) -
 /// The answer to a [`reserve`]: the four reply fields and the write, if any.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reservation {
-    /// `Allowed`: granted, act after `wait_ms`. `Denied`: the wait would exceed `max_wait_ms`; nothing taken.
+    /// `Allowed`: granted, act after `wait_ms`. `Denied`: the wait would exceed `max_wait_ms`, or (only near
+    /// `f64::MAX`) the debt would not fit a double; nothing taken.
     /// `Impossible`: `cost > burst`.
     pub outcome: Outcome,
     /// Granted: milliseconds the caller must wait before acting, 0 to act now, at most `max_wait_ms`. Denied: the
@@ -440,16 +451,19 @@ pub fn reserve(
             .write
             .or_else(|| rebased_write(stored, now_us, params)),
     };
-    if decision.outcome != Outcome::Denied || decision.retry_after_ms > max_wait.ms() {
-        return as_acquired;
-    }
-    // Granted with a wait: `current.tokens < cost`, so this goes below zero, and it stays finite because
-    // `retry_after_ms` saturates (and exceeds any `max_wait`) whenever `cost - current.tokens` overflows, and
-    // IEEE subtraction is exactly antisymmetric.
+    // Granted with a wait: `current.tokens < cost`, so this goes below zero. At the top of the range the debt may
+    // not fit a double (rate 1e308, already -1.7e308 in debt, cost 1.7e308: the wait is 3.4 s, the debt
+    // -3.4e308), and a state must stay finite: such a reservation is refused, with its true wait.
     let after = State {
         tokens: current.tokens - cost.0,
         updated_us: current.updated_us,
     };
+    if decision.outcome != Outcome::Denied
+        || decision.retry_after_ms > max_wait.ms()
+        || !after.tokens.is_finite()
+    {
+        return as_acquired;
+    }
     let full_at = full_at_us(&after, params);
     Reservation {
         outcome: Outcome::Allowed,
@@ -624,13 +638,26 @@ fn first_extreme<K: Ord>(decisions: &[Decision], key: impl Fn(&Decision) -> K) -
     best
 }
 
+/// Seconds the refill takes to bring `tokens` up to `target`: `(target - tokens) / rate`, without overflow. The
+/// difference overflows for a deep debt at the top of the range (1.7e308 - -1.7e308) while the quotient is a few
+/// seconds for a rate as large; each term divided first cannot overflow then (the difference is infinite only if
+/// both terms exceed 1e308 in magnitude, and the rate is finite).
+fn seconds_to_refill(tokens: f64, target: f64, params: &Params) -> f64 {
+    let missing = target - tokens;
+    if missing.is_finite() {
+        missing / params.rate_per_sec
+    } else {
+        target / params.rate_per_sec - tokens / params.rate_per_sec
+    }
+}
+
 /// The earliest microsecond at which `state` holds its full burst (saturating at `i64::MAX`).
 fn full_at_us(state: &State, params: &Params) -> i64 {
-    let missing = params.burst - state.tokens;
-    if missing <= 0.0 {
+    if state.tokens >= params.burst {
         return state.updated_us;
     }
-    let estimate_us = ceil_saturating(missing / params.rate_per_sec * MICROS_PER_SEC);
+    let estimate_us =
+        ceil_saturating(seconds_to_refill(state.tokens, params.burst, params) * MICROS_PER_SEC);
     let mut at_us = state.updated_us.saturating_add(estimate_us);
     for _ in 0..MAX_CORRECTIONS {
         if at_us == i64::MAX || state.tokens_at(at_us, params) >= params.burst {
@@ -644,8 +671,8 @@ fn full_at_us(state: &State, params: &Params) -> i64 {
 /// Milliseconds from `now_us` until `cost` tokens are there, given the bucket is short now. Exact against
 /// [`State::tokens_at`]: a call `retry_after_ms` later is allowed, one a millisecond earlier is not.
 fn retry_after_ms(current: &State, now_us: i64, params: &Params, cost: Cost) -> i64 {
-    let missing = cost.0 - current.tokens;
-    let estimate_us = ceil_saturating(missing / params.rate_per_sec * MICROS_PER_SEC);
+    let estimate_us =
+        ceil_saturating(seconds_to_refill(current.tokens, cost.0, params) * MICROS_PER_SEC);
     let ready_us = current.updated_us.saturating_add(estimate_us);
     let mut wait_ms = ms_until(now_us, ready_us).max(1);
     let paid_after = |ms: i64| -> bool {

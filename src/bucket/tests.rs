@@ -143,6 +143,62 @@ fn extreme_values_saturate() {
 }
 
 #[test]
+fn top_of_the_range_replies_are_true() {
+    // rate 1e308/s, burst 1.7e308: the bucket fills in 1.7 s. Each reply and expiry is the true one; before,
+    // `burst - tokens` and `cost - tokens` overflowed to infinity and saturated them.
+    let p = params(1e308, 1.7e308);
+    let c = cost(1.7e308);
+    let limit = MaxWait::new(10_000).expect("valid");
+    let first = reserve(None, T0, &p, c, limit);
+    assert_eq!(
+        (
+            first.granted(),
+            first.wait_ms,
+            first.remaining,
+            first.reset_after_ms
+        ),
+        (true, 0, 0, 1_700)
+    );
+    let write = first.write.expect("a grant writes");
+    assert_eq!(write.expire_at_ms, T0 / 1_000 + 1_700);
+    // Granted with a wait of 1.7 s: 1.7e308 in debt, full again after 3.4 s.
+    let second = reserve(Some(write.state), T0, &p, c, limit);
+    assert_eq!(
+        (
+            second.granted(),
+            second.wait_ms,
+            second.remaining,
+            second.reset_after_ms
+        ),
+        (true, 1_700, 0, 3_400)
+    );
+    let write = second.write.expect("a grant writes");
+    assert_eq!(write.state.tokens, -1.7e308);
+    assert_eq!(write.expire_at_ms, T0 / 1_000 + 3_400);
+    // A third would wait 3.4 s, but its debt (-3.4e308) does not fit a double: refused, with the true wait.
+    let third = reserve(Some(write.state), T0, &p, c, limit);
+    assert_eq!(
+        (
+            third.granted(),
+            third.wait_ms,
+            third.remaining,
+            third.reset_after_ms,
+            third.write
+        ),
+        (false, 3_400, 0, 3_400, None)
+    );
+    // 2.55 s on, the refill (2.55e308, beyond f64::MAX) is counted in units of the rate: 0.85e308 tokens
+    // (`remaining` saturates), full 850 ms later (851: the doubles round the moment of full up by a microsecond).
+    let later = acquire(Some(write.state), T0 + 2_550_000, &p, cost(0.0));
+    assert_eq!((later.remaining, later.reset_after_ms), (i64::MAX, 851));
+    let acquired = acquire(Some(write.state), T0, &p, cost(1.0));
+    assert_eq!(
+        (acquired.outcome, acquired.retry_after_ms),
+        (Outcome::Denied, 1_701)
+    );
+}
+
+#[test]
 fn params_refuse_bad_numbers() {
     for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
         assert_eq!(Params::new(bad, 1.0), Err(ParamError::Rate));
@@ -1039,6 +1095,63 @@ proptest! {
                 let bound = p.burst() + p.rate_per_sec() * window_s;
                 prop_assert!(sum <= bound * (1.0 + 1e-9) + 1e-9, "{} > {}", sum, bound);
             }
+        }
+    }
+}
+
+proptest! {
+    /// At the top of the range (rate and burst above 1e300, any finite debt down to `-f64::MAX`), waits and
+    /// resets are the true ones: within a millisecond of `(target - tokens) / rate` computed term by term (which
+    /// cannot overflow there), never saturated while that is below a day, exact against `tokens_at`, and the
+    /// expiry follows the moment of full. A reservation is refused only when its wait exceeds `max_wait` or its
+    /// debt would not fit a double.
+    #[test]
+    fn top_of_the_range_waits_and_resets_are_true(
+        rate in 1e300f64..f64::MAX, burst in 1e300f64..f64::MAX, tokens_frac in -1.0f64..=1.0,
+        cost_frac in 0.0f64..=1.0, now_off in 0i64..5_000_000, limit in arb_max_wait(),
+    ) {
+        let p = params(rate, burst);
+        let tokens = if tokens_frac < 0.0 { tokens_frac * f64::MAX } else { tokens_frac * burst };
+        let stored = State { tokens, updated_us: T0 };
+        let now_us = T0 + now_off;
+        let c = cost(burst * cost_frac);
+        let current = stored.tokens_at(now_us, &p);
+        prop_assert!(current.is_finite());
+        let true_ms = |target: f64, from: f64| (target / rate - from / rate) * 1e3;
+        let day_ms = 86_400_000.0;
+
+        let d = acquire(Some(stored), now_us, &p, c);
+        let left = if d.allowed() { current - c.tokens() } else { current };
+        let full_ms = true_ms(burst, left);
+        if full_ms < day_ms {
+            prop_assert!((d.reset_after_ms as f64 - full_ms.max(0.0)).abs() <= 1.0, "{:?} vs {}", d, full_ms);
+        }
+        if d.outcome == Outcome::Denied {
+            let wait_ms = true_ms(c.tokens(), current);
+            if wait_ms < day_ms {
+                prop_assert!((d.retry_after_ms as f64 - wait_ms).abs() <= 1.0, "{:?} vs {}", d, wait_ms);
+            }
+            let at = |ms: i64| acquire(Some(stored), now_us + ms * 1_000, &p, c).allowed();
+            prop_assert!(at(d.retry_after_ms) && !at(d.retry_after_ms - 1));
+        }
+        if let Some(write) = d.write {
+            prop_assert!(write.state.tokens_at(write.expire_at_ms * 1_000, &p) >= burst);
+            prop_assert!(write.state.tokens_at((write.expire_at_ms - 1) * 1_000, &p) < burst);
+        }
+
+        let r = reserve(Some(stored), now_us, &p, c, limit);
+        if r.outcome != Outcome::Impossible {
+            let wait_ms = true_ms(c.tokens(), current).max(0.0);
+            if wait_ms < day_ms {
+                prop_assert!((r.wait_ms as f64 - wait_ms).abs() <= 1.0, "{:?} vs {}", r, wait_ms);
+            }
+            let fits = (current - c.tokens()).is_finite();
+            prop_assert_eq!(r.granted(), r.wait_ms <= limit.ms() && (fits || r.wait_ms == 0));
+        }
+        if let Some(write) = r.write {
+            prop_assert!(write.state.tokens.is_finite());
+            prop_assert!(write.state.tokens_at(write.expire_at_ms * 1_000, &p) >= burst);
+            prop_assert!(write.state.tokens_at((write.expire_at_ms - 1) * 1_000, &p) < burst);
         }
     }
 }
