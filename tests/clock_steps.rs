@@ -110,7 +110,7 @@ fn every_command_records_the_new_time_base_once_and_replicates_it() {
     );
     wait_replicas_online(&primary, 1);
     let mut conn = primary.conn();
-    for key in ["acquire", "all", "reserve", "each", "atmost"] {
+    for key in ["acquire", "all", "reserve", "each", "atmost", "charge"] {
         assert_eq!(
             acquire(&mut conn, key, "10", "3", Some("3")),
             [1, 0, 0, 300]
@@ -124,6 +124,10 @@ fn every_command_records_the_new_time_base_once_and_replicates_it() {
     assert_eq!(
         call(&mut conn, "TB.RESERVE", &["debt", "10", "3", "2", "1000"]),
         [1, 200, 0, 500]
+    );
+    assert_eq!(
+        call(&mut conn, "TB.BLOCK", &["block", "10", "3", "1000"]),
+        [0, 1_100, 1_300]
     );
 
     let back = START - HOUR;
@@ -150,10 +154,19 @@ fn every_command_records_the_new_time_base_once_and_replicates_it() {
             acquire_at_most(conn, "atmost", "10", "3", "2"),
             [0, 0, 100, 300]
         );
+        assert_eq!(
+            call(conn, "TB.CHARGE", &["charge", "10", "3", "0"]),
+            [0, 100, 300]
+        );
+        // A shorter block than the one the bucket holds keeps it.
+        assert_eq!(
+            call(conn, "TB.BLOCK", &["block", "10", "3", "500"]),
+            [0, 1_100, 1_300]
+        );
     };
     denials(&mut conn);
-    // Seven buckets, each an HSET and a PEXPIREAT (the old expiry lies an hour beyond the new window).
-    assert_eq!(dirty(&mut conn) - before, 14);
+    // Nine buckets, each an HSET and a PEXPIREAT (the old expiry lies an hour beyond the new window).
+    assert_eq!(dirty(&mut conn) - before, 18);
     for (key, tokens) in [
         ("acquire", "0"),
         ("all", "0"),
@@ -162,12 +175,14 @@ fn every_command_records_the_new_time_base_once_and_replicates_it() {
         ("peek", "2"),
         ("each", "0"),
         ("atmost", "0"),
+        ("charge", "0"),
+        ("block", "-10"),
     ] {
         assert_eq!(hgetall(&mut conn, key), fields(tokens, back), "{key}");
     }
     // The same calls again: same replies, nothing written.
     denials(&mut conn);
-    assert_eq!(dirty(&mut conn) - before, 14);
+    assert_eq!(dirty(&mut conn) - before, 18);
 
     wait_acked(&mut conn, 1, 5_000);
     let mut on_replica = replica.conn();

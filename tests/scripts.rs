@@ -116,6 +116,8 @@ fn a_refused_call_counts_as_an_error_and_the_server_carries_on() {
         "TB.REFUND",
         "TB.ACQUIREEACH",
         "TB.ACQUIREATMOST",
+        "TB.CHARGE",
+        "TB.BLOCK",
     ];
     for command in commands {
         let script = format!("return redis.pcall('{command}', KEYS[1])");
