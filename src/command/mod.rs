@@ -37,6 +37,17 @@
 //!   2) remaining        3) retry_after_ms: 0 when granted, -1 when burst < 1, else ms until one whole token
 //!   4) reset_after_ms
 //!
+//! TB.CHARGE key rate burst cost                                      (cost as for TB.ACQUIRE; 0 changes nothing)
+//! TB.BLOCK key rate burst ms                                         (ms an integer from 1 to 86400000)
+//!
+//!   CHARGE takes cost even when the bucket lacks it, leaving a debt (negative tokens) that every other command
+//!   treats as a reservation's; refused if tokens after < -(rate * 86400). BLOCK sets tokens to
+//!   min(tokens, -(rate * ms / 1000)): denied (TB.RESERVE waits) until ms from now, a longer debt kept.
+//! Reply: array of 3 integers
+//!   1) remaining        whole tokens left after the call, never below 0
+//!   2) retry_after_ms   ms until one whole token is there (debt repaid); 0 when there now; -1 when burst < 1
+//!   3) reset_after_ms
+//!
 //! Errors (nothing is changed by a call that errors):
 //!   ERR wrong number of arguments for 'tb.acquire' command
 //!   ERR rate must be a positive number          (likewise burst; cost must be a non-negative number)
@@ -45,6 +56,8 @@
 //!   ERR each key may appear only once           TB.ACQUIREALL or TB.ACQUIREEACH naming a key twice
 //!   ERR too many buckets: TB.ACQUIREALL takes at most 1000            (likewise TB.ACQUIREEACH)
 //!   ERR max must be an integer from 1 to 9007199254740992
+//!   ERR ms must be an integer from 1 to 86400000                      TB.BLOCK
+//!   ERR charge would put the bucket more than 24 hours of refill into debt
 //!   ERR TB commands are refused inside scripts on Redis before 7.0: ...   any command from a script on 6.2
 //!   ERR failed to write the token bucket        the server refused a string or key the write needs; no known
 //!                                               input or configuration leads here (renamed HSET/PEXPIREAT are
@@ -65,7 +78,7 @@
 //! own clock, and a replica or AOF loader without the module could not run it at all.
 //!
 //! Layout: `acquire` holds `TB.ACQUIRE` and `TB.ACQUIREALL`; `each` holds `TB.ACQUIREEACH` and
-//! `TB.ACQUIREATMOST`; `reserve` holds `TB.RESERVE` and `TB.REFUND`; `args` parses what every command shares (rate,
+//! `TB.ACQUIREATMOST`; `reserve` holds `TB.RESERVE` and `TB.REFUND`; `charge` holds `TB.CHARGE` and `TB.BLOCK`; `args` parses what every command shares (rate,
 //! burst, cost); `state` reads and writes a bucket's hash, expiry and replication; this file holds the error
 //! type, the replies and the module's registration.
 #![forbid(unsafe_code)]
