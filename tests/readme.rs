@@ -547,3 +547,73 @@ fn every_python_block_runs_as_pasted() {
     assert!(count > 0, "no ```python block in the docs");
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// Every ```js block parses on its own (`node --check`), where node is installed (`make test` says when not).
+#[test]
+fn every_js_block_parses_as_pasted() {
+    if Command::new("node").arg("--version").output().is_err() {
+        eprintln!("node is not installed: the ```js blocks are not checked");
+        return;
+    }
+    let dir = common::fresh_dir();
+    std::fs::create_dir_all(&dir).expect("create a scratch directory");
+    let mut problems = Vec::new();
+    for document in documents() {
+        for (index, block) in blocks(&read(&document))
+            .into_iter()
+            .filter(|b| b.language == "js")
+            .enumerate()
+        {
+            let file = dir.join(format!("block{index}.js"));
+            std::fs::write(&file, &block.body).expect("write the block");
+            let output = Command::new("node")
+                .arg("--check")
+                .arg(&file)
+                .output()
+                .expect("run node --check");
+            if !output.status.success() {
+                problems.push(format!(
+                    "{document}:{}: node --check failed:\n{}",
+                    block.line,
+                    String::from_utf8_lossy(&output.stderr)
+                ));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The block that tells how to run the examples, as pasted but for the port: against a spawned server instead
+/// of the one of `make run PORT=7777`.
+#[test]
+fn the_example_commands_run_as_pasted() {
+    let readme = read("README.md");
+    let block = blocks(&readme)
+        .into_iter()
+        .find(|b| b.language == "sh" && b.body.starts_with("make venv node-deps"))
+        .expect("README.md has a ```sh block that runs the examples");
+    let server = Server::start_with(Options {
+        binary: Some(common::DEFAULT_SERVER.to_string()),
+        ..Options::default()
+    });
+    let script = block.body.replace("7777", &server.port.to_string());
+    let output = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(root())
+        .output()
+        .expect("run the block");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{script}\n{text}");
+    for ok in [
+        "python client example: ok",
+        "python pacing example: ok",
+        "node client example: ok",
+    ] {
+        assert!(text.contains(ok), "{script}\n{text}");
+    }
+}
