@@ -591,7 +591,7 @@ fn the_example_commands_run_as_pasted() {
     let readme = read("README.md");
     let block = blocks(&readme)
         .into_iter()
-        .find(|b| b.language == "sh" && b.body.starts_with("make venv node-deps"))
+        .find(|b| b.language == "sh" && b.body.contains("examples/ratelimit.py --port 7777"))
         .expect("README.md has a ```sh block that runs the examples");
     let server = Server::start_with(Options {
         binary: Some(common::DEFAULT_SERVER.to_string()),
