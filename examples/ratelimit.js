@@ -9,7 +9,7 @@ const http = require("node:http");
 const Redis = require("ioredis");
 
 // --- snippet: start ---------------------------------------------------------------------------------------------
-// Sets the RateLimit-Policy and RateLimit fields of draft-ietf-httpapi-ratelimit-headers-10 for the limit named
+// Sets the RateLimit-Policy and RateLimit fields of draft-ietf-httpapi-ratelimit-headers-11 for the limit named
 // `policy` (mapped as docs/headers.md says), and answers 429 with Retry-After when refused.
 async function rateLimit(redis, res, key, rate, burst, cost = 1, policy = "default") {
   const [allowed, remaining, retryAfterMs, resetAfterMs] =

@@ -18,7 +18,7 @@ import (
 )
 
 // rateLimit takes cost tokens from the bucket at key and sets the RateLimit-Policy and RateLimit fields of
-// draft-ietf-httpapi-ratelimit-headers-10 for the limit named policy (mapped as docs/headers.md says). When it
+// draft-ietf-httpapi-ratelimit-headers-11 for the limit named policy (mapped as docs/headers.md says). When it
 // returns false it has already answered 429 Too Many Requests.
 func rateLimit(ctx context.Context, rdb *redis.Client, w http.ResponseWriter, policy, key string, rate, burst, cost float64) (bool, error) {
 	res, err := rdb.Do(ctx, "TB.ACQUIRE", key, rate, burst, cost).Int64Slice()
