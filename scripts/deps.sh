@@ -39,6 +39,8 @@ missing=()
 # bindgen cannot use.
 compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null || compgen -G "/usr/lib/*/libclang-[0-9]*.so*" >/dev/null \
   || missing+=(libclang-dev)
+# binutils (objdump, strip) for make dist and make deb; dpkg-deb comes with dpkg on every Debian.
+command -v objdump >/dev/null 2>&1 && command -v strip >/dev/null 2>&1 || missing+=(binutils)
 # The venv module, for the project-local Python environment of `make test`.
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 # The controlled clock: libfaketime.so.1 (preloaded into test servers behind tests/clock/'s shim) and its CLI.

@@ -193,6 +193,12 @@ fn release_artifacts_dist_tarball_verifies_and_loads_on_every_server() {
         glibc <= GLIBC_MAX,
         "the module needs glibc {glibc:?}, newer than Debian bookworm's {GLIBC_MAX:?}"
     );
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("read README.md");
+    let stated = format!("glibc {}.{} or newer", glibc.0, glibc.1);
+    assert!(
+        readme.contains(&stated),
+        "README.md's Install section says: {stated}"
+    );
 
     for (name, binary) in servers() {
         let server = Server::start_with(Options {
