@@ -448,10 +448,9 @@ end
 
 local function parse_params(rate_text, burst_text)
   local rate = parse_f64(rate_text)
-  if rate == nil then refuse(ERR_RATE) end
+  if rate == nil or not (rate > 0) then refuse(ERR_RATE) end
   local burst = parse_f64(burst_text)
   if burst == nil then refuse(ERR_BURST) end
-  if not (rate > 0) then refuse(ERR_RATE) end
   if not (burst > 0) then refuse(ERR_BURST) end
   return { rate = rate, burst = burst }
 end

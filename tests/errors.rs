@@ -51,6 +51,16 @@ fn bad_numbers_name_their_argument_and_change_nothing() {
             "burst {bad:?}"
         );
     }
+    // Two bad numbers: the error names the first in argument order (`TB.ACQUIRE k 0 inf` named the burst).
+    for bad_rate in NOT_POSITIVE {
+        for bad_burst in NOT_POSITIVE {
+            assert_eq!(
+                acquire_error(&mut conn, &["k", bad_rate, bad_burst]),
+                RATE,
+                "rate {bad_rate:?}, burst {bad_burst:?}"
+            );
+        }
+    }
     for bad in ["abc", "-1", "-0.5", "nan", "inf", "1e400", "0x1", "", "2x"] {
         assert_eq!(
             acquire_error(&mut conn, &["k", "1", "5", bad]),

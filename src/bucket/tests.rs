@@ -199,6 +199,22 @@ fn top_of_the_range_replies_are_true() {
 }
 
 #[test]
+fn fast_reservations_share_whole_millisecond_slots() {
+    // Above 1,000 tokens/s a slot is shorter than the reply's unit: waits round up to whole milliseconds, and
+    // several reservations share one (docs/commands.md says so). Each still acts no earlier than its slot.
+    let p = params(5_000.0, 1.0);
+    let mut stored = None;
+    let mut waits = Vec::new();
+    for _ in 0..8 {
+        let r = reserve(stored, T0, &p, cost(1.0), MaxWait::new(1_000).expect("valid"));
+        assert!(r.granted());
+        waits.push(r.wait_ms);
+        stored = r.write.map(|w| w.state);
+    }
+    assert_eq!(waits, [0, 1, 1, 1, 1, 1, 2, 2]);
+}
+
+#[test]
 fn params_refuse_bad_numbers() {
     for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
         assert_eq!(Params::new(bad, 1.0), Err(ParamError::Rate));

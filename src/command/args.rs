@@ -16,10 +16,16 @@ pub(super) fn parse_params(call: &Call<'_>, rate_index: usize) -> Result<Params,
             return Ok(params);
         }
     }
-    let params = Params::new(
-        parse_number(rate_text).ok_or(ParamError::Rate)?,
-        parse_number(burst_text).ok_or(ParamError::Burst)?,
-    )?;
+    let rate = parse_number(rate_text).ok_or(ParamError::Rate)?;
+    let Some(burst) = parse_number(burst_text) else {
+        // The error names the first bad argument in order: a rate that `Params::new` refuses (`0`) comes before an
+        // unparsable burst (`inf`). Checked against a valid burst so that the rule stays in `Params::new` alone.
+        return Err(Params::new(rate, 1.0)
+            .err()
+            .unwrap_or(ParamError::Burst)
+            .into());
+    };
+    let params = Params::new(rate, burst)?;
     if let (Some(rate_text), Some(burst_text)) = (rate_text, burst_text) {
         LAST_PARAMS.with(|last| last.set(ParamsCache::new(rate_text, burst_text, params)));
     }
