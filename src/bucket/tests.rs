@@ -206,7 +206,13 @@ fn fast_reservations_share_whole_millisecond_slots() {
     let mut stored = None;
     let mut waits = Vec::new();
     for _ in 0..8 {
-        let r = reserve(stored, T0, &p, cost(1.0), MaxWait::new(1_000).expect("valid"));
+        let r = reserve(
+            stored,
+            T0,
+            &p,
+            cost(1.0),
+            MaxWait::new(1_000).expect("valid"),
+        );
         assert!(r.granted());
         waits.push(r.wait_ms);
         stored = r.write.map(|w| w.state);
