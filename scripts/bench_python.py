@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""`make bench`, Python part: the fallback script's cost next to the module, and the FastAPI middleware under load.
+
+1. Redis level, the module against the Lua fallback (`lua/tb.lua`) on the same server binary: redis-benchmark
+   (50 clients, pipeline 16, 3 interleaved rounds, medians) runs `HSET` on a hot key, `TB.ACQUIRE` on a hot key
+   (module server) and the script's `TB.ACQUIRE` through `EVALSHA` (a server without the module), and the same
+   for `TB.ACQUIREALL` over 3 buckets, beside the simple Lua bucket the main bench compares against (no exact
+   text, no expiry window, no argument checks). Every call is allowed (a huge rate), so every call writes. Reported:
+   calls/s, the ratio to `HSET` of the same round, and the command's own time (INFO commandstats
+   usec_per_call).
+2. HTTP level: a FastAPI app (`scripts/bench_app.py`) served by uvicorn (one process), loaded by wrk:
+   - added latency: one connection for 10 s against the app without middleware, with the middleware on the
+     module, and with the middleware on the script; every request allowed. wrk's p50 and p99, and the
+     differences to the app without middleware;
+   - the bound: 16 connections for 20 s against one key (rate 100/s, burst 200), on the module and on the
+     script: requests served (2xx) must be at most burst + rate * t, t being wrk's measured duration. Fails the
+     bench otherwise.
+Redis runs on one core, uvicorn on the other, wrk beside Redis.
+
+    TB_MODULE=target/release/libredis_tb.so REDIS_SERVER=/usr/bin/redis-server .venv/bin/python scripts/bench_python.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = (ROOT / "lua" / "tb.lua").read_text()
+SERVER = os.environ.get("REDIS_SERVER", "/usr/bin/redis-server")
+MODULE = os.environ.get("TB_MODULE", str(ROOT / "target/release/libredis_tb.so"))
+BENCHMARK = os.environ.get("REDIS_BENCHMARK", "/usr/bin/redis-benchmark")
+WRK = shutil.which("wrk") or "/usr/bin/wrk"
+REDIS_CPU, APP_CPU = "1", "0"
+ROUNDS = 3
+BOUND_RATE, BOUND_BURST, BOUND_SECONDS = 100, 200, 20
+LATENCY_SECONDS = 10
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(check, what: str, deadline_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except (OSError, redis.RedisError):
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"bench_python: {what} did not come up")
+
+
+class Process:
+    def __init__(self, command: list[str], cpu: str, env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen(
+            ["taskset", "-c", cpu, *command],
+            env=dict(os.environ, **(env or {})),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class Server(Process):
+    def __init__(self, module: bool) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="redis-tb-bench-py-")
+        command = [
+            SERVER,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.dir,
+        ]
+        if module:
+            command += ["--loadmodule", MODULE]
+        super().__init__(command, REDIS_CPU)
+        self.conn = redis.Redis(port=self.port)
+        wait_for(self.conn.ping, f"redis-server on {self.port}")
+
+    def stop(self) -> None:
+        super().stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def redis_benchmark(port: int, count: int, *command: str) -> float:
+    output = subprocess.run(
+        [
+            "taskset",
+            "-c",
+            APP_CPU,
+            BENCHMARK,
+            "-p",
+            str(port),
+            "-c",
+            "50",
+            "-P",
+            "16",
+            "-n",
+            str(count),
+            "-q",
+            *command,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    match = re.findall(r"([0-9.]+) requests per second", output)
+    if not match:
+        raise SystemExit(f"bench_python: no figure from redis-benchmark: {output}")
+    return float(match[-1])
+
+
+def usec_per_call(conn: redis.Redis, command: str) -> float:
+    stats = conn.info("commandstats").get(f"cmdstat_{command}", {})
+    return float(stats.get("usec_per_call", 0.0))
+
+
+def redis_level() -> list[tuple[str, float, float, float]]:
+    module, plain = Server(module=True), Server(module=False)
+    try:
+        sha = plain.conn.script_load(SCRIPT)
+        simple_sha = plain.conn.script_load((ROOT / "scripts" / "bench_bucket.lua").read_text())
+        keys = ["{b}:1", "{b}:2", "{b}:3"]
+        all_module = ["TB.ACQUIREALL", "1"] + [part for key in keys for part in (key, "1000000", "1e9")]
+        all_script = ["EVALSHA", sha, "3", *keys, "TB.ACQUIREALL", "1"] + ["1000000", "1e9"] * 3
+        cases = [
+            ("HSET hot key", module, 400_000, ["HSET", "bench:h", "f", "v"], "hset"),
+            ("TB.ACQUIRE, module", module, 300_000, ["TB.ACQUIRE", "bench:k", "1000000", "1e9"], "tb.acquire"),
+            (
+                "TB.ACQUIRE, Lua fallback",
+                plain,
+                100_000,
+                ["EVALSHA", sha, "1", "bench:k", "TB.ACQUIRE", "1000000", "1e9"],
+                "evalsha",
+            ),
+            (
+                "a simple Lua token bucket (scripts/bench_bucket.lua), server TIME",
+                plain,
+                100_000,
+                ["EVALSHA", simple_sha, "1", "bench:simple", "1000000", "1e9", "1"],
+                "evalsha",
+            ),
+            ("TB.ACQUIREALL 3 buckets, module", module, 200_000, all_module, "tb.acquireall"),
+            ("TB.ACQUIREALL 3 buckets, Lua fallback", plain, 60_000, all_script, "evalsha"),
+        ]
+        figures: dict[str, list[tuple[float, float, float]]] = {name: [] for name, *_ in cases}
+        for _ in range(ROUNDS):
+            hset = 0.0
+            for name, server, count, command, stat in cases:
+                server.conn.flushall()
+                server.conn.config_resetstat()
+                rate = redis_benchmark(server.port, count, *command)
+                hset = rate if stat == "hset" else hset
+                figures[name].append((rate, rate / hset, usec_per_call(server.conn, stat)))
+        return [
+            (
+                name,
+                statistics.median(r[0] for r in rows),
+                statistics.median(r[1] for r in rows),
+                statistics.median(r[2] for r in rows),
+            )
+            for name, rows in figures.items()
+        ]
+    finally:
+        module.stop()
+        plain.stop()
+
+
+def wrk(port: int, seconds: int, connections: int) -> dict[str, float]:
+    output = subprocess.run(
+        [
+            "taskset",
+            "-c",
+            REDIS_CPU,
+            WRK,
+            "-t",
+            "1",
+            "-c",
+            str(connections),
+            "-d",
+            f"{seconds}s",
+            "--latency",
+            f"http://127.0.0.1:{port}/",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+    def ms(label: str) -> float:
+        found = re.search(rf"^\s+{label}%\s+([0-9.]+)(us|ms|s)\s*$", output, flags=re.M)
+        if not found:
+            raise SystemExit(f"bench_python: no {label}% latency in wrk's output:\n{output}")
+        value, unit = float(found.group(1)), found.group(2)
+        return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+
+    total = re.search(r"(\d+) requests in ([0-9.]+)(s|m)", output)
+    if not total:
+        raise SystemExit(f"bench_python: no request count in wrk's output:\n{output}")
+    duration_s = float(total.group(2)) * (60 if total.group(3) == "m" else 1)
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    requests = int(total.group(1))
+    return {
+        "p50": ms("50"),
+        "p99": ms("99"),
+        "requests": requests,
+        "duration_s": duration_s,
+        "served": requests - (int(non_2xx.group(1)) if non_2xx else 0),
+        "rps": requests / duration_s,
+    }
+
+
+def serve(mode: str, redis_port: int, rate: float, burst: float, key: str) -> tuple[Process, int]:
+    port = free_port()
+    env = {
+        "TB_BENCH_MODE": mode,
+        "TB_BENCH_REDIS_PORT": str(redis_port),
+        "TB_BENCH_RATE": str(rate),
+        "TB_BENCH_BURST": str(burst),
+        "TB_BENCH_KEY": key,
+        "PYTHONPATH": str(ROOT / "scripts"),
+    }
+    app = Process(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "bench_app:app",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ],
+        APP_CPU,
+        env,
+    )
+    wait_for(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() is None, f"uvicorn on {port}")
+    return app, port
+
+
+def http_level() -> tuple[list[tuple[str, dict[str, float]]], list[tuple[str, dict[str, float], float]]]:
+    module, plain = Server(module=True), Server(module=False)
+    try:
+        latency = []
+        for label, mode, server in [
+            ("no middleware", "none", module),
+            ("middleware, module", "module", module),
+            ("middleware, Lua fallback", "script", plain),
+        ]:
+            app, port = serve(mode, server.port, 1e9, 1e12, f"latency:{mode}")
+            try:
+                wrk(port, 2, 1)  # warm-up: imports, connection pools, the script cache
+                latency.append((label, wrk(port, LATENCY_SECONDS, 1)))
+            finally:
+                app.stop()
+        bound = []
+        for label, mode, server in [("module", "module", module), ("Lua fallback", "script", plain)]:
+            app, port = serve(mode, server.port, BOUND_RATE, BOUND_BURST, f"bound:{mode}")
+            try:
+                result = wrk(port, BOUND_SECONDS, 16)
+            finally:
+                app.stop()
+            limit = BOUND_BURST + BOUND_RATE * result["duration_s"]
+            bound.append((label, result, limit))
+        return latency, bound
+    finally:
+        module.stop()
+        plain.stop()
+
+
+def main() -> None:
+    version = subprocess.run([SERVER, "--version"], capture_output=True, text=True).stdout.strip()
+    print(f"== bench_python: {version}; wrk: {WRK}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    rows = redis_level()
+    print("\nRedis level: redis-benchmark, 50 clients, pipeline 16, medians of 3 interleaved rounds")
+    print("\n| case | calls/s | x HSET | command µs/call |\n|---|--:|--:|--:|")
+    for name, rate, ratio, usec in rows:
+        print(f"| {name} | {rate:,.0f} | {ratio:.2f} | {usec:.2f} |")
+    latency, bound = http_level()
+    base = latency[0][1]
+    print(
+        f"\nHTTP level: FastAPI on uvicorn (1 process), wrk, 1 connection for {LATENCY_SECONDS} s, every request"
+        " allowed"
+    )
+    print("\n| app | requests/s | p50 ms | p99 ms | added p50 ms | added p99 ms |\n|---|--:|--:|--:|--:|--:|")
+    for label, r in latency:
+        print(
+            f"| {label} | {r['rps']:,.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['p50'] - base['p50']:.2f} |"
+            f" {r['p99'] - base['p99']:.2f} |"
+        )
+    print(f"\nBound: one key, rate {BOUND_RATE}/s, burst {BOUND_BURST}, wrk 16 connections for {BOUND_SECONDS} s")
+    print("\n| backend | requests | served (2xx) | t (s) | bound burst + rate * t | within |")
+    print("|---|--:|--:|--:|--:|---|")
+    failed = False
+    for label, r, limit in bound:
+        within = r["served"] <= limit
+        failed |= not within
+        print(
+            f"| {label} | {r['requests']:,.0f} | {r['served']:,.0f} | {r['duration_s']:.2f} | {limit:,.0f} |"
+            f" {'yes' if within else 'NO'} |"
+        )
+    if failed:
+        raise SystemExit("bench_python: a run served more than burst + rate * t")
+
+
+if __name__ == "__main__":
+    main()
