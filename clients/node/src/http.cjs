@@ -1,0 +1,121 @@
+"use strict";
+// What the Express middleware and the Fastify plugin share: from a request to a decision, its headers and, when
+// refused, the 429 body. One call to Redis per request: TB.ACQUIRE for one limit, TB.ACQUIREEACH for several
+// (all or nothing, and a report on every bucket for the headers).
+
+const { TbClient } = require("./client.cjs");
+const { TbArgumentError } = require("./errors.cjs");
+const { rateLimitHeaders, waitMs, FORMATS } = require("./headers.cjs");
+
+function limitList(limits) {
+  const list = Array.isArray(limits) ? limits : [limits];
+  if (list.length === 0 || list.some((limit) => limit === null || typeof limit !== "object")) {
+    throw new TbArgumentError("limits must be a limit { name, rate, burst } or a non-empty array of them");
+  }
+  const names = new Set();
+  return list.map((limit, index) => {
+    const name = limit.name ?? (list.length === 1 ? "default" : undefined);
+    if (typeof name !== "string" || name.length === 0) {
+      throw new TbArgumentError(`limits[${index}].name must be a non-empty string (it names the bucket and the policy)`);
+    }
+    if (names.has(name)) throw new TbArgumentError(`limits[${index}].name ${JSON.stringify(name)} is used twice`);
+    names.add(name);
+    for (const field of ["rate", "burst"]) {
+      if (typeof limit[field] !== "number" || !(limit[field] > 0) || !Number.isFinite(limit[field])) {
+        throw new TbArgumentError(`limits[${index}].${field} must be a finite number > 0, got ${limit[field]}`);
+      }
+    }
+    if (limit.key !== undefined && typeof limit.key !== "function") {
+      throw new TbArgumentError(`limits[${index}].key must be a function of the request`);
+    }
+    return { name, rate: limit.rate, burst: limit.burst, key: limit.key };
+  });
+}
+
+function withTimeout(promise, timeoutMs) {
+  if (!(timeoutMs > 0) || !Number.isFinite(timeoutMs)) return promise;
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`redis-tb: no reply from Redis within ${timeoutMs} ms`)), timeoutMs);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+function defaultBody(decision) {
+  const limiting = decision.buckets[decision.limitingIndex] ?? decision.buckets[0];
+  const retryMs = waitMs(decision);
+  return { error: "Too Many Requests", limit: limiting.name, retryAfter: retryMs >= 0 ? Math.ceil(retryMs / 1000) : null };
+}
+
+/**
+ * Options (the Express middleware and the Fastify plugin take the same):
+ *   client      a TbClient, or an ioredis / node-redis client or cluster to wrap in one
+ *   limits      { name, rate, burst, key? } or an array of them; `key(req)` overrides the shared key function
+ *   key         (req) => string: whose bucket (default: the client address). undefined or null skips limiting
+ *   cost        tokens per request, a number or (req) => number (default 1)
+ *   prefix      prepended to every Redis key: `${prefix}${name}:${key}` (default "tb:")
+ *   headers     "both" (default), "draft", "legacy" or "none"
+ *   failOpen    when Redis fails or does not answer in time: true (default) lets the request through, false
+ *               answers 503
+ *   timeoutMs   the longest to wait for Redis (default 1000; 0 waits as long as the Redis client does)
+ *   statusCode  for a refusal (default 429)
+ *   body        the refusal's JSON body: an object, or (decision) => object
+ *   onError     (error, req) => void, called for every Redis failure (the request then fails open or closed)
+ */
+function createHttpLimiter(options) {
+  if (options === null || typeof options !== "object") throw new TbArgumentError("options must be an object");
+  const { client, key = (req) => req.ip, cost = 1, prefix = "tb:", headers = "both" } = options;
+  const { failOpen = true, timeoutMs = 1000, statusCode = 429, body = defaultBody, onError } = options;
+  if (client === undefined) throw new TbArgumentError("client is required: a TbClient or a Redis client");
+  if (!FORMATS.includes(headers)) throw new TbArgumentError(`headers must be one of ${FORMATS.join(", ")}`);
+  if (typeof key !== "function") throw new TbArgumentError("key must be a function of the request");
+  const limits = limitList(options.limits);
+  const tb = client instanceof TbClient ? client : new TbClient(client);
+
+  async function decide(req) {
+    const requestCost = typeof cost === "function" ? await cost(req) : cost;
+    const buckets = [];
+    for (const limit of limits) {
+      const owner = await (limit.key ?? key)(req);
+      if (owner === undefined || owner === null) continue;
+      buckets.push({ ...limit, key: `${prefix}${limit.name}:${owner}`, cost: requestCost });
+    }
+    if (buckets.length === 0) return undefined;
+    if (buckets.length === 1) {
+      const [bucket] = buckets;
+      const reply = await withTimeout(tb.acquire(bucket.key, bucket.rate, bucket.burst, requestCost), timeoutMs);
+      return { allowed: reply.allowed, limitingIndex: 0, buckets: [{ ...bucket, ...reply, key: bucket.key, fits: reply.allowed }] };
+    }
+    const reply = await withTimeout(tb.acquireEach(buckets), timeoutMs);
+    return {
+      allowed: reply.allowed,
+      limitingIndex: reply.limitingIndex,
+      buckets: buckets.map((bucket, index) => ({ ...bucket, ...reply.buckets[index] })),
+    };
+  }
+
+  /**
+   * { action: "allow" | "refuse" | "unavailable", headers, status?, body?, decision?, error? } for `req`.
+   * Never rejects on a Redis failure: that becomes "allow" (fail open) or "unavailable" (fail closed).
+   */
+  async function check(req) {
+    let decision;
+    try {
+      decision = await decide(req);
+    } catch (error) {
+      if (error instanceof TbArgumentError) throw error;
+      if (onError) onError(error, req);
+      if (failOpen) return { action: "allow", headers: {}, error };
+      return { action: "unavailable", headers: {}, status: 503, body: { error: "Rate limiter unavailable" }, error };
+    }
+    if (decision === undefined) return { action: "allow", headers: {} };
+    const headerValues = rateLimitHeaders(decision, headers);
+    if (decision.allowed) return { action: "allow", headers: headerValues, decision };
+    const refusal = typeof body === "function" ? body(decision) : body;
+    return { action: "refuse", headers: headerValues, status: statusCode, body: refusal, decision };
+  }
+
+  return { check, client: tb, limits };
+}
+
+module.exports = { createHttpLimiter };

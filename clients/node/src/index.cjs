@@ -1,0 +1,29 @@
+"use strict";
+// redis-tb for Node: a typed client for the redis-tb module's commands (with the shared Lua script where the module
+// is not loaded), rate-limit headers, Express middleware, a Fastify plugin, an express-rate-limit store and a
+// rate-limiter-flexible-compatible limiter. The ESM entry (index.mjs) re-exports this one implementation.
+
+const { TbClient } = require("./client.cjs");
+const { TbReplyError, TbArgumentError, TbProtocolError } = require("./errors.cjs");
+const { rateLimitHeaders } = require("./headers.cjs");
+const { createHttpLimiter } = require("./http.cjs");
+const { rateLimit } = require("./express.cjs");
+const { fastifyRateLimit } = require("./fastify.cjs");
+const { TbStore } = require("./erl.cjs");
+const { RateLimiterTB, RateLimiterRes } = require("./flexible.cjs");
+const script = require("./script.cjs");
+
+module.exports = {
+  TbClient,
+  TbReplyError,
+  TbArgumentError,
+  TbProtocolError,
+  rateLimitHeaders,
+  createHttpLimiter,
+  rateLimit,
+  fastifyRateLimit,
+  TbStore,
+  RateLimiterTB,
+  RateLimiterRes,
+  luaScript: { source: script.source, sha1: script.sha1, file: script.file },
+};

@@ -1,0 +1,215 @@
+// Every TbClient method through both Redis clients, on a server with the module and on one without it (where the
+// shared Lua script serves every call), plus the errors a caller can meet.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import { TbClient, TbReplyError, TbArgumentError, luaScript } from "../src/index.mjs";
+import { connect, CLIENT_KINDS } from "./clients.mjs";
+import { Server, freshKey } from "./harness.mjs";
+
+const BACKENDS = [
+  { name: "module", module: true },
+  { name: "script", module: false },
+];
+
+for (const backend of BACKENDS) {
+  for (const kind of CLIENT_KINDS) {
+    describe(`TbClient over ${kind}, ${backend.name}`, () => {
+      let server;
+      let conn;
+      let tb;
+      before(async () => {
+        server = await Server.start({ module: backend.module });
+        conn = await connect(kind, server);
+        tb = new TbClient(conn.redis);
+        if (backend.module) {
+          for (const name of ["TB.ACQUIREEACH", "TB.ACQUIREATMOST", "TB.CHARGE", "TB.BLOCK"]) {
+            const info = kind === "ioredis"
+              ? await conn.redis.call("COMMAND", "INFO", name)
+              : await conn.redis.sendCommand(["COMMAND", "INFO", name]);
+            if (info[0] === null) missing.add(name);
+          }
+        }
+      });
+      // Commands of this module build that are not on main yet skip, saying so.
+      const missing = new Set();
+      const lacks = (t, ...names) => {
+        const absent = names.filter((name) => missing.has(name));
+        if (absent.length > 0) t.skip(`this module build has no ${absent.join(", ")}`);
+        return absent.length > 0;
+      };
+      after(async () => {
+        await conn?.close();
+        await server?.stop();
+      });
+
+      test("the backend is found from the first call's reply", async () => {
+        const fresh = new TbClient(conn.redis);
+        assert.equal(fresh.backend, "auto");
+        await fresh.acquire(freshKey("detect"), 10, 20);
+        assert.equal(fresh.backend, backend.name);
+        assert.equal(fresh.clientKind, kind);
+      });
+
+      test("acquire takes tokens, refuses with the exact wait, and never for a cost above the burst", async () => {
+        const key = freshKey("acquire");
+        assert.deepEqual(await tb.acquire(key, 10, 20), { allowed: true, remaining: 19, retryAfterMs: 0, resetAfterMs: 100 });
+        const taken = await tb.acquire(key, 10, 20, 15);
+        assert.equal(taken.allowed, true);
+        assert.equal(taken.remaining, 4);
+        const refused = await tb.acquire(key, 10, 20, 10);
+        assert.equal(refused.allowed, false);
+        assert.ok(refused.retryAfterMs > 500 && refused.retryAfterMs <= 600, `${refused.retryAfterMs}`);
+        const never = await tb.acquire(key, 10, 20, 25);
+        assert.equal(never.allowed, false);
+        assert.equal(never.retryAfterMs, -1);
+        const peek = await tb.acquire(key, 10, 20, 0);
+        assert.equal(peek.allowed, true);
+        assert.equal(peek.remaining, 4);
+      });
+
+      test("acquireAll takes from every bucket or none, and names the limiting one", async () => {
+        const tag = freshKey("all");
+        const buckets = [
+          { key: `{${tag}}:user`, rate: 1, burst: 5 },
+          { key: `{${tag}}:tenant`, rate: 1, burst: 2 },
+        ];
+        const first = await tb.acquireAll(2, buckets);
+        assert.deepEqual({ ...first, resetAfterMs: undefined }, {
+          allowed: true, remaining: 0, retryAfterMs: 0, resetAfterMs: undefined, limitingIndex: 1,
+        });
+        const second = await tb.acquireAll(1, buckets);
+        assert.equal(second.allowed, false);
+        assert.equal(second.limitingIndex, 1);
+        assert.equal((await tb.acquire(`{${tag}}:user`, 1, 5, 0)).remaining, 3, "the refused call took nothing");
+      });
+
+      test("acquireEach reports every bucket and takes each one's own cost, or nothing", async (t) => {
+        if (lacks(t, "TB.ACQUIREEACH")) return;
+        const tag = freshKey("each");
+        const buckets = [
+          { key: `{${tag}}:user`, rate: 1, burst: 5, cost: 2 },
+          { key: `{${tag}}:tenant`, rate: 1, burst: 10, cost: 1 },
+        ];
+        const first = await tb.acquireEach(buckets);
+        assert.equal(first.allowed, true);
+        assert.deepEqual(first.buckets.map((b) => [b.fits, b.remaining]), [[true, 3], [true, 9]]);
+        const refused = await tb.acquireEach([{ ...buckets[0], cost: 4 }, buckets[1]]);
+        assert.equal(refused.allowed, false);
+        assert.equal(refused.limitingIndex, 0);
+        assert.deepEqual(refused.buckets.map((b) => b.fits), [false, true]);
+        assert.ok(refused.buckets[0].retryAfterMs > 0);
+        assert.equal((await tb.acquire(`{${tag}}:tenant`, 1, 10, 0)).remaining, 9, "the refused call took nothing");
+      });
+
+      test("acquireAtMost grants what is there, up to max", async (t) => {
+        if (lacks(t, "TB.ACQUIREATMOST")) return;
+        const key = freshKey("atmost");
+        assert.deepEqual((await tb.acquireAtMost(key, 1, 5, 3)).granted, 3);
+        const rest = await tb.acquireAtMost(key, 1, 5, 3);
+        assert.equal(rest.granted, 2);
+        assert.equal(rest.remaining, 0);
+        const none = await tb.acquireAtMost(key, 1, 5, 3);
+        assert.equal(none.granted, 0);
+        assert.ok(none.retryAfterMs > 0);
+      });
+
+      test("reserve grants slots into debt up to max_wait_ms; refund gives back only outside debt", async () => {
+        const key = freshKey("reserve");
+        const first = await tb.reserve(key, 10, 2, 1, 1000);
+        assert.deepEqual(first, { granted: true, waitMs: 0, remaining: 1, resetAfterMs: 100 });
+        await tb.reserve(key, 10, 2, 1, 1000);
+        const queued = await tb.reserve(key, 10, 2, 1, 1000);
+        assert.equal(queued.granted, true);
+        assert.ok(queued.waitMs > 50 && queued.waitMs <= 100, `${queued.waitMs}`);
+        const tooLong = await tb.reserve(key, 10, 2, 1, 10);
+        assert.equal(tooLong.granted, false);
+        assert.deepEqual((await tb.refund(key, 10, 2, 1)).refunded, false, "a bucket in debt refunds nothing");
+        const other = freshKey("refund");
+        await tb.acquire(other, 1, 10, 5);
+        const refund = await tb.refund(other, 1, 10, 2);
+        assert.equal(refund.refunded, true);
+        assert.equal(refund.remaining, 7);
+      });
+
+      test("charge lands into debt; block keeps the bucket empty for the given time, then it refills", async (t) => {
+        if (lacks(t, "TB.CHARGE", "TB.BLOCK")) return;
+        const key = freshKey("charge");
+        const charged = await tb.charge(key, 10, 5, 8);
+        assert.equal(charged.remaining, 0);
+        assert.ok(charged.retryAfterMs > 300 && charged.retryAfterMs <= 400, `${charged.retryAfterMs}`);
+        assert.equal((await tb.acquire(key, 10, 5)).allowed, false);
+        const blocked = freshKey("block");
+        const reply = await tb.block(blocked, 10, 5, 2000);
+        assert.equal(reply.remaining, 0);
+        // Empty for 2000 ms, then one token takes 100 ms at 10/s.
+        assert.ok(reply.retryAfterMs > 2000 && reply.retryAfterMs <= 2100, `${reply.retryAfterMs}`);
+        const during = await tb.acquire(blocked, 10, 5);
+        assert.equal(during.allowed, false);
+        assert.ok(during.retryAfterMs > 2000, `${during.retryAfterMs}`);
+      });
+
+      test("reset deletes the bucket", async () => {
+        const key = freshKey("reset");
+        await tb.acquire(key, 1, 3, 3);
+        assert.equal(await tb.reset(key), true);
+        assert.equal((await tb.acquire(key, 1, 3, 0)).remaining, 3);
+        assert.equal(await tb.reset(key), false);
+      });
+
+      test("a server's refusal names the command, the key and the server's text", async () => {
+        const key = freshKey("errors");
+        await assert.rejects(tb.acquire(key, 0, 20), (error) => {
+          assert.ok(error instanceof TbReplyError);
+          assert.equal(error.code, "ERR");
+          assert.equal(error.command, "TB.ACQUIRE");
+          assert.equal(error.message, `TB.ACQUIRE ${JSON.stringify(key)}: ERR rate must be a positive number`);
+          return true;
+        });
+        const stringKey = freshKey("string");
+        if (kind === "ioredis") await conn.redis.set(stringKey, "x");
+        else await conn.redis.set(stringKey, "x");
+        await assert.rejects(tb.acquire(stringKey, 1, 1), (error) => error instanceof TbReplyError && error.code === "WRONGTYPE");
+        await assert.rejects(tb.reserve(key, 1, 1, 1, -5), /ERR max_wait_ms must be an integer from 0 to 86400000/);
+      });
+
+      test("arguments that are not numbers are refused before anything is sent, by name", async () => {
+        await assert.rejects(tb.acquire("k", "10", 20), (error) => {
+          assert.ok(error instanceof TbArgumentError);
+          assert.equal(error.message, 'rate must be a finite number, got "10"');
+          return true;
+        });
+        await assert.rejects(tb.acquire("", 1, 1), /key must be a non-empty string/);
+        await assert.rejects(tb.acquireEach([{ key: "a", rate: 1, burst: NaN }]), /buckets\[0\]\.burst must be a finite number, got NaN/);
+        await assert.rejects(tb.acquireAll(1, []), /buckets must be a non-empty array/);
+      });
+
+      if (backend.name === "script") {
+        test("a server that forgot the script (SCRIPT FLUSH) gets it again through EVAL", async () => {
+          if (kind === "ioredis") await conn.redis.call("SCRIPT", "FLUSH");
+          else await conn.redis.sendCommand(["SCRIPT", "FLUSH"]);
+          assert.equal((await tb.acquire(freshKey("flush"), 1, 5)).remaining, 4);
+          const loaded = kind === "ioredis"
+            ? await conn.redis.call("SCRIPT", "EXISTS", luaScript.sha1())
+            : await conn.redis.sendCommand(["SCRIPT", "EXISTS", luaScript.sha1()]);
+          assert.deepEqual(loaded, [1]);
+        });
+
+        test("backend 'module' on a server without it says the command is unknown", async () => {
+          const forced = new TbClient(conn.redis, { backend: "module" });
+          await assert.rejects(forced.acquire(freshKey("forced"), 1, 1), (error) => {
+            assert.ok(error instanceof TbReplyError);
+            assert.match(error.message, /unknown command/);
+            return true;
+          });
+        });
+      }
+    });
+  }
+}
+
+test("an object that is no Redis client is refused with what was expected", () => {
+  assert.throws(() => new TbClient({}), /expected an ioredis or node-redis client/);
+  assert.throws(() => new TbClient(null), /expected an ioredis or node-redis client/);
+  assert.throws(() => new TbClient({ call() {}, sendCommand() {} }, { backend: "lua" }), /backend must be one of auto, module, script/);
+});

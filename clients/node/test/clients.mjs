@@ -1,0 +1,34 @@
+// The Redis clients the package accepts, each connected to a spawned server or cluster, with a `close()`.
+import { Redis, Cluster as IoCluster } from "ioredis";
+import { createClient, createCluster } from "redis";
+
+export const CLIENT_KINDS = ["ioredis", "node-redis"];
+
+/** A connected standalone client of `kind` for `server`. */
+export async function connect(kind, server, options = {}) {
+  if (kind === "ioredis") {
+    const redis = new Redis({ host: "127.0.0.1", port: server.port, lazyConnect: true, ...options });
+    redis.on("error", () => {});
+    await redis.connect();
+    return { redis, close: () => redis.disconnect() };
+  }
+  const redis = createClient({ url: server.url, ...options });
+  redis.on("error", () => {});
+  await redis.connect();
+  return { redis, close: () => redis.destroy() };
+}
+
+/** A connected cluster client of `kind` for `cluster`. */
+export async function connectCluster(kind, cluster) {
+  const [first] = cluster.nodes;
+  if (kind === "ioredis") {
+    const redis = new IoCluster([{ host: "127.0.0.1", port: first.port }], { lazyConnect: true });
+    redis.on("error", () => {});
+    await redis.connect();
+    return { redis, close: () => redis.disconnect() };
+  }
+  const redis = createCluster({ rootNodes: [{ url: first.url }] });
+  redis.on("error", () => {});
+  await redis.connect();
+  return { redis, close: () => redis.destroy() };
+}

@@ -1,0 +1,131 @@
+// The Express middleware in a real Express app driven over HTTP: headers on every response, 429 with Retry-After
+// and a JSON body, several limits on one route, per-route limits, and fail open / closed with Redis stopped.
+import assert from "node:assert/strict";
+import http from "node:http";
+import { after, before, describe, test } from "node:test";
+
+import express from "express";
+
+import { rateLimit, TbClient } from "../src/index.mjs";
+import { connect, CLIENT_KINDS } from "./clients.mjs";
+import { Server, freshKey } from "./harness.mjs";
+import { closeServer, knows, limitHeaders, listen } from "./http-helpers.mjs";
+
+function app(client, run) {
+  const server = express();
+  server.get("/", rateLimit({ client, prefix: `${run}:`, limits: { name: "user", rate: 1, burst: 3 }, key: (req) => req.get("x-user") }), (req, res) => res.send("ok"));
+  server.get(
+    "/multi",
+    rateLimit({
+      client,
+      prefix: `${run}:`,
+      key: (req) => req.get("x-user"),
+      limits: [
+        { name: "user", rate: 1, burst: 3 },
+        { name: "tenant", rate: 1, burst: 4, key: () => "acme" },
+      ],
+    }),
+    (req, res) => res.send("ok"),
+  );
+  server.get("/heavy", rateLimit({ client, prefix: `${run}:`, limits: { name: "heavy", rate: 1, burst: 2 }, cost: 5, key: () => "all" }), (req, res) => res.send("ok"));
+  return http.createServer(server);
+}
+
+for (const backend of [{ name: "module", module: true }, { name: "script", module: false }]) {
+  describe(`Express middleware, ${backend.name}`, () => {
+    let redisServer;
+    let conn;
+    let httpServer;
+    let base;
+    let hasEach;
+    before(async () => {
+      redisServer = await Server.start({ module: backend.module });
+      conn = await connect("ioredis", redisServer);
+      hasEach = await knows("ioredis", conn.redis, "TB.ACQUIREEACH") || !backend.module;
+      httpServer = app(new TbClient(conn.redis), freshKey("express"));
+      base = await listen(httpServer);
+    });
+    after(async () => {
+      if (httpServer) await closeServer(httpServer);
+      conn?.close();
+      await redisServer?.stop();
+    });
+
+    test("every response carries the headers; the fourth is refused with 429, Retry-After and a JSON body", async () => {
+      const responses = [];
+      for (let i = 0; i < 4; i++) responses.push(await fetch(`${base}/`, { headers: { "x-user": "ann" } }));
+      assert.deepEqual(responses.map((r) => r.status), [200, 200, 200, 429]);
+      assert.deepEqual(limitHeaders(responses[0]), {
+        "ratelimit-policy": '"user";q=3;w=3',
+        ratelimit: '"user";r=2;t=1',
+        "ratelimit-limit": "3",
+        "ratelimit-remaining": "2",
+        "ratelimit-reset": "1",
+      });
+      const refused = responses[3];
+      assert.equal(refused.headers.get("retry-after"), "1");
+      assert.equal(refused.headers.get("ratelimit-remaining"), "0");
+      assert.match(refused.headers.get("content-type"), /application\/json/);
+      assert.deepEqual(await refused.json(), { error: "Too Many Requests", limit: "user", retryAfter: 1 });
+      const other = await fetch(`${base}/`, { headers: { "x-user": "bob" } });
+      assert.equal(other.status, 200, "another key has its own bucket");
+    });
+
+    test("several limits on one route: one policy per bucket, and the tenant limit refuses for everyone", async (t) => {
+      if (!hasEach) return t.skip("this module build has no TB.ACQUIREEACH");
+      const statuses = [];
+      let last;
+      for (const user of ["u1", "u1", "u2", "u2", "u3"]) {
+        last = await fetch(`${base}/multi`, { headers: { "x-user": user } });
+        statuses.push(last.status);
+        if (statuses.length === 1) {
+          assert.equal(last.headers.get("ratelimit-policy"), '"user";q=3;w=3, "tenant";q=4;w=4');
+          assert.equal(last.headers.get("ratelimit"), '"user";r=2;t=1, "tenant";r=3;t=1');
+        }
+      }
+      assert.deepEqual(statuses, [200, 200, 200, 200, 429]);
+      assert.equal(last.headers.get("ratelimit"), '"user";r=3;t=0, "tenant";r=0;t=4');
+      assert.equal(last.headers.get("ratelimit-limit"), "4", "the older fields follow the limiting bucket");
+      assert.equal((await last.json()).limit, "tenant");
+    });
+
+    test("a cost above the burst is refused without Retry-After (waiting never helps)", async () => {
+      const response = await fetch(`${base}/heavy`);
+      assert.equal(response.status, 429);
+      assert.equal(response.headers.has("retry-after"), false);
+      assert.deepEqual(await response.json(), { error: "Too Many Requests", limit: "heavy", retryAfter: null });
+    });
+  });
+}
+
+describe("Express middleware with Redis stopped", () => {
+  for (const kind of CLIENT_KINDS) {
+    test(`${kind}: fails open (request served, no headers) or closed (503), as configured`, async () => {
+      const redisServer = await Server.start();
+      const conn = await connect(kind, redisServer);
+      const errors = [];
+      const server = express();
+      const shared = { client: conn.redis, limits: { rate: 1, burst: 5 }, timeoutMs: 300, onError: (error) => errors.push(error) };
+      server.get("/open", rateLimit({ ...shared, failOpen: true }), (req, res) => res.send("ok"));
+      server.get("/closed", rateLimit({ ...shared, failOpen: false }), (req, res) => res.send("ok"));
+      const httpServer = http.createServer(server);
+      const base = await listen(httpServer);
+      try {
+        assert.equal((await fetch(`${base}/open`)).status, 200);
+        assert.equal((await fetch(`${base}/open`)).headers.get("ratelimit-remaining"), "3");
+        await redisServer.stop();
+        const open = await fetch(`${base}/open`);
+        assert.equal(open.status, 200);
+        assert.deepEqual(limitHeaders(open), {});
+        const closed = await fetch(`${base}/closed`);
+        assert.equal(closed.status, 503);
+        assert.deepEqual(await closed.json(), { error: "Rate limiter unavailable" });
+        assert.equal(errors.length, 2, "onError saw both failures");
+      } finally {
+        await closeServer(httpServer);
+        conn.close();
+        await redisServer.stop();
+      }
+    });
+  }
+});

@@ -1,0 +1,51 @@
+// Compiled by `tsc --noEmit` (make lint), never run: the declarations as an ESM TypeScript user meets them.
+import { Redis } from "ioredis";
+import { createClient } from "redis";
+import express from "express";
+import Fastify from "fastify";
+import { rateLimit as expressRateLimit } from "express-rate-limit";
+import tbDefault, {
+  TbClient,
+  TbReplyError,
+  rateLimit,
+  fastifyRateLimit,
+  TbStore,
+  RateLimiterTB,
+  RateLimiterRes,
+  rateLimitHeaders,
+  type AcquireResult,
+} from "redis-tb";
+
+const tb = new TbClient(new Redis(), { backend: "auto" });
+const viaNodeRedis = new TbClient(createClient());
+const result: AcquireResult = await tb.acquire("user:42", 10, 20);
+const allowed: boolean = result.allowed;
+const each = await viaNodeRedis.acquireEach([{ key: "{a}:x", rate: 1, burst: 2, cost: 1 }]);
+const fits: boolean[] = each.buckets.map((bucket) => bucket.fits);
+const reserved = await tb.reserve("jobs", 10, 2, 1, 1000);
+const waitMs: number = reserved.waitMs;
+
+try {
+  await tb.acquire("user:42", 0, 20);
+} catch (error) {
+  if (error instanceof TbReplyError) console.log(error.code, error.command, error.key);
+}
+
+const app = express();
+app.use(rateLimit({ client: tb, limits: [{ name: "user", rate: 10, burst: 20 }], key: (req: express.Request) => req.ip }));
+app.use(expressRateLimit({ limit: 20, windowMs: 2000, store: new TbStore({ client: tb }) }));
+
+const fastify = Fastify();
+await fastify.register(fastifyRateLimit, { client: tb, limits: { rate: 10, burst: 20 } });
+
+const limiter = new RateLimiterTB({ storeClient: new Redis(), points: 5, duration: 1, keyPrefix: "login" });
+limiter.consume("ip").then(
+  (res: RateLimiterRes) => res.remainingPoints,
+  (rejection: RateLimiterRes | Error) => (rejection instanceof Error ? 0 : rejection.msBeforeNext),
+);
+const headers: Record<string, string> = rateLimitHeaders({
+  allowed: true,
+  limitingIndex: 0,
+  buckets: [{ name: "user", rate: 10, burst: 20, remaining: 19, retryAfterMs: 0, resetAfterMs: 100 }],
+});
+console.log(allowed, fits, waitMs, headers, tbDefault.TbClient === TbClient);

@@ -1,0 +1,278 @@
+// Type declarations for redis-tb (hand-written; `tsc --noEmit` checks them with test/types.ts in `make lint`).
+
+/** Any Redis client the package accepts: an ioredis `Redis` or `Cluster`, a node-redis client or cluster. */
+export type RedisLike = object;
+
+export type Backend = "auto" | "module" | "script";
+export type ClientKind = "ioredis" | "ioredis-cluster" | "node-redis" | "node-redis-cluster";
+
+/** TB.ACQUIRE's reply. `retryAfterMs` is -1 when the cost exceeds the burst (never succeeds). */
+export interface AcquireResult {
+  allowed: boolean;
+  remaining: number;
+  retryAfterMs: number;
+  resetAfterMs: number;
+}
+
+/** TB.ACQUIREALL's reply: `limitingIndex` is the bucket that decided it (0-based). */
+export interface AcquireAllResult extends AcquireResult {
+  limitingIndex: number;
+}
+
+export interface BucketReport {
+  /** Whether this bucket could pay its cost. */
+  fits: boolean;
+  remaining: number;
+  retryAfterMs: number;
+  resetAfterMs: number;
+}
+
+/** TB.ACQUIREEACH's reply: one report per bucket, in the order given. */
+export interface AcquireEachResult {
+  allowed: boolean;
+  limitingIndex: number;
+  buckets: BucketReport[];
+}
+
+/** TB.ACQUIREATMOST's reply: `granted` whole tokens, 0 to max. */
+export interface AcquireAtMostResult {
+  granted: number;
+  remaining: number;
+  retryAfterMs: number;
+  resetAfterMs: number;
+}
+
+/** TB.RESERVE's reply: when granted, act after `waitMs`; when refused, the wait a grant would have needed. */
+export interface ReserveResult {
+  granted: boolean;
+  waitMs: number;
+  remaining: number;
+  resetAfterMs: number;
+}
+
+export interface RefundResult {
+  refunded: boolean;
+  remaining: number;
+  resetAfterMs: number;
+}
+
+/** TB.CHARGE's and TB.BLOCK's reply. */
+export interface ChargeResult {
+  remaining: number;
+  retryAfterMs: number;
+  resetAfterMs: number;
+}
+
+export interface Bucket {
+  key: string;
+  /** Tokens per second, > 0. */
+  rate: number;
+  /** Capacity in tokens, > 0. */
+  burst: number;
+}
+
+export interface CostedBucket extends Bucket {
+  /** Tokens this call takes from the bucket, >= 0 (default 1). */
+  cost?: number;
+}
+
+export interface TbClientOptions {
+  /** "auto" (default): the module, or the Lua script if the server does not know the command. */
+  backend?: Backend;
+}
+
+export class TbClient {
+  constructor(redis: RedisLike, options?: TbClientOptions);
+  readonly redis: RedisLike;
+  /** "module" or "script" once the first call has answered; "auto" before. */
+  readonly backend: Backend;
+  readonly clientKind: ClientKind;
+  acquire(key: string, rate: number, burst: number, cost?: number): Promise<AcquireResult>;
+  acquireAll(cost: number, buckets: Bucket[]): Promise<AcquireAllResult>;
+  acquireEach(buckets: CostedBucket[]): Promise<AcquireEachResult>;
+  acquireAtMost(key: string, rate: number, burst: number, max: number): Promise<AcquireAtMostResult>;
+  reserve(key: string, rate: number, burst: number, cost: number, maxWaitMs: number): Promise<ReserveResult>;
+  refund(key: string, rate: number, burst: number, amount: number): Promise<RefundResult>;
+  charge(key: string, rate: number, burst: number, cost: number): Promise<ChargeResult>;
+  block(key: string, rate: number, burst: number, ms: number): Promise<ChargeResult>;
+  /** Deletes the bucket; true if it existed. */
+  reset(key: string): Promise<boolean>;
+}
+
+/** The server refused a call; `code` is its reply's first word (ERR, WRONGTYPE, NOPERM, ...). */
+export class TbReplyError extends Error {
+  readonly command: string;
+  readonly key: string;
+  readonly code: string;
+}
+/** An argument refused before anything was sent; the message names it. */
+export class TbArgumentError extends TypeError {}
+/** A reply of an unexpected shape. */
+export class TbProtocolError extends Error {
+  readonly command: string;
+}
+
+export type HeaderFormat = "both" | "draft" | "legacy" | "none";
+
+export interface DecisionBucket {
+  name: string;
+  rate: number;
+  burst: number;
+  remaining: number;
+  retryAfterMs: number;
+  resetAfterMs: number;
+  fits?: boolean;
+}
+
+export interface Decision {
+  allowed: boolean;
+  limitingIndex: number;
+  buckets: DecisionBucket[];
+}
+
+/** RateLimit-Policy / RateLimit (one item per bucket), RateLimit-Limit / -Remaining / -Reset, Retry-After. */
+export function rateLimitHeaders(decision: Decision, format?: HeaderFormat): Record<string, string>;
+
+export interface Limit<Req = any> {
+  /** Names the bucket (in its key) and the policy (in the headers); optional for a single limit. */
+  name?: string;
+  rate: number;
+  burst: number;
+  /** Whose bucket, for this limit only (default: the shared `key`). */
+  key?: (req: Req) => string | undefined | null | Promise<string | undefined | null>;
+}
+
+export interface HttpLimiterOptions<Req = any> {
+  client: TbClient | RedisLike;
+  limits: Limit<Req> | Limit<Req>[];
+  /** Whose bucket (default: the client address). undefined or null lets the request through unlimited. */
+  key?: (req: Req) => string | undefined | null | Promise<string | undefined | null>;
+  /** Tokens per request (default 1). */
+  cost?: number | ((req: Req) => number | Promise<number>);
+  /** Prepended to every Redis key, `${prefix}${name}:${key}` (default "tb:"). */
+  prefix?: string;
+  headers?: HeaderFormat;
+  /** true (default): a Redis failure lets the request through; false answers 503. */
+  failOpen?: boolean;
+  /** The longest to wait for Redis, in ms (default 1000; 0: as long as the Redis client waits). */
+  timeoutMs?: number;
+  statusCode?: number;
+  body?: object | ((decision: Decision) => object);
+  onError?: (error: unknown, req: Req) => void;
+}
+
+export interface HttpOutcome {
+  action: "allow" | "refuse" | "unavailable";
+  headers: Record<string, string>;
+  status?: number;
+  body?: object;
+  decision?: Decision;
+  error?: unknown;
+}
+
+export interface HttpLimiter<Req = any> {
+  check(req: Req): Promise<HttpOutcome>;
+  readonly client: TbClient;
+}
+
+export function createHttpLimiter<Req = any>(options: HttpLimiterOptions<Req>): HttpLimiter<Req>;
+
+/** Express middleware (Express 4 and 5). */
+export function rateLimit<Req = any>(
+  options: HttpLimiterOptions<Req>,
+): ((req: Req, res: any, next: (error?: unknown) => void) => Promise<void>) & { limiter: HttpLimiter<Req> };
+
+export interface FastifyRateLimitOptions extends HttpLimiterOptions {
+  /** true (default): every route; false: only routes with `config.rateLimit`. */
+  global?: boolean;
+}
+
+/** A Fastify plugin; a route overrides it with `config: { rateLimit: { ...options } }` or opts out with `false`. */
+export function fastifyRateLimit(fastify: any, options: FastifyRateLimitOptions): Promise<void>;
+
+export interface TbStoreOptions {
+  client: TbClient | RedisLike;
+  /** Prepended to the key (default "rl:"). */
+  prefix?: string;
+  /** The bucket's capacity (default: express-rate-limit's `limit`). */
+  burst?: number;
+  /** Tokens per second (default: burst per `windowMs`). */
+  rate?: number;
+}
+
+export interface ClientRateLimitInfo {
+  totalHits: number;
+  resetTime: Date | undefined;
+}
+
+/** An express-rate-limit Store backed by a token bucket. */
+export class TbStore {
+  constructor(options: TbStoreOptions);
+  readonly client: TbClient;
+  prefix: string;
+  localKeys: boolean;
+  init(options: { limit?: unknown; max?: unknown; windowMs: number }): void;
+  increment(key: string): Promise<ClientRateLimitInfo>;
+  decrement(key: string): Promise<void>;
+  resetKey(key: string): Promise<void>;
+  get(key: string): Promise<ClientRateLimitInfo | undefined>;
+}
+
+/** rate-limiter-flexible's result, field for field. */
+export class RateLimiterRes {
+  constructor(remainingPoints?: number, msBeforeNext?: number, consumedPoints?: number, isFirstInDuration?: boolean);
+  msBeforeNext: number;
+  remainingPoints: number;
+  consumedPoints: number;
+  isFirstInDuration: boolean;
+  toString(): string;
+  toJSON(): {
+    remainingPoints: number;
+    msBeforeNext: number;
+    consumedPoints: number;
+    isFirstInDuration: boolean;
+  };
+}
+
+export interface RateLimiterTBOptions {
+  storeClient: TbClient | RedisLike;
+  /** The burst (default 4). */
+  points?: number;
+  /** Seconds to refill `points` (default 1). */
+  duration?: number;
+  /** Seconds to block a key on its first refusal (default 0). */
+  blockDuration?: number;
+  /** Default "rlflx"; the Redis key is `${keyPrefix}:${key}`. */
+  keyPrefix?: string;
+}
+
+/** A limiter with rate-limiter-flexible's interface over a token bucket. */
+export class RateLimiterTB {
+  constructor(options: RateLimiterTBOptions);
+  readonly client: TbClient;
+  readonly points: number;
+  readonly duration: number;
+  readonly msDuration: number;
+  blockDuration: number;
+  readonly msBlockDuration: number;
+  readonly execEvenly: boolean;
+  readonly keyPrefix: string;
+  /** Tokens per second. */
+  readonly rate: number;
+  getKey(key: string | number): string;
+  parseKey(rlKey: string): string;
+  /** Rejects with a RateLimiterRes when refused, with an Error when Redis fails. */
+  consume(key: string | number, pointsToConsume?: number): Promise<RateLimiterRes>;
+  penalty(key: string | number, points?: number): Promise<RateLimiterRes>;
+  reward(key: string | number, points?: number): Promise<RateLimiterRes>;
+  block(key: string | number, secDuration: number): Promise<RateLimiterRes>;
+  get(key: string | number): Promise<RateLimiterRes | null>;
+  delete(key: string | number): Promise<boolean>;
+}
+
+/** The shared Lua script the package runs where the module is not loaded. */
+export const luaScript: {
+  source(): string;
+  sha1(): string;
+  file(): string;
+};
