@@ -69,6 +69,7 @@ class TbClient {
     this.redis = redis;
     this._connection = connect(redis);
     this._backend = backend;
+    this._detect = backend === "auto";
   }
 
   /** "module" or "script" once known; "auto" until the first call has answered. */
@@ -85,10 +86,15 @@ class TbClient {
     if (this._backend === "script") return this._script(command, key, args);
     try {
       const reply = await this._connection.send(key, [command, ...args]);
-      if (this._backend === "auto") this._backend = "module";
+      if (this._detect) {
+        this._detect = false;
+        this._backend = "module";
+      }
       return reply;
     } catch (error) {
-      if (this._backend === "auto" && isUnknownCommand(error) && script.supports(command)) {
+      // Calls sent before the first answer all meet "unknown command": each of them moves to the script. Once the
+      // module has answered, an unknown command is an older module build's, and is reported as such.
+      if (this._detect && isUnknownCommand(error) && script.supports(command)) {
         this._backend = "script";
         return this._script(command, key, args);
       }

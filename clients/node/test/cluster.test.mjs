@@ -1,0 +1,65 @@
+// Redis Cluster through both clients' cluster classes, with the module and with the script: each call goes
+// straight to the node that owns its key (no MOVED: one round trip), and multi-bucket calls work on buckets that
+// share a hash tag.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import { TbClient } from "../src/index.mjs";
+import { keySlot } from "../src/connection.cjs";
+import { connectCluster, CLIENT_KINDS } from "./clients.mjs";
+import { Cluster, rawCommand, freshKey } from "./harness.mjs";
+
+/** MOVED and ASK replies the nodes have sent so far (INFO errorstats). */
+async function redirects(cluster) {
+  let total = 0;
+  for (const node of cluster.nodes) {
+    const info = await rawCommand(node.port, "INFO errorstats");
+    for (const match of info.matchAll(/errorstat_(?:MOVED|ASK):count=(\d+)/g)) total += Number(match[1]);
+  }
+  return total;
+}
+
+for (const backend of [{ name: "module", module: true }, { name: "script", module: false }]) {
+  describe(`cluster, ${backend.name}`, () => {
+    let cluster;
+    before(async () => {
+      cluster = await Cluster.start({ module: backend.module });
+    });
+    after(async () => {
+      await cluster?.stop();
+    });
+
+    test("the package computes a key's slot as the server does (CLUSTER KEYSLOT), hash tags included", async () => {
+      for (const key of ["user:42", "foo", "{user:42}:api", "a{}b", "{}x{y}", "x{", "ü:42", freshKey("slot")]) {
+        const reply = await rawCommand(cluster.nodes[0].port, `CLUSTER KEYSLOT "${key}"`);
+        assert.equal(`:${keySlot(key)}\r\n`, reply, key);
+      }
+    });
+
+    for (const kind of CLIENT_KINDS) {
+      test(`${kind}: every call reaches its key's node directly, on every shard`, async () => {
+        const conn = await connectCluster(kind, cluster);
+        try {
+          const tb = new TbClient(conn.redis);
+          assert.equal(tb.clientKind, `${kind}-cluster`);
+          const keys = Array.from({ length: 30 }, (_, i) => freshKey(`cluster-${i}`));
+          await tb.acquire(keys[0], 1, 3); // the first call may find the backend and the slot map
+          const before = await redirects(cluster);
+          for (const key of keys) {
+            assert.equal((await tb.acquire(key, 1, 3)).allowed, true);
+          }
+          assert.equal(await redirects(cluster), before, "no MOVED or ASK: one round trip per call");
+          assert.equal(tb.backend, backend.name);
+          const tag = freshKey("tag");
+          const all = await tb.acquireAll(1, [{ key: `{${tag}}:a`, rate: 1, burst: 2 }, { key: `{${tag}}:b`, rate: 1, burst: 3 }]);
+          assert.equal(all.allowed, true);
+          const refund = await tb.refund(`{${tag}}:a`, 1, 2, 1);
+          assert.equal(refund.remaining, 2);
+          assert.equal(await tb.reset(`{${tag}}:b`), true);
+        } finally {
+          await conn.close();
+        }
+      });
+    }
+  });
+}
