@@ -68,7 +68,9 @@ function connect(redis) {
         kind,
         send: (key, args) => {
           const node = ioredisClusterNode(redis, key);
-          if (node === undefined || node.status !== "ready") return redis.call(...args);
+          // A node still connecting queues the call (ioredis's offline queue); one that has ended is left to the
+          // cluster client, which reconnects or redirects.
+          if (node === undefined || node.status === "end" || node.status === "close") return redis.call(...args);
           return node.call(...args).catch((error) => {
             if (isMoved(error)) return redis.call(...args);
             throw error;

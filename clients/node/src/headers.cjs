@@ -21,11 +21,12 @@ function seconds(ms) {
 
 /**
  * The headers for `decision`: { allowed, limitingIndex, buckets: [{ name, rate, burst, remaining, retryAfterMs,
- * resetAfterMs }] }. `format`: "both" (default), "draft", "legacy" or "none".
+ * resetAfterMs }] }. `standard`: "both" (default), "draft", "legacy" or "none" (the Python package's names).
  */
-function rateLimitHeaders(decision, format = "both") {
+function rateLimitHeaders(decision, standard = "both") {
+  const format = standard;
   if (!FORMATS.includes(format)) {
-    throw new TypeError(`headers must be one of ${FORMATS.join(", ")}, got ${JSON.stringify(format)}`);
+    throw new TypeError(`standard must be one of ${FORMATS.join(", ")}, got ${JSON.stringify(format)}`);
   }
   const headers = {};
   const { buckets } = decision;

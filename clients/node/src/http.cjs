@@ -28,7 +28,10 @@ function limitList(limits) {
     if (limit.key !== undefined && typeof limit.key !== "function") {
       throw new TbArgumentError(`limits[${index}].key must be a function of the request`);
     }
-    return { name, rate: limit.rate, burst: limit.burst, key: limit.key };
+    if (limit.cost !== undefined && (typeof limit.cost !== "number" || !(limit.cost >= 0))) {
+      throw new TbArgumentError(`limits[${index}].cost must be a number >= 0, got ${limit.cost}`);
+    }
+    return { name, rate: limit.rate, burst: limit.burst, cost: limit.cost, key: limit.key };
   });
 }
 
@@ -41,21 +44,26 @@ function withTimeout(promise, timeoutMs) {
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 
+/** The Python package's body: { error, limit, retry_after_ms }, the last left out when waiting never helps. */
 function defaultBody(decision) {
   const limiting = decision.buckets[decision.limitingIndex] ?? decision.buckets[0];
   const retryMs = waitMs(decision);
-  return { error: "Too Many Requests", limit: limiting.name, retryAfter: retryMs >= 0 ? Math.ceil(retryMs / 1000) : null };
+  const body = { error: "rate limit exceeded", limit: limiting.name };
+  if (retryMs >= 0) body.retry_after_ms = retryMs;
+  return body;
 }
 
 /**
- * Options (the Express middleware and the Fastify plugin take the same):
+ * Options (the Express middleware and the Fastify plugin take the same; the names the Python package's middleware
+ * also has mean the same there, and both packages write the same keys, so they share buckets):
  *   client      a TbClient, or an ioredis / node-redis client or cluster to wrap in one
- *   limits      { name, rate, burst, key? } or an array of them; `key(req)` overrides the shared key function
+ *   limits      { name, rate, burst, cost?, key? } or an array of them; a limit's `key(req)` replaces the shared
+ *               key function and its `cost` the shared cost
  *   key         (req) => string: whose bucket (default: the client address). undefined or null skips limiting
  *   cost        tokens per request, a number or (req) => number (default 1)
- *   prefix      prepended to every Redis key: `${prefix}${name}:${key}` (default "tb:")
- *   headers     "both" (default), "draft", "legacy" or "none"
- *   failOpen    when Redis fails or does not answer in time: true (default) lets the request through, false
+ *   prefix      the Redis key is `${prefix}{${key}}:${name}` (default "ratelimit:")
+ *   standard    which header fields: "both" (default), "draft", "legacy" or "none"
+ *   fail        when Redis fails or does not answer in time: "open" (default) lets the request through, "closed"
  *               answers 503
  *   timeoutMs   the longest to wait for Redis (default 1000; 0 waits as long as the Redis client does)
  *   statusCode  for a refusal (default 429)
@@ -64,10 +72,11 @@ function defaultBody(decision) {
  */
 function createHttpLimiter(options) {
   if (options === null || typeof options !== "object") throw new TbArgumentError("options must be an object");
-  const { client, key = (req) => req.ip, cost = 1, prefix = "tb:", headers = "both" } = options;
-  const { failOpen = true, timeoutMs = 1000, statusCode = 429, body = defaultBody, onError } = options;
+  const { client, key = (req) => req.ip, cost = 1, prefix = "ratelimit:", standard = "both" } = options;
+  const { fail = "open", timeoutMs = 1000, statusCode = 429, body = defaultBody, onError } = options;
   if (client === undefined) throw new TbArgumentError("client is required: a TbClient or a Redis client");
-  if (!FORMATS.includes(headers)) throw new TbArgumentError(`headers must be one of ${FORMATS.join(", ")}`);
+  if (!FORMATS.includes(standard)) throw new TbArgumentError(`standard must be one of ${FORMATS.join(", ")}`);
+  if (fail !== "open" && fail !== "closed") throw new TbArgumentError(`fail must be "open" or "closed", got ${fail}`);
   if (typeof key !== "function") throw new TbArgumentError("key must be a function of the request");
   const limits = limitList(options.limits);
   const tb = client instanceof TbClient ? client : new TbClient(client);
@@ -78,12 +87,12 @@ function createHttpLimiter(options) {
     for (const limit of limits) {
       const owner = await (limit.key ?? key)(req);
       if (owner === undefined || owner === null) continue;
-      buckets.push({ ...limit, key: `${prefix}${limit.name}:${owner}`, cost: requestCost });
+      buckets.push({ ...limit, key: `${prefix}{${owner}}:${limit.name}`, cost: limit.cost ?? requestCost });
     }
     if (buckets.length === 0) return undefined;
     if (buckets.length === 1) {
       const [bucket] = buckets;
-      const reply = await withTimeout(tb.acquire(bucket.key, bucket.rate, bucket.burst, requestCost), timeoutMs);
+      const reply = await withTimeout(tb.acquire(bucket.key, bucket.rate, bucket.burst, bucket.cost), timeoutMs);
       return { allowed: reply.allowed, limitingIndex: 0, buckets: [{ ...bucket, ...reply, key: bucket.key, fits: reply.allowed }] };
     }
     const reply = await withTimeout(tb.acquireEach(buckets), timeoutMs);
@@ -105,11 +114,11 @@ function createHttpLimiter(options) {
     } catch (error) {
       if (error instanceof TbArgumentError) throw error;
       if (onError) onError(error, req);
-      if (failOpen) return { action: "allow", headers: {}, error };
-      return { action: "unavailable", headers: {}, status: 503, body: { error: "Rate limiter unavailable" }, error };
+      if (fail === "open") return { action: "allow", headers: {}, error };
+      return { action: "unavailable", headers: {}, status: 503, body: { error: "rate limiter unavailable" }, error };
     }
     if (decision === undefined) return { action: "allow", headers: {} };
-    const headerValues = rateLimitHeaders(decision, headers);
+    const headerValues = rateLimitHeaders(decision, standard);
     if (decision.allowed) return { action: "allow", headers: headerValues, decision };
     const refusal = typeof body === "function" ? body(decision) : body;
     return { action: "refuse", headers: headerValues, status: statusCode, body: refusal, decision };

@@ -8,7 +8,7 @@ import Fastify from "fastify";
 import { fastifyRateLimit, TbClient } from "../src/index.mjs";
 import { connect } from "./clients.mjs";
 import { Server, freshKey } from "./harness.mjs";
-import { knows, limitHeaders } from "./http-helpers.mjs";
+import { limitHeaders } from "./http-helpers.mjs";
 
 async function start(options, routes) {
   const fastify = Fastify();
@@ -22,18 +22,16 @@ describe("Fastify plugin", () => {
   let redisServer;
   let conn;
   let app;
-  let hasEach;
   before(async () => {
     redisServer = await Server.start();
     conn = await connect("node-redis", redisServer);
-    hasEach = await knows("node-redis", conn.redis, "TB.ACQUIREEACH");
     const client = new TbClient(conn.redis);
     app = await start(
       { client, prefix: `${freshKey("fastify")}:`, limits: { name: "user", rate: 1, burst: 2 }, key: (req) => req.headers["x-user"] },
       (fastify) => {
         fastify.get("/", async () => ({ ok: true }));
         fastify.get("/health", { config: { rateLimit: false } }, async () => ({ ok: true }));
-        fastify.get("/search", { config: { rateLimit: { limits: { name: "search", rate: 1, burst: 1 }, headers: "draft" } } }, async () => ({ ok: true }));
+        fastify.get("/search", { config: { rateLimit: { limits: { name: "search", rate: 1, burst: 1 }, standard: "draft" } } }, async () => ({ ok: true }));
         fastify.get(
           "/multi",
           { config: { rateLimit: { limits: [{ name: "user", rate: 1, burst: 2 }, { name: "tenant", rate: 1, burst: 3, key: () => "acme" }] } } },
@@ -60,7 +58,9 @@ describe("Fastify plugin", () => {
       "ratelimit-reset": "1",
     });
     assert.equal(responses[2].headers.get("retry-after"), "1");
-    assert.deepEqual(await responses[2].json(), { error: "Too Many Requests", limit: "user", retryAfter: 1 });
+    const body = await responses[2].json();
+    assert.equal(body.limit, "user");
+    assert.ok(body.retry_after_ms > 900 && body.retry_after_ms <= 1000, `${body.retry_after_ms}`);
   });
 
   test("a route that opts out is never limited and has no headers", async () => {
@@ -79,8 +79,7 @@ describe("Fastify plugin", () => {
     assert.equal(second.headers.get("retry-after"), "1");
   });
 
-  test("several limits on one route, all or nothing", async (t) => {
-    if (!hasEach) return t.skip("this module build has no TB.ACQUIREEACH");
+  test("several limits on one route, all or nothing", async () => {
     const statuses = [];
     for (const user of ["m1", "m1", "m1", "m2", "m3"]) statuses.push((await fetch(`${app.base}/multi`, { headers: { "x-user": user } })).status);
     // m1's third request is refused by its own limit and takes nothing from the tenant's; m2 then gets the last.
@@ -89,18 +88,18 @@ describe("Fastify plugin", () => {
 });
 
 describe("Fastify plugin with Redis stopped", () => {
-  for (const failOpen of [true, false]) {
-    test(`failOpen: ${failOpen}`, async () => {
+  for (const fail of ["open", "closed"]) {
+    test(`fail: "${fail}"`, async () => {
       const redisServer = await Server.start();
       const conn = await connect("ioredis", redisServer);
-      const app = await start({ client: conn.redis, limits: { rate: 1, burst: 5 }, timeoutMs: 300, failOpen }, (fastify) => {
+      const app = await start({ client: conn.redis, limits: { rate: 1, burst: 5 }, timeoutMs: 300, fail }, (fastify) => {
         fastify.get("/", async () => ({ ok: true }));
       });
       try {
         assert.equal((await fetch(`${app.base}/`)).status, 200);
         await redisServer.stop();
         const response = await fetch(`${app.base}/`);
-        assert.equal(response.status, failOpen ? 200 : 503);
+        assert.equal(response.status, fail === "open" ? 200 : 503);
         assert.deepEqual(limitHeaders(response), {});
       } finally {
         await app.fastify.close();

@@ -56,5 +56,5 @@ test("formats: draft only, legacy only, none; a quote in a name is escaped", () 
   assert.equal(rateLimitHeaders(decision, "draft").RateLimit, '"a\\"b";r=1;t=0');
   assert.deepEqual(Object.keys(rateLimitHeaders(decision, "legacy")), ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"]);
   assert.deepEqual(rateLimitHeaders(decision, "none"), {});
-  assert.throws(() => rateLimitHeaders(decision, "ietf"), /headers must be one of both, draft, legacy, none/);
+  assert.throws(() => rateLimitHeaders(decision, "ietf"), /standard must be one of both, draft, legacy, none/);
 });

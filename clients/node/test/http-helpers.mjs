@@ -13,9 +13,3 @@ export function limitHeaders(response) {
   const names = ["ratelimit-policy", "ratelimit", "ratelimit-limit", "ratelimit-remaining", "ratelimit-reset", "retry-after"];
   return Object.fromEntries(names.filter((name) => response.headers.has(name)).map((name) => [name, response.headers.get(name)]));
 }
-
-/** Whether the server behind `conn` knows `command` (the module build may predate it). */
-export async function knows(kind, redis, command) {
-  const info = kind === "ioredis" ? await redis.call("COMMAND", "INFO", command) : await redis.sendCommand(["COMMAND", "INFO", command]);
-  return info[0] !== null;
-}

@@ -131,13 +131,15 @@ export interface Decision {
 }
 
 /** RateLimit-Policy / RateLimit (one item per bucket), RateLimit-Limit / -Remaining / -Reset, Retry-After. */
-export function rateLimitHeaders(decision: Decision, format?: HeaderFormat): Record<string, string>;
+export function rateLimitHeaders(decision: Decision, standard?: HeaderFormat): Record<string, string>;
 
 export interface Limit<Req = any> {
   /** Names the bucket (in its key) and the policy (in the headers); optional for a single limit. */
   name?: string;
   rate: number;
   burst: number;
+  /** Tokens per request for this limit (default: the shared `cost`). */
+  cost?: number;
   /** Whose bucket, for this limit only (default: the shared `key`). */
   key?: (req: Req) => string | undefined | null | Promise<string | undefined | null>;
 }
@@ -149,11 +151,12 @@ export interface HttpLimiterOptions<Req = any> {
   key?: (req: Req) => string | undefined | null | Promise<string | undefined | null>;
   /** Tokens per request (default 1). */
   cost?: number | ((req: Req) => number | Promise<number>);
-  /** Prepended to every Redis key, `${prefix}${name}:${key}` (default "tb:"). */
+  /** The Redis key of a limit is `${prefix}{${key}}:${name}` (default "ratelimit:"). */
   prefix?: string;
-  headers?: HeaderFormat;
-  /** true (default): a Redis failure lets the request through; false answers 503. */
-  failOpen?: boolean;
+  /** Which header fields (default "both"). */
+  standard?: HeaderFormat;
+  /** "open" (default): a Redis failure lets the request through; "closed" answers 503. */
+  fail?: "open" | "closed";
   /** The longest to wait for Redis, in ms (default 1000; 0: as long as the Redis client waits). */
   timeoutMs?: number;
   statusCode?: number;
