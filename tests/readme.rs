@@ -548,7 +548,8 @@ fn every_python_block_runs_as_pasted() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
-/// Every ```js block parses on its own (`node --check`), where node is installed (`make test` says when not).
+/// Every ```js block parses on its own (`node --check`), where node is installed (`make test` says when not). A
+/// block with `import` lines is an ES module (the npm package's examples), checked as `.mjs`.
 #[test]
 fn every_js_block_parses_as_pasted() {
     if Command::new("node").arg("--version").output().is_err() {
@@ -564,7 +565,12 @@ fn every_js_block_parses_as_pasted() {
             .filter(|b| b.language == "js")
             .enumerate()
         {
-            let file = dir.join(format!("block{index}.js"));
+            let is_module = block
+                .body
+                .lines()
+                .any(|line| line.starts_with("import ") || line.starts_with("export "));
+            let extension = if is_module { "mjs" } else { "js" };
+            let file = dir.join(format!("block{index}.{extension}"));
             std::fs::write(&file, &block.body).expect("write the block");
             let output = Command::new("node")
                 .arg("--check")
@@ -612,7 +618,7 @@ fn the_example_commands_run_as_pasted() {
     for ok in [
         "python client example: ok",
         "python pacing example: ok",
-        "node client example: ok",
+        "node express example: ok",
     ] {
         assert!(text.contains(ok), "{script}\n{text}");
     }

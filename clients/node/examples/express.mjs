@@ -31,6 +31,7 @@ try {
     console.log(`${name}: ${last.headers.get(name)}`);
   }
   console.log(await last.text());
+  console.log("node express example: ok");
 } finally {
   server.close();
   redis.disconnect();
