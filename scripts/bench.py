@@ -18,7 +18,9 @@ What it does, in order:
      interleaved: each round runs every case once per configuration, so drift hits all alike. Before each run it
      flushes the data set, runs the case's setup, waits until the replica has acknowledged everything (`WAIT`),
      in production rewrites the AOF (BGREWRITEAOF of the empty data set) and waits for that to finish, and resets
-     INFO commandstats; it samples INFO cpu, replication and persistence right before and after redis-benchmark;
+     INFO commandstats; it samples INFO cpu, replication and persistence right before and after redis-benchmark.
+     Among the cases, TB.ACQUIREEACH runs against TB.ACQUIREALL over the same 1, 3 and 10 buckets (cost 1 each),
+     for the goal that its throughput stays within 10% of TB.ACQUIREALL's;
   4. after each production run, checks that the replica holds what the master holds: `WAIT 1 5000`, then the
      case's sample bucket (a random one for the 100k-key cases) is compared with `HGETALL` and, where the server
      has it (7.0+), `PEXPIRETIME`; at the end a last check on a bucket with a realistic TTL;
@@ -109,6 +111,17 @@ MEMORY_ARGS = ["0.01", "10", "1.3"]
 # One TB.ACQUIREALL naming this many distinct buckets (rate 1, burst 5 each), timed against a PING loop (issue #12):
 # far above the module's cap of 1,000 (refused at once), and the cap itself.
 MANY_BUCKETS = (30_000, 1_000)
+
+# TB.ACQUIREEACH vs TB.ACQUIREALL over the same buckets: bucket counts, and requests per run for each.
+EACH_SIZES = (1, 3, 10)
+EACH_REQUESTS = {1: 300_000, 3: 200_000, 10: 80_000}
+# Goal: TB.ACQUIREEACH's throughput within 10% of TB.ACQUIREALL's over the same buckets.
+GOAL_EACH_X_ALL = 0.90
+
+
+def each_label(command, size):
+    return f"{command} {size} bucket{'s' if size > 1 else ''}"
+
 
 CONFIGS = ("bare", "production")
 CONFIG_TEXT = {
@@ -448,6 +461,20 @@ def make_cases(scale, lua_sha, lua_all_sha, client_now_ms):
     tb_all = ["TB.ACQUIREALL", "1"] + [arg for bucket in buckets for arg in bucket]
     lua_all = (["EVALSHA", lua_all_sha, str(len(buckets))] + [key for key, _, _ in buckets] + ["1"]
                + [arg for _, rate, burst in buckets for arg in (rate, burst)])
+    # TB.ACQUIREEACH against TB.ACQUIREALL over the same 1, 3 and 10 buckets (cost 1 each, so both do the same
+    # work and write the same states; EACH replies per bucket). Every run starts from an empty data set.
+    many = [(f"bench:each:{i}", ALLOW_RATE, ALLOW_BURST) for i in range(max(EACH_SIZES))]
+    each_cases = []
+    for size in EACH_SIZES:
+        chosen = many[:size]
+        each = ["TB.ACQUIREEACH"] + [arg for key, rate, burst in chosen for arg in (key, rate, burst, "1")]
+        every = ["TB.ACQUIREALL", "1"] + [arg for bucket in chosen for arg in bucket]
+        requests = n(EACH_REQUESTS[size])
+        if size != len(buckets):  # the 3-bucket TB.ACQUIREALL case above has the same shape
+            each_cases.append(Case(each_label("TB.ACQUIREALL", size), every, PIPELINE, "tb.acquireall", requests,
+                                   check=expect_reply(every, 1), sample_key=chosen[-1][0]))
+        each_cases.append(Case(each_label("TB.ACQUIREEACH", size), each, PIPELINE, "tb.acquireeach", requests,
+                               check=expect_reply(each, 1), sample_key=chosen[-1][0]))
     # The headroom bucket is full again 1 µs after each call, so it expires about 1 ms after the run: it has no
     # sample key to compare (master and replica could disagree on whether it has expired yet).
     return [
@@ -471,6 +498,7 @@ def make_cases(scale, lua_sha, lua_all_sha, client_now_ms):
              check=expect_reply(tb_all, 1), sample_key="bench:all:global"),
         Case("Lua 3 buckets, all/none", lua_all, PIPELINE, "evalsha", n(80_000),
              check=expect_reply(lua_all, 1)),
+        *each_cases,
         Case("HSET hot key", hset, 1, "hset", n(100_000), sample_key="bench:h"),
         Case("TB.ACQUIRE hot, allowed", tb_hot, 1, "tb.acquire", n(100_000), check=expect_reply(tb_hot, 1),
              sample_key="bench:tb"),
@@ -886,6 +914,26 @@ def report(result, rounds):
         print(f"- {config}: 100k keys {ratio(keys, hset, config):.2f}x HSET hot key, "
               f"{ratio(keys, find('HSET 100k keys'), config):.2f}x HSET on 100k keys; TB.ACQUIREALL 3 buckets "
               f"{ratio(multi, lua_multi, config):.2f}x the Lua script over the same 3 buckets.")
+
+    print()
+    print(f"TB.ACQUIREEACH against TB.ACQUIREALL over the same buckets (cost 1 each, pipeline {PIPELINE}); goal: "
+          f"throughput >= {GOAL_EACH_X_ALL:.2f}x TB.ACQUIREALL's:")
+    print()
+    print("| configuration | buckets | ACQUIREALL calls/s | ACQUIREEACH calls/s | EACH / ALL | ALL cpu µs/bucket "
+          "| EACH cpu µs/bucket | EACH repl B/call | result |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|---|")
+    for config in CONFIGS:
+        for size in EACH_SIZES:
+            every, each = find(each_label("TB.ACQUIREALL", size)), find(each_label("TB.ACQUIREEACH", size))
+            met = ratio(each, every, config) >= GOAL_EACH_X_ALL
+            by_cpu = cpu_ratio(each, every, config) >= GOAL_EACH_X_ALL
+            verdict = "met" if met else "**missed**"
+            if by_cpu != met:
+                verdict += f" (by CPU: {'met' if by_cpu else 'missed'}; noisy)"
+            print(f"| {config} | {size} | {fig(every, config, 'rps'):,.0f} | {fig(each, config, 'rps'):,.0f} "
+                  f"| {throughput(each, every, config)} | {fig(every, config, 'cpu_us') / size:.2f} "
+                  f"| {fig(each, config, 'cpu_us') / size:.2f} | {fig(each, config, 'repl_bytes'):.0f} "
+                  f"| {verdict} |")
 
     print()
     print("One TB.ACQUIREALL naming many distinct buckets (rate 1, burst 5), while another connection PINGs in a "
