@@ -188,6 +188,30 @@ fn release_artifacts_dist_tarball_verifies_and_loads_on_every_server() {
         !sections.contains(".symtab") && !sections.contains(".debug"),
         "the module is stripped"
     );
+    // Nothing but glibc and libgcc, which every glibc Linux has: no Rust toolchain or other library needed.
+    let dynamic = run(Command::new("readelf").arg("-d").arg(&module));
+    let needed: Vec<&str> = dynamic
+        .lines()
+        .filter(|line| line.contains("(NEEDED)"))
+        .filter_map(|line| {
+            line.split_once('[')?
+                .1
+                .split_once(']')
+                .map(|(name, _)| name)
+        })
+        .collect();
+    assert!(
+        needed.iter().all(|name| [
+            "libc.so.6",
+            "libgcc_s.so.1",
+            "libm.so.6",
+            "libpthread.so.0",
+            "libdl.so.2",
+            "ld-linux-x86-64.so.2"
+        ]
+        .contains(name)),
+        "the module needs only glibc and libgcc: {needed:?}"
+    );
     let glibc = newest_glibc(&module);
     assert!(
         glibc <= GLIBC_MAX,
