@@ -12,11 +12,8 @@ use common::Server;
 const CLIENTS: usize = 64;
 const BURST: f64 = 10.0;
 const RATE: f64 = 10.0;
-/// The bound is for 3 s; clients stop issuing 100 ms early so that the last reply still lands inside
-/// the 3 s window even on a loaded machine.
+/// How long each client keeps issuing calls.
 const RUN: Duration = Duration::from_millis(2_900);
-/// burst + rate · 3 s.
-const MAX_GRANTS: i64 = 40;
 
 #[test]
 fn sixty_four_clients_never_over_grant() {
@@ -46,8 +43,11 @@ fn sixty_four_clients_never_over_grant() {
             })
         })
         .collect();
-    barrier.wait();
+    // Read before the barrier releases anyone: no worker can send a call before `start`, and every reply is in
+    // before `join` returns, so the server granted everything within `elapsed` (on a loaded machine this thread
+    // may be scheduled late after the barrier, and a start read then would shrink the window it bounds).
     let start = Instant::now();
+    barrier.wait();
     for worker in workers {
         worker.join().expect("worker");
     }
@@ -64,10 +64,6 @@ fn sixty_four_clients_never_over_grant() {
     assert!(
         granted <= bound,
         "{granted} grants exceed burst + rate * t = {bound}"
-    );
-    assert!(
-        granted <= MAX_GRANTS,
-        "{granted} grants exceed {MAX_GRANTS}"
     );
     // And the limiter is not simply refusing: the refill must have been granted too.
     assert!(
