@@ -56,8 +56,8 @@ for (const backend of BACKENDS) {
       test("acquireAll takes from every bucket or none, and names the limiting one", async () => {
         const tag = freshKey("all");
         const buckets = [
-          { key: `{${tag}}:user`, rate: 1, burst: 5 },
-          { key: `{${tag}}:tenant`, rate: 1, burst: 2 },
+          { key: `{${tag}}:user`, rate: 0.01, burst: 5 },
+          { key: `{${tag}}:tenant`, rate: 0.01, burst: 2 },
         ];
         const first = await tb.acquireAll(2, buckets);
         assert.deepEqual({ ...first, resetAfterMs: undefined }, {
@@ -66,14 +66,14 @@ for (const backend of BACKENDS) {
         const second = await tb.acquireAll(1, buckets);
         assert.equal(second.allowed, false);
         assert.equal(second.limitingIndex, 1);
-        assert.equal((await tb.acquire(`{${tag}}:user`, 1, 5, 0)).remaining, 3, "the refused call took nothing");
+        assert.equal((await tb.acquire(`{${tag}}:user`, 0.01, 5, 0)).remaining, 3, "the refused call took nothing");
       });
 
       test("acquireEach reports every bucket and takes each one's own cost, or nothing", async () => {
         const tag = freshKey("each");
         const buckets = [
-          { key: `{${tag}}:user`, rate: 1, burst: 5, cost: 2 },
-          { key: `{${tag}}:tenant`, rate: 1, burst: 10, cost: 1 },
+          { key: `{${tag}}:user`, rate: 0.01, burst: 5, cost: 2 },
+          { key: `{${tag}}:tenant`, rate: 0.01, burst: 10, cost: 1 },
         ];
         const first = await tb.acquireEach(buckets);
         assert.equal(first.allowed, true);
@@ -83,16 +83,16 @@ for (const backend of BACKENDS) {
         assert.equal(refused.limitingIndex, 0);
         assert.deepEqual(refused.buckets.map((b) => b.fits), [false, true]);
         assert.ok(refused.buckets[0].retryAfterMs > 0);
-        assert.equal((await tb.acquire(`{${tag}}:tenant`, 1, 10, 0)).remaining, 9, "the refused call took nothing");
+        assert.equal((await tb.acquire(`{${tag}}:tenant`, 0.01, 10, 0)).remaining, 9, "the refused call took nothing");
       });
 
       test("acquireAtMost grants what is there, up to max", async () => {
         const key = freshKey("atmost");
-        assert.deepEqual((await tb.acquireAtMost(key, 1, 5, 3)).granted, 3);
-        const rest = await tb.acquireAtMost(key, 1, 5, 3);
+        assert.deepEqual((await tb.acquireAtMost(key, 0.01, 5, 3)).granted, 3);
+        const rest = await tb.acquireAtMost(key, 0.01, 5, 3);
         assert.equal(rest.granted, 2);
         assert.equal(rest.remaining, 0);
-        const none = await tb.acquireAtMost(key, 1, 5, 3);
+        const none = await tb.acquireAtMost(key, 0.01, 5, 3);
         assert.equal(none.granted, 0);
         assert.ok(none.retryAfterMs > 0);
       });
@@ -109,8 +109,8 @@ for (const backend of BACKENDS) {
         assert.equal(tooLong.granted, false);
         assert.deepEqual((await tb.refund(key, 10, 2, 1)).refunded, false, "a bucket in debt refunds nothing");
         const other = freshKey("refund");
-        await tb.acquire(other, 1, 10, 5);
-        const refund = await tb.refund(other, 1, 10, 2);
+        await tb.acquire(other, 0.01, 10, 5);
+        const refund = await tb.refund(other, 0.01, 10, 2);
         assert.equal(refund.refunded, true);
         assert.equal(refund.remaining, 7);
       });

@@ -11,9 +11,10 @@ import { connect, CLIENT_KINDS } from "./clients.mjs";
 import { Server, freshKey } from "./harness.mjs";
 import { closeServer, limitHeaders, listen } from "./http-helpers.mjs";
 
+// Slow refills (one token per 4 s), so that a busy machine cannot refill a bucket between a test's requests.
 function app(client, run) {
   const server = express();
-  server.get("/", rateLimit({ client, prefix: `${run}:`, limits: { name: "user", rate: 1, burst: 3 }, key: (req) => req.get("x-user") }), (req, res) => res.send("ok"));
+  server.get("/", rateLimit({ client, prefix: `${run}:`, limits: { name: "user", rate: 0.25, burst: 3 }, key: (req) => req.get("x-user") }), (req, res) => res.send("ok"));
   server.get(
     "/multi",
     rateLimit({
@@ -21,8 +22,8 @@ function app(client, run) {
       prefix: `${run}:`,
       key: (req) => req.get("x-user"),
       limits: [
-        { name: "user", rate: 1, burst: 3 },
-        { name: "tenant", rate: 1, burst: 4, key: () => "acme" },
+        { name: "user", rate: 0.25, burst: 3 },
+        { name: "tenant", rate: 0.25, burst: 4, key: () => "acme" },
       ],
     }),
     (req, res) => res.send("ok"),
@@ -54,19 +55,19 @@ for (const backend of [{ name: "module", module: true }, { name: "script", modul
       for (let i = 0; i < 4; i++) responses.push(await fetch(`${base}/`, { headers: { "x-user": "ann" } }));
       assert.deepEqual(responses.map((r) => r.status), [200, 200, 200, 429]);
       assert.deepEqual(limitHeaders(responses[0]), {
-        "ratelimit-policy": '"user";q=3;w=3',
-        ratelimit: '"user";r=2;t=1',
+        "ratelimit-policy": '"user";q=3;w=12',
+        ratelimit: '"user";r=2;t=4',
         "ratelimit-limit": "3",
         "ratelimit-remaining": "2",
-        "ratelimit-reset": "1",
+        "ratelimit-reset": "4",
       });
       const refused = responses[3];
-      assert.equal(refused.headers.get("retry-after"), "1");
+      assert.equal(refused.headers.get("retry-after"), "4");
       assert.equal(refused.headers.get("ratelimit-remaining"), "0");
       assert.match(refused.headers.get("content-type"), /application\/json/);
       const body = await refused.json();
       assert.deepEqual({ ...body, retry_after_ms: undefined }, { error: "rate limit exceeded", limit: "user", retry_after_ms: undefined });
-      assert.ok(body.retry_after_ms > 900 && body.retry_after_ms <= 1000, `${body.retry_after_ms}`);
+      assert.ok(body.retry_after_ms > 3000 && body.retry_after_ms <= 4000, `${body.retry_after_ms}`);
       const other = await fetch(`${base}/`, { headers: { "x-user": "bob" } });
       assert.equal(other.status, 200, "another key has its own bucket");
     });
@@ -78,12 +79,12 @@ for (const backend of [{ name: "module", module: true }, { name: "script", modul
         last = await fetch(`${base}/multi`, { headers: { "x-user": user } });
         statuses.push(last.status);
         if (statuses.length === 1) {
-          assert.equal(last.headers.get("ratelimit-policy"), '"user";q=3;w=3, "tenant";q=4;w=4');
-          assert.equal(last.headers.get("ratelimit"), '"user";r=2;t=1, "tenant";r=3;t=1');
+          assert.equal(last.headers.get("ratelimit-policy"), '"user";q=3;w=12, "tenant";q=4;w=16');
+          assert.equal(last.headers.get("ratelimit"), '"user";r=2;t=4, "tenant";r=3;t=4');
         }
       }
       assert.deepEqual(statuses, [200, 200, 200, 200, 429]);
-      assert.equal(last.headers.get("ratelimit"), '"user";r=3;t=0, "tenant";r=0;t=4');
+      assert.equal(last.headers.get("ratelimit"), '"user";r=3;t=0, "tenant";r=0;t=16');
       assert.equal(last.headers.get("ratelimit-limit"), "4", "the older fields follow the limiting bucket");
       assert.equal((await last.json()).limit, "tenant");
     });

@@ -27,14 +27,14 @@ describe("Fastify plugin", () => {
     conn = await connect("node-redis", redisServer);
     const client = new TbClient(conn.redis);
     app = await start(
-      { client, prefix: `${freshKey("fastify")}:`, limits: { name: "user", rate: 1, burst: 2 }, key: (req) => req.headers["x-user"] },
+      { client, prefix: `${freshKey("fastify")}:`, limits: { name: "user", rate: 0.25, burst: 2 }, key: (req) => req.headers["x-user"] },
       (fastify) => {
         fastify.get("/", async () => ({ ok: true }));
         fastify.get("/health", { config: { rateLimit: false } }, async () => ({ ok: true }));
-        fastify.get("/search", { config: { rateLimit: { limits: { name: "search", rate: 1, burst: 1 }, standard: "draft" } } }, async () => ({ ok: true }));
+        fastify.get("/search", { config: { rateLimit: { limits: { name: "search", rate: 0.25, burst: 1 }, standard: "draft" } } }, async () => ({ ok: true }));
         fastify.get(
           "/multi",
-          { config: { rateLimit: { limits: [{ name: "user", rate: 1, burst: 2 }, { name: "tenant", rate: 1, burst: 3, key: () => "acme" }] } } },
+          { config: { rateLimit: { limits: [{ name: "user", rate: 0.25, burst: 2 }, { name: "tenant", rate: 0.25, burst: 3, key: () => "acme" }] } } },
           async () => ({ ok: true }),
         );
       },
@@ -51,16 +51,16 @@ describe("Fastify plugin", () => {
     for (let i = 0; i < 3; i++) responses.push(await fetch(`${app.base}/`, { headers: { "x-user": "ann" } }));
     assert.deepEqual(responses.map((r) => r.status), [200, 200, 429]);
     assert.deepEqual(limitHeaders(responses[0]), {
-      "ratelimit-policy": '"user";q=2;w=2',
-      ratelimit: '"user";r=1;t=1',
+      "ratelimit-policy": '"user";q=2;w=8',
+      ratelimit: '"user";r=1;t=4',
       "ratelimit-limit": "2",
       "ratelimit-remaining": "1",
-      "ratelimit-reset": "1",
+      "ratelimit-reset": "4",
     });
-    assert.equal(responses[2].headers.get("retry-after"), "1");
+    assert.equal(responses[2].headers.get("retry-after"), "4");
     const body = await responses[2].json();
     assert.equal(body.limit, "user");
-    assert.ok(body.retry_after_ms > 900 && body.retry_after_ms <= 1000, `${body.retry_after_ms}`);
+    assert.ok(body.retry_after_ms > 3000 && body.retry_after_ms <= 4000, `${body.retry_after_ms}`);
   });
 
   test("a route that opts out is never limited and has no headers", async () => {
@@ -73,10 +73,10 @@ describe("Fastify plugin", () => {
 
   test("a route's own limits and header format replace the plugin's", async () => {
     const first = await fetch(`${app.base}/search`, { headers: { "x-user": "cat" } });
-    assert.deepEqual(limitHeaders(first), { "ratelimit-policy": '"search";q=1;w=1', ratelimit: '"search";r=0;t=1' });
+    assert.deepEqual(limitHeaders(first), { "ratelimit-policy": '"search";q=1;w=4', ratelimit: '"search";r=0;t=4' });
     const second = await fetch(`${app.base}/search`, { headers: { "x-user": "cat" } });
     assert.equal(second.status, 429);
-    assert.equal(second.headers.get("retry-after"), "1");
+    assert.equal(second.headers.get("retry-after"), "4");
   });
 
   test("several limits on one route, all or nothing", async () => {
