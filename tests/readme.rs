@@ -22,6 +22,10 @@ use common::{Options, Server};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+/// Held by the tests that use `.venv`'s packages: `make py-deps` (in the block that runs the examples) reinstalls
+/// the Python package, and a Python started meanwhile would not find it.
+static VENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -514,6 +518,7 @@ fn the_install_section_names_this_version() {
 /// the block names the test that runs it.
 #[test]
 fn every_python_block_runs_as_pasted() {
+    let _venv = VENV.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let dir = common::fresh_dir();
     std::fs::create_dir_all(&dir).expect("create a scratch directory");
     let mut problems = Vec::new();
@@ -618,6 +623,7 @@ fn the_example_commands_run_as_pasted() {
         ..Options::default()
     });
     let script = block.body.replace("7777", &server.port.to_string());
+    let _venv = VENV.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let output = Command::new("bash")
         .args(["-euo", "pipefail", "-c", &script])
         .current_dir(root())
