@@ -1,0 +1,648 @@
+//! From a `RateLimitRequest` to one `TB.ACQUIREEACH` call, and from its reply to the `RateLimitResponse`. Pure:
+//! no I/O and no clock; the service runs the call in between.
+//!
+//! Each request descriptor with a bucket limit becomes one bucket of the call:
+//!
+//! ```text
+//! key    <prefix>{<domain>}:<key>=<value>:<key>=<value>...   ':' '=' '%' '{' '}' in keys and values %-escaped
+//! rate   requests_per_unit / the unit's seconds               tokens per second
+//! burst  the limit's burst (default requests_per_unit)
+//! cost   the descriptor's hits_addend, else the request's, else 1 (0 reports without taking)
+//! ```
+//!
+//! Every bucket of a request carries the domain as its hash tag, so in a Redis Cluster one call reaches one slot
+//! and stays all or nothing (docs/gateway.md weighs this). Two descriptors naming the same bucket become one
+//! bucket with their costs added (the command takes each key once), and both report its result. Descriptors that
+//! match nothing, or an `unlimited` limit, are OK without Redis; `requests_per_unit: 0` is OVER_LIMIT without it.
+//!
+//! Shadow mode: the command is all or nothing, so a shadow bucket that does not fit would refuse the real ones
+//! too. `Plan::unshadow` takes such buckets out of the charge (cost 0) for one more call; they report OVER_LIMIT
+//! in the metrics and OK to Envoy.
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration;
+
+use crate::config::{Config, Limit, Policy, Unit};
+
+/// `RateLimitResponse.Code.OVER_LIMIT`, for callers comparing a response's code.
+pub const OVER_LIMIT: Code = Code::OverLimit;
+
+/// Most buckets one command takes (the module's cap).
+pub const MAX_BUCKETS: usize = 1000;
+
+/// Why a request cannot be planned: the caller's mistake, answered INVALID_ARGUMENT.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlanError {
+    EmptyDomain,
+    NoDescriptors,
+    TooManyBuckets(usize),
+}
+
+impl std::fmt::Display for PlanError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlanError::EmptyDomain => f.write_str("rate limit domain must not be empty"),
+            PlanError::NoDescriptors => f.write_str("rate limit descriptor list must not be empty"),
+            PlanError::TooManyBuckets(count) => write!(
+                f,
+                "{count} rate-limited descriptors in one request; at most {MAX_BUCKETS}"
+            ),
+        }
+    }
+}
+
+/// One bucket of the `TB.ACQUIREEACH` call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bucket {
+    pub key: String,
+    /// Tokens added per second, > 0.
+    pub rate_per_sec: f64,
+    /// Capacity in tokens, ≥ 1.
+    pub burst: u32,
+    /// Tokens this request takes, ≥ 0.
+    pub cost: u64,
+    /// Every descriptor on this bucket is in shadow mode.
+    pub shadow: bool,
+    /// The limit (for headers: its name, burst and rate).
+    pub limit: Arc<Limit>,
+}
+
+/// What answers one request descriptor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Slot {
+    /// No limit matched: OK, no Redis.
+    NoLimit,
+    /// `unlimited: true`: OK, no Redis.
+    Unlimited,
+    /// `requests_per_unit: 0`: OVER_LIMIT (OK in shadow mode), no Redis.
+    Zero(Arc<Limit>),
+    /// The bucket at this index of `Plan::buckets`.
+    Bucket(usize),
+}
+
+/// A request, planned: the buckets to send and how each descriptor is answered.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub buckets: Vec<Bucket>,
+    /// One per request descriptor, in order.
+    pub slots: Vec<Slot>,
+    /// Buckets that did not fit on an earlier call and are shadow-only, now charged 0 (see `unshadow`).
+    pub shadow_over: Vec<bool>,
+}
+
+/// The command's reply for one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BucketReply {
+    /// The bucket held its cost.
+    pub fits: bool,
+    /// Whole tokens left after the call (before it, for a refused call).
+    pub remaining: i64,
+    /// 0 when it fits; -1 when the cost exceeds the burst; else ms until it would fit.
+    pub retry_after_ms: i64,
+    /// ms until the bucket is full again.
+    pub reset_after_ms: i64,
+}
+
+/// The whole reply: `[allowed, limiting_index, [fits, remaining, retry_after_ms, reset_after_ms] ...]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EachReply {
+    pub allowed: bool,
+    pub limiting_index: usize,
+    pub buckets: Vec<BucketReply>,
+}
+
+/// Which rate-limit headers a response carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HeaderFormat {
+    /// None: Envoy's own `enable_x_ratelimit_headers` still works from the descriptor statuses.
+    None,
+    /// The IETF draft's `RateLimit-Policy` and `RateLimit`, one item per limited descriptor.
+    Draft,
+    /// The single-limit headers envoyproxy/ratelimit sends, from the descriptor closest to its limit.
+    Legacy,
+    /// Both.
+    Both,
+}
+
+/// Names of the legacy headers (envoyproxy/ratelimit's `LIMIT_*_HEADER` settings).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderNames {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        HeaderNames {
+            limit: "RateLimit-Limit".to_owned(),
+            remaining: "RateLimit-Remaining".to_owned(),
+            reset: "RateLimit-Reset".to_owned(),
+        }
+    }
+}
+
+/// How responses are shaped, beyond the configuration file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Prepended to every Redis key.
+    pub key_prefix: String,
+    /// Every limit in shadow mode (envoyproxy/ratelimit's `SHADOW_MODE`).
+    pub global_shadow: bool,
+    pub headers: HeaderFormat,
+    pub header_names: HeaderNames,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            key_prefix: "tb-rls:".to_owned(),
+            global_shadow: false,
+            headers: HeaderFormat::None,
+            header_names: HeaderNames::default(),
+        }
+    }
+}
+
+/// Plans `request` against `config`.
+pub fn plan(
+    config: &Config,
+    options: &Options,
+    request: &RateLimitRequest,
+) -> Result<Plan, PlanError> {
+    if request.domain.is_empty() {
+        return Err(PlanError::EmptyDomain);
+    }
+    if request.descriptors.is_empty() {
+        return Err(PlanError::NoDescriptors);
+    }
+    let request_cost = u64::from(request.hits_addend.max(1));
+    let mut buckets: Vec<Bucket> = Vec::new();
+    let mut slots = Vec::with_capacity(request.descriptors.len());
+    // Envoy's `replaces`: a matched limit named in another matched limit's `replaces` is dropped.
+    let mut matched = Vec::with_capacity(request.descriptors.len());
+    for descriptor in &request.descriptors {
+        let entries: Vec<(&str, &str)> = descriptor
+            .entries
+            .iter()
+            .map(|entry| (entry.key.as_str(), entry.value.as_str()))
+            .collect();
+        let found = match descriptor.limit.as_ref().and_then(|limit| {
+            Unit::from_proto(limit.unit).map(|unit| (limit.requests_per_unit, unit))
+        }) {
+            // An override from Envoy's route config: its rate, no shadow mode (as envoyproxy/ratelimit does).
+            Some((requests_per_unit, unit)) => Some((
+                Arc::new(Limit {
+                    policy: Policy::Bucket {
+                        requests_per_unit,
+                        unit,
+                        burst: requests_per_unit.max(1),
+                    },
+                    name: String::new(),
+                    replaces: Vec::new(),
+                    shadow_mode: false,
+                    path: format!("{}.{}", request.domain, joined(&entries)),
+                }),
+                entries
+                    .iter()
+                    .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect(),
+            )),
+            None => config
+                .find(&request.domain, &entries)
+                .map(|found| (found.limit, found.bucket_entries)),
+        };
+        let cost = if descriptor.is_negative_hits {
+            // Refills are not supported: the descriptor is reported on without taking anything.
+            0
+        } else {
+            descriptor
+                .hits_addend
+                .map_or(request_cost, |addend| addend.value)
+        };
+        matched.push((found, cost));
+    }
+    let replaced: Vec<String> = matched
+        .iter()
+        .filter_map(|(found, _)| found.as_ref())
+        .flat_map(|(limit, _)| limit.replaces.iter().cloned())
+        .collect();
+    for (found, cost) in matched {
+        let Some((limit, bucket_entries)) = found else {
+            slots.push(Slot::NoLimit);
+            continue;
+        };
+        if !limit.name.is_empty() && replaced.contains(&limit.name) {
+            slots.push(Slot::NoLimit);
+            continue;
+        }
+        let shadow = limit.shadow_mode || options.global_shadow;
+        match limit.policy {
+            Policy::Unlimited => slots.push(Slot::Unlimited),
+            Policy::Bucket {
+                requests_per_unit: 0,
+                ..
+            } => slots.push(Slot::Zero(limit)),
+            Policy::Bucket { burst, .. } => {
+                let rate_per_sec = limit.rate_per_sec().unwrap_or(1.0);
+                let key = bucket_key(&options.key_prefix, &request.domain, &bucket_entries);
+                if let Some(index) = buckets.iter().position(|bucket| bucket.key == key) {
+                    if let Some(bucket) = buckets.get_mut(index) {
+                        bucket.cost = bucket.cost.saturating_add(cost);
+                        bucket.shadow &= shadow;
+                    }
+                    slots.push(Slot::Bucket(index));
+                } else {
+                    if buckets.len() == MAX_BUCKETS {
+                        return Err(PlanError::TooManyBuckets(MAX_BUCKETS + 1));
+                    }
+                    slots.push(Slot::Bucket(buckets.len()));
+                    buckets.push(Bucket {
+                        key,
+                        rate_per_sec,
+                        burst,
+                        cost,
+                        shadow,
+                        limit,
+                    });
+                }
+            }
+        }
+    }
+    let shadow_over = vec![false; buckets.len()];
+    Ok(Plan {
+        buckets,
+        slots,
+        shadow_over,
+    })
+}
+
+fn joined(entries: &[(&str, &str)]) -> String {
+    entries
+        .iter()
+        .map(|&(key, value)| {
+            if value.is_empty() {
+                key.to_owned()
+            } else {
+                format!("{key}_{value}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// The Redis key of a bucket: `<prefix>{<domain>}:<key>=<value>...`, escaped so distinct entries never collide
+/// and the hash tag is always exactly the domain.
+pub fn bucket_key(prefix: &str, domain: &str, entries: &[(String, String)]) -> String {
+    let mut key = String::with_capacity(prefix.len() + domain.len() + 16 * entries.len());
+    key.push_str(prefix);
+    key.push('{');
+    escape_into(&mut key, domain);
+    key.push('}');
+    for (name, value) in entries {
+        key.push(':');
+        escape_into(&mut key, name);
+        key.push('=');
+        escape_into(&mut key, value);
+    }
+    key
+}
+
+fn escape_into(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            ':' => out.push_str("%3A"),
+            '=' => out.push_str("%3D"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            _ => out.push(c),
+        }
+    }
+}
+
+impl Plan {
+    /// The command's arguments after its name: `key rate burst cost` per bucket.
+    pub fn command_args(&self) -> Vec<String> {
+        let mut args = Vec::with_capacity(4 * self.buckets.len());
+        for (bucket, &over) in self.buckets.iter().zip(&self.shadow_over) {
+            args.push(bucket.key.clone());
+            args.push(bucket.rate_per_sec.to_string());
+            args.push(bucket.burst.to_string());
+            args.push(if over {
+                "0".to_owned()
+            } else {
+                bucket.cost.to_string()
+            });
+        }
+        args
+    }
+
+    /// After a refused call: if every bucket that did not fit is shadow-only, charge those 0 and return true (call
+    /// again); otherwise the refusal stands and this returns false.
+    pub fn unshadow(&mut self, reply: &EachReply) -> bool {
+        if reply.allowed {
+            return false;
+        }
+        let misfits: Vec<usize> = reply
+            .buckets
+            .iter()
+            .enumerate()
+            .filter(|(_, bucket)| !bucket.fits)
+            .map(|(index, _)| index)
+            .collect();
+        let all_shadow = !misfits.is_empty()
+            && misfits.iter().all(|&index| {
+                self.buckets.get(index).is_some_and(|bucket| bucket.shadow)
+                    && !self.shadow_over.get(index).copied().unwrap_or(true)
+            });
+        if !all_shadow {
+            return false;
+        }
+        for index in misfits {
+            if let Some(over) = self.shadow_over.get_mut(index) {
+                *over = true;
+            }
+        }
+        true
+    }
+
+    /// The response for `reply` (`None` when the plan had no bucket and nothing was called).
+    pub fn respond(&self, options: &Options, reply: Option<&EachReply>) -> Verdict {
+        let mut statuses = Vec::with_capacity(self.slots.len());
+        let mut over_limit = false;
+        // Per bucket: (over its limit, shadow).
+        let bucket_over = |index: usize| -> bool {
+            self.shadow_over.get(index).copied().unwrap_or(false)
+                || reply
+                    .and_then(|reply| reply.buckets.get(index))
+                    .is_some_and(|bucket| !bucket.fits)
+        };
+        let mut shadow_hits = 0;
+        for slot in &self.slots {
+            let status = match slot {
+                Slot::NoLimit => DescriptorStatus {
+                    code: Code::Ok.into(),
+                    ..DescriptorStatus::default()
+                },
+                Slot::Unlimited => DescriptorStatus {
+                    code: Code::Ok.into(),
+                    limit_remaining: u32::MAX,
+                    ..DescriptorStatus::default()
+                },
+                Slot::Zero(limit) => {
+                    let shadow = limit.shadow_mode || options.global_shadow;
+                    over_limit |= !shadow;
+                    shadow_hits += usize::from(shadow);
+                    DescriptorStatus {
+                        code: if shadow { Code::Ok } else { Code::OverLimit }.into(),
+                        current_limit: current_limit(limit),
+                        ..DescriptorStatus::default()
+                    }
+                }
+                Slot::Bucket(index) => {
+                    let index = *index;
+                    let bucket = self.buckets.get(index);
+                    let result = reply.and_then(|reply| reply.buckets.get(index));
+                    let over = bucket_over(index);
+                    let shadow = bucket.is_some_and(|bucket| bucket.shadow);
+                    over_limit |= over && !shadow;
+                    shadow_hits += usize::from(over && shadow);
+                    DescriptorStatus {
+                        code: if over && !shadow {
+                            Code::OverLimit
+                        } else {
+                            Code::Ok
+                        }
+                        .into(),
+                        current_limit: bucket.and_then(|bucket| current_limit(&bucket.limit)),
+                        limit_remaining: result.map_or(0, |result| {
+                            u32::try_from(result.remaining.max(0)).unwrap_or(u32::MAX)
+                        }),
+                        duration_until_reset: result
+                            .map(|result| duration_ms(result.reset_after_ms)),
+                        ..DescriptorStatus::default()
+                    }
+                }
+            };
+            statuses.push(status);
+        }
+        // A refusal the replies do not explain (no bucket reported as not fitting) still refuses.
+        if let Some(reply) = reply {
+            if !reply.allowed && !over_limit && !self.shadow_over.iter().any(|&over| over) {
+                over_limit = true;
+            }
+        }
+        let over_limit = over_limit && !options.global_shadow;
+        let response_headers_to_add = self.headers(options, reply, over_limit);
+        Verdict {
+            over_limit,
+            shadow_hits,
+            response: RateLimitResponse {
+                overall_code: if over_limit {
+                    Code::OverLimit
+                } else {
+                    Code::Ok
+                }
+                .into(),
+                statuses,
+                response_headers_to_add,
+                ..RateLimitResponse::default()
+            },
+        }
+    }
+
+    /// The rate-limit headers, as the client packages write them: per bucket one item of the draft's
+    /// `RateLimit-Policy: "<name>";q=<burst>;w=<ceil(burst / rate)>` and `RateLimit: "<name>";r=<remaining>;t=<ceil(reset s)>`;
+    /// the legacy trio from the limiting bucket (the one refused, else the fewest tokens left); and `Retry-After`
+    /// on a refusal that waiting can cure.
+    fn headers(
+        &self,
+        options: &Options,
+        reply: Option<&EachReply>,
+        over_limit: bool,
+    ) -> Vec<HeaderValue> {
+        let mut headers = Vec::new();
+        let Some(reply) = reply else {
+            return headers;
+        };
+        let rows: Vec<(&Bucket, &BucketReply)> = self.buckets.iter().zip(&reply.buckets).collect();
+        if rows.is_empty() || options.headers == HeaderFormat::None {
+            return headers;
+        }
+        let header = |key: &str, value: String| HeaderValue {
+            key: key.to_owned(),
+            value,
+            ..HeaderValue::default()
+        };
+        if matches!(options.headers, HeaderFormat::Draft | HeaderFormat::Both) {
+            let policy: Vec<String> = rows
+                .iter()
+                .map(|(bucket, _)| {
+                    let window_s = (f64::from(bucket.burst) / bucket.rate_per_sec).ceil();
+                    format!(
+                        "{};q={};w={}",
+                        sf_string(policy_name(&bucket.limit)),
+                        bucket.burst,
+                        window_s
+                    )
+                })
+                .collect();
+            let state: Vec<String> = rows
+                .iter()
+                .map(|(bucket, result)| {
+                    format!(
+                        "{};r={};t={}",
+                        sf_string(policy_name(&bucket.limit)),
+                        result.remaining.max(0),
+                        ceil_seconds(result.reset_after_ms)
+                    )
+                })
+                .collect();
+            headers.push(header("RateLimit-Policy", policy.join(", ")));
+            headers.push(header("RateLimit", state.join(", ")));
+        }
+        if matches!(options.headers, HeaderFormat::Legacy | HeaderFormat::Both) {
+            let limiting = rows
+                .iter()
+                .find(|(_, result)| !result.fits)
+                .or_else(|| rows.iter().min_by_key(|(_, result)| result.remaining))
+                .or(rows.first());
+            if let Some((bucket, result)) = limiting {
+                let names = &options.header_names;
+                headers.push(header(&names.limit, bucket.burst.to_string()));
+                headers.push(header(
+                    &names.remaining,
+                    result.remaining.max(0).to_string(),
+                ));
+                headers.push(header(
+                    &names.reset,
+                    ceil_seconds(result.reset_after_ms).to_string(),
+                ));
+            }
+        }
+        if over_limit {
+            let mut wait_ms = Some(0);
+            for (_, result) in rows.iter().filter(|(_, result)| !result.fits) {
+                wait_ms = match (wait_ms, result.retry_after_ms) {
+                    (Some(_), ms) if ms < 0 => None,
+                    (Some(longest), ms) => Some(longest.max(ms)),
+                    (None, _) => None,
+                };
+            }
+            if let Some(ms) = wait_ms.filter(|&ms| ms > 0) {
+                headers.push(header("Retry-After", ceil_seconds(ms).to_string()));
+            }
+        }
+        headers
+    }
+}
+
+/// What the service answers, and what the metrics count.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verdict {
+    pub over_limit: bool,
+    /// Descriptors over their limit in shadow mode (let through).
+    pub shadow_hits: usize,
+    pub response: RateLimitResponse,
+}
+
+fn current_limit(limit: &Limit) -> Option<RateLimit> {
+    match limit.policy {
+        Policy::Bucket {
+            requests_per_unit,
+            unit,
+            ..
+        } => Some(RateLimit {
+            name: limit.name.clone(),
+            requests_per_unit,
+            unit: unit.proto_value(),
+        }),
+        Policy::Unlimited => None,
+    }
+}
+
+/// The name a limit goes by in headers: its `name`, else its path in the file (never a request's values).
+fn policy_name(limit: &Limit) -> &str {
+    if limit.name.is_empty() {
+        &limit.path
+    } else {
+        &limit.name
+    }
+}
+
+/// An RFC 8941 sf-string: in quotes, with `"` and `\` escaped.
+fn sf_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+fn ceil_seconds(ms: i64) -> i64 {
+    let ms = ms.max(0);
+    ms / 1000 + i64::from(ms % 1000 != 0)
+}
+
+fn duration_ms(ms: i64) -> Duration {
+    let ms = ms.max(0);
+    Duration {
+        seconds: ms / 1000,
+        nanos: i32::try_from((ms % 1000) * 1_000_000).unwrap_or(0),
+    }
+}
+
+/// Reads the command's reply, checking its shape against the plan; `Err` says what was wrong.
+pub fn parse_reply(value: &redis::Value, bucket_count: usize) -> Result<EachReply, String> {
+    use redis::Value;
+    let int = |value: Option<&Value>| match value {
+        Some(Value::Int(number)) => Ok(*number),
+        other => Err(format!("expected an integer, got {other:?}")),
+    };
+    let Value::Array(items) = value else {
+        return Err(format!("expected an array, got {value:?}"));
+    };
+    if items.len() != 2 + bucket_count {
+        return Err(format!(
+            "expected {} elements for {bucket_count} buckets, got {}",
+            2 + bucket_count,
+            items.len()
+        ));
+    }
+    let allowed = int(items.first())? == 1;
+    let limiting_index = usize::try_from(int(items.get(1))?).unwrap_or(0);
+    let mut buckets = Vec::with_capacity(bucket_count);
+    for item in items.iter().skip(2) {
+        let Value::Array(row) = item else {
+            return Err(format!("expected a bucket row, got {item:?}"));
+        };
+        buckets.push(BucketReply {
+            fits: int(row.first())? == 1,
+            remaining: int(row.get(1))?,
+            retry_after_ms: int(row.get(2))?,
+            reset_after_ms: int(row.get(3))?,
+        });
+    }
+    Ok(EachReply {
+        allowed,
+        limiting_index,
+        buckets,
+    })
+}
+
+#[cfg(test)]
+#[path = "decision_tests.rs"]
+mod tests;

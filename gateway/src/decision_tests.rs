@@ -1,0 +1,547 @@
+//! Planning and answering, with hand-written module replies: costs, bucket keys, statuses, shadow mode and
+//! headers.
+use super::*;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::google::protobuf::UInt64Value;
+
+const CONFIG: &str = "\
+domain: web
+descriptors:
+  - key: user
+    rate_limit: { unit: second, requests_per_unit: 10, burst: 20 }
+  - key: generic_key
+    value: global
+    rate_limit: { unit: minute, requests_per_unit: 600, name: global }
+  - key: internal
+    rate_limit: { unlimited: true }
+  - key: blocked
+    rate_limit: { unit: second, requests_per_unit: 0 }
+  - key: canary
+    shadow_mode: true
+    rate_limit: { unit: second, requests_per_unit: 1 }
+  - key: old
+    rate_limit: { unit: second, requests_per_unit: 1, name: old }
+  - key: new
+    rate_limit: { unit: second, requests_per_unit: 5, name: new, replaces: [{ name: old }] }
+";
+
+fn config() -> Config {
+    Config::from_yaml("web.yaml", CONFIG).expect("parses")
+}
+
+fn descriptor(entries: &[(&str, &str)], hits_addend: Option<u64>) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|&(key, value)| Entry {
+                key: key.to_owned(),
+                value: value.to_owned(),
+            })
+            .collect(),
+        hits_addend: hits_addend.map(|value| UInt64Value { value }),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+fn request(descriptors: Vec<RateLimitDescriptor>, hits_addend: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "web".to_owned(),
+        descriptors,
+        hits_addend,
+    }
+}
+
+fn row(fits: bool, remaining: i64, retry_after_ms: i64, reset_after_ms: i64) -> BucketReply {
+    BucketReply {
+        fits,
+        remaining,
+        retry_after_ms,
+        reset_after_ms,
+    }
+}
+
+fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    response
+        .response_headers_to_add
+        .iter()
+        .find(|header| header.key == name)
+        .map(|header| header.value.as_str())
+}
+
+#[test]
+fn cost_is_the_descriptors_addend_else_the_requests_else_one() {
+    let options = Options::default();
+    let plan = plan(
+        &config(),
+        &options,
+        &request(
+            vec![
+                descriptor(&[("user", "a")], Some(5)),
+                descriptor(&[("user", "b")], None),
+                descriptor(&[("user", "c")], Some(0)),
+            ],
+            3,
+        ),
+    )
+    .expect("plans");
+    let costs: Vec<u64> = plan.buckets.iter().map(|bucket| bucket.cost).collect();
+    assert_eq!(costs, vec![5, 3, 0]);
+    let default = super::plan(
+        &config(),
+        &options,
+        &request(vec![descriptor(&[("user", "a")], None)], 0),
+    )
+    .expect("plans");
+    assert_eq!(default.buckets.first().map(|bucket| bucket.cost), Some(1));
+}
+
+#[test]
+fn command_args_are_key_rate_burst_cost_per_bucket() {
+    let plan = plan(
+        &config(),
+        &Options::default(),
+        &request(
+            vec![
+                descriptor(&[("user", "alice")], None),
+                descriptor(&[("generic_key", "global")], Some(2)),
+            ],
+            0,
+        ),
+    )
+    .expect("plans");
+    assert_eq!(
+        plan.command_args(),
+        vec![
+            "tb-rls:{web}:user=alice",
+            "10",
+            "20",
+            "1",
+            "tb-rls:{web}:generic_key=global",
+            "10",
+            "600",
+            "2",
+        ]
+    );
+}
+
+#[test]
+fn keys_escape_separators_so_entries_never_collide() {
+    let one = bucket_key("p:", "d", &[("a".to_owned(), "b:c=d".to_owned())]);
+    let two = bucket_key(
+        "p:",
+        "d",
+        &[
+            ("a".to_owned(), "b".to_owned()),
+            ("c".to_owned(), "d".to_owned()),
+        ],
+    );
+    assert_eq!(one, "p:{d}:a=b%3Ac%3Dd");
+    assert_eq!(two, "p:{d}:a=b:c=d");
+    assert_eq!(bucket_key("", "x}y", &[]), "{x%7Dy}");
+}
+
+#[test]
+fn unmatched_unlimited_and_replaced_limits_send_no_bucket() {
+    let plan = plan(
+        &config(),
+        &Options::default(),
+        &request(
+            vec![
+                descriptor(&[("nothing", "x")], None),
+                descriptor(&[("internal", "x")], None),
+                descriptor(&[("old", "x")], None),
+                descriptor(&[("new", "x")], None),
+            ],
+            0,
+        ),
+    )
+    .expect("plans");
+    assert_eq!(
+        plan.slots,
+        vec![
+            Slot::NoLimit,
+            Slot::Unlimited,
+            Slot::NoLimit,
+            Slot::Bucket(0)
+        ]
+    );
+    assert_eq!(plan.buckets.len(), 1);
+    let verdict = plan.respond(
+        &Options::default(),
+        Some(&EachReply {
+            allowed: true,
+            limiting_index: 0,
+            buckets: vec![row(true, 4, 0, 200)],
+        }),
+    );
+    let statuses = &verdict.response.statuses;
+    assert_eq!(statuses.len(), 4);
+    assert_eq!(
+        statuses.get(1).map(|status| status.limit_remaining),
+        Some(u32::MAX)
+    );
+    assert!(statuses
+        .first()
+        .is_some_and(|status| status.current_limit.is_none()));
+}
+
+#[test]
+fn one_bucket_named_twice_is_sent_once_with_the_costs_added() {
+    let plan = plan(
+        &config(),
+        &Options::default(),
+        &request(
+            vec![
+                descriptor(&[("user", "a")], Some(2)),
+                descriptor(&[("user", "a")], Some(3)),
+            ],
+            0,
+        ),
+    )
+    .expect("plans");
+    assert_eq!(plan.buckets.len(), 1);
+    assert_eq!(plan.buckets.first().map(|bucket| bucket.cost), Some(5));
+    assert_eq!(plan.slots, vec![Slot::Bucket(0), Slot::Bucket(0)]);
+}
+
+#[test]
+fn zero_requests_per_unit_refuses_without_redis() {
+    let plan = plan(
+        &config(),
+        &Options::default(),
+        &request(vec![descriptor(&[("blocked", "x")], None)], 0),
+    )
+    .expect("plans");
+    assert!(plan.buckets.is_empty());
+    let verdict = plan.respond(&Options::default(), None);
+    assert!(verdict.over_limit);
+    assert_eq!(verdict.response.overall_code, i32::from(Code::OverLimit));
+}
+
+#[test]
+fn a_route_override_sets_the_rate() {
+    let mut overridden = descriptor(&[("anything", "x")], None);
+    overridden.limit = Some(RateLimitOverride {
+        requests_per_unit: 42,
+        unit: Unit::Hour.proto_value(),
+    });
+    let plan = plan(
+        &config(),
+        &Options::default(),
+        &request(vec![overridden], 0),
+    )
+    .expect("plans");
+    let bucket = plan.buckets.first().expect("one bucket");
+    assert_eq!((bucket.burst, bucket.rate_per_sec), (42, 42.0 / 3600.0));
+}
+
+#[test]
+fn bad_requests_are_refused() {
+    let options = Options::default();
+    let mut empty_domain = request(vec![descriptor(&[("user", "a")], None)], 0);
+    empty_domain.domain.clear();
+    assert_eq!(
+        plan(&config(), &options, &empty_domain),
+        Err(PlanError::EmptyDomain)
+    );
+    assert_eq!(
+        plan(&config(), &options, &request(vec![], 0)),
+        Err(PlanError::NoDescriptors)
+    );
+    let many: Vec<RateLimitDescriptor> = (0..=MAX_BUCKETS)
+        .map(|index| descriptor(&[("user", &index.to_string())], None))
+        .collect();
+    assert!(matches!(
+        plan(&config(), &options, &request(many, 0)),
+        Err(PlanError::TooManyBuckets(_))
+    ));
+}
+
+#[test]
+fn statuses_carry_code_limit_remaining_and_reset() {
+    let plan = plan(
+        &config(),
+        &Options::default(),
+        &request(
+            vec![
+                descriptor(&[("user", "a")], None),
+                descriptor(&[("generic_key", "global")], None),
+            ],
+            0,
+        ),
+    )
+    .expect("plans");
+    let verdict = plan.respond(
+        &Options::default(),
+        Some(&EachReply {
+            allowed: false,
+            limiting_index: 0,
+            buckets: vec![row(false, 0, 100, 2_000), row(true, 599, 0, 1_500)],
+        }),
+    );
+    let response = &verdict.response;
+    assert_eq!(response.overall_code, i32::from(Code::OverLimit));
+    let user = response.statuses.first().expect("user status");
+    assert_eq!(user.code, i32::from(Code::OverLimit));
+    assert_eq!(
+        user.current_limit,
+        Some(RateLimit {
+            name: String::new(),
+            requests_per_unit: 10,
+            unit: Unit::Second.proto_value()
+        })
+    );
+    assert_eq!(user.limit_remaining, 0);
+    assert_eq!(
+        user.duration_until_reset,
+        Some(Duration {
+            seconds: 2,
+            nanos: 0
+        })
+    );
+    let global = response.statuses.get(1).expect("global status");
+    assert_eq!(global.code, i32::from(Code::Ok));
+    assert_eq!(global.limit_remaining, 599);
+    assert_eq!(
+        global.duration_until_reset,
+        Some(Duration {
+            seconds: 1,
+            nanos: 500_000_000
+        })
+    );
+    assert!(
+        response.response_headers_to_add.is_empty(),
+        "no headers unless asked"
+    );
+}
+
+#[test]
+fn a_shadow_misfit_is_taken_out_of_the_charge_and_answered_ok() {
+    let mut plan = plan(
+        &config(),
+        &Options::default(),
+        &request(
+            vec![
+                descriptor(&[("user", "a")], None),
+                descriptor(&[("canary", "x")], None),
+            ],
+            0,
+        ),
+    )
+    .expect("plans");
+    let refused = EachReply {
+        allowed: false,
+        limiting_index: 1,
+        buckets: vec![row(true, 19, 0, 0), row(false, 0, 900, 900)],
+    };
+    assert!(
+        plan.unshadow(&refused),
+        "only a shadow bucket refused: call again"
+    );
+    assert_eq!(plan.command_args().get(7).map(String::as_str), Some("0"));
+    let allowed = EachReply {
+        allowed: true,
+        limiting_index: 1,
+        buckets: vec![row(true, 19, 0, 100), row(true, 0, 0, 900)],
+    };
+    assert!(!plan.unshadow(&allowed));
+    let verdict = plan.respond(&Options::default(), Some(&allowed));
+    assert!(!verdict.over_limit);
+    assert_eq!(verdict.shadow_hits, 1);
+    assert!(verdict
+        .response
+        .statuses
+        .iter()
+        .all(|status| status.code == i32::from(Code::Ok)));
+}
+
+#[test]
+fn a_real_misfit_beside_a_shadow_one_refuses() {
+    let mut plan = plan(
+        &config(),
+        &Options::default(),
+        &request(
+            vec![
+                descriptor(&[("user", "a")], None),
+                descriptor(&[("canary", "x")], None),
+            ],
+            0,
+        ),
+    )
+    .expect("plans");
+    let refused = EachReply {
+        allowed: false,
+        limiting_index: 0,
+        buckets: vec![row(false, 0, 50, 2_000), row(false, 0, 900, 900)],
+    };
+    assert!(!plan.unshadow(&refused));
+    assert!(plan.respond(&Options::default(), Some(&refused)).over_limit);
+}
+
+#[test]
+fn global_shadow_mode_never_refuses() {
+    let options = Options {
+        global_shadow: true,
+        ..Options::default()
+    };
+    let plan = plan(
+        &config(),
+        &options,
+        &request(vec![descriptor(&[("user", "a")], None)], 0),
+    )
+    .expect("plans");
+    let verdict = plan.respond(
+        &options,
+        Some(&EachReply {
+            allowed: false,
+            limiting_index: 0,
+            buckets: vec![row(false, 0, 50, 2_000)],
+        }),
+    );
+    assert!(!verdict.over_limit);
+    assert_eq!(verdict.response.overall_code, i32::from(Code::Ok));
+}
+
+#[test]
+fn draft_headers_have_one_item_per_bucket_and_retry_after() {
+    let options = Options {
+        headers: HeaderFormat::Both,
+        ..Options::default()
+    };
+    let plan = plan(
+        &config(),
+        &options,
+        &request(
+            vec![
+                descriptor(&[("user", "a")], None),
+                descriptor(&[("generic_key", "global")], None),
+            ],
+            0,
+        ),
+    )
+    .expect("plans");
+    let verdict = plan.respond(
+        &options,
+        Some(&EachReply {
+            allowed: false,
+            limiting_index: 0,
+            buckets: vec![row(false, 0, 1_100, 2_000), row(true, 599, 0, 1_500)],
+        }),
+    );
+    let response = &verdict.response;
+    assert_eq!(
+        header(response, "RateLimit-Policy"),
+        Some("\"web.user\";q=20;w=2, \"global\";q=600;w=60")
+    );
+    assert_eq!(
+        header(response, "RateLimit"),
+        Some("\"web.user\";r=0;t=2, \"global\";r=599;t=2")
+    );
+    assert_eq!(header(response, "RateLimit-Limit"), Some("20"));
+    assert_eq!(header(response, "RateLimit-Remaining"), Some("0"));
+    assert_eq!(header(response, "RateLimit-Reset"), Some("2"));
+    assert_eq!(header(response, "Retry-After"), Some("2"));
+}
+
+#[test]
+fn legacy_headers_follow_the_fewest_tokens_and_their_configured_names() {
+    let options = Options {
+        headers: HeaderFormat::Legacy,
+        header_names: HeaderNames {
+            limit: "X-RateLimit-Limit".to_owned(),
+            remaining: "X-RateLimit-Remaining".to_owned(),
+            reset: "X-RateLimit-Reset".to_owned(),
+        },
+        ..Options::default()
+    };
+    let plan = plan(
+        &config(),
+        &options,
+        &request(
+            vec![
+                descriptor(&[("user", "a")], None),
+                descriptor(&[("generic_key", "global")], None),
+            ],
+            0,
+        ),
+    )
+    .expect("plans");
+    let verdict = plan.respond(
+        &options,
+        Some(&EachReply {
+            allowed: true,
+            limiting_index: 0,
+            buckets: vec![row(true, 3, 0, 1_700), row(true, 599, 0, 100)],
+        }),
+    );
+    let response = &verdict.response;
+    assert_eq!(header(response, "X-RateLimit-Limit"), Some("20"));
+    assert_eq!(header(response, "X-RateLimit-Remaining"), Some("3"));
+    assert_eq!(header(response, "X-RateLimit-Reset"), Some("2"));
+    assert_eq!(header(response, "RateLimit-Policy"), None);
+    assert_eq!(header(response, "Retry-After"), None);
+}
+
+#[test]
+fn a_cost_above_burst_gets_no_retry_after() {
+    let options = Options {
+        headers: HeaderFormat::Draft,
+        ..Options::default()
+    };
+    let plan = plan(
+        &config(),
+        &options,
+        &request(vec![descriptor(&[("user", "a")], Some(50))], 0),
+    )
+    .expect("plans");
+    let verdict = plan.respond(
+        &options,
+        Some(&EachReply {
+            allowed: false,
+            limiting_index: 0,
+            buckets: vec![row(false, 20, -1, 0)],
+        }),
+    );
+    assert!(verdict.over_limit);
+    assert_eq!(header(&verdict.response, "Retry-After"), None);
+}
+
+#[test]
+fn replies_are_read_and_misshapen_ones_refused() {
+    use redis::Value;
+    let good = Value::Array(vec![
+        Value::Int(0),
+        Value::Int(1),
+        Value::Array(vec![
+            Value::Int(1),
+            Value::Int(5),
+            Value::Int(0),
+            Value::Int(300),
+        ]),
+        Value::Array(vec![
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(-1),
+            Value::Int(0),
+        ]),
+    ]);
+    assert_eq!(
+        parse_reply(&good, 2),
+        Ok(EachReply {
+            allowed: false,
+            limiting_index: 1,
+            buckets: vec![row(true, 5, 0, 300), row(false, 0, -1, 0)],
+        })
+    );
+    assert!(parse_reply(&good, 3).is_err());
+    assert!(parse_reply(&Value::Int(1), 1).is_err());
+    assert!(parse_reply(
+        &Value::Array(vec![Value::Int(1), Value::Int(0), Value::Int(1)]),
+        1
+    )
+    .is_err());
+}

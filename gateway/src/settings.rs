@@ -1,0 +1,203 @@
+//! Command-line flags, each with an environment variable; where envoyproxy/ratelimit has a setting for the same
+//! thing, the variable has its name (`GRPC_HOST`, `GRPC_PORT`, `REDIS_URL`, `REDIS_TYPE`, `LOG_LEVEL`,
+//! `LOG_FORMAT`, `SHADOW_MODE`, `CACHE_KEY_PREFIX`, `LIMIT_RESPONSE_HEADERS_ENABLED`, `LIMIT_*_HEADER`), so a
+//! deployment's environment carries over.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::backend::Topology;
+use crate::decision::{HeaderFormat, HeaderNames, Options};
+
+/// An Envoy rate limit service (envoy.service.ratelimit.v3) backed by redis-tb's token buckets.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "tb-rls", version)]
+pub struct Settings {
+    /// Address the gRPC service listens on (0.0.0.0 for every interface)
+    #[arg(long, env = "GRPC_HOST", default_value = "127.0.0.1")]
+    pub grpc_host: String,
+    /// Port of the gRPC service (RateLimitService and grpc.health.v1.Health)
+    #[arg(long, env = "GRPC_PORT", default_value_t = 8081)]
+    pub grpc_port: u16,
+    /// Address of the Prometheus metrics endpoint (HTTP, GET /metrics); "off" disables it
+    #[arg(long, env = "PROMETHEUS_ADDR", default_value = "127.0.0.1:9090")]
+    pub prometheus_addr: String,
+    /// Redis: host:port or redis://[user:password@]host:port[/db]; for a cluster, seed nodes separated by commas
+    #[arg(long, env = "REDIS_URL", default_value = "127.0.0.1:6379")]
+    pub redis_url: String,
+    /// single (one server) or cluster (Redis Cluster)
+    #[arg(
+        long,
+        env = "REDIS_TYPE",
+        value_enum,
+        ignore_case = true,
+        default_value = "single"
+    )]
+    pub redis_type: RedisType,
+    /// Longest wait for Redis per request (and per connection attempt), e.g. 100ms or 1s
+    #[arg(long, env = "REDIS_TIMEOUT", default_value = "100ms", value_parser = parse_duration)]
+    pub redis_timeout: Duration,
+    /// Rate limit configuration: a YAML file, or a directory of them (envoyproxy/ratelimit's format)
+    #[arg(long, env = "TB_RLS_CONFIG")]
+    pub config: PathBuf,
+    /// How often the configuration is checked for changes
+    #[arg(long, env = "TB_RLS_CONFIG_POLL", default_value = "1s", value_parser = parse_duration)]
+    pub config_poll: Duration,
+    /// trace, debug, info, warn or error (any case)
+    #[arg(long, env = "LOG_LEVEL", default_value = "info", value_parser = parse_level)]
+    pub log_level: tracing::Level,
+    /// text or json
+    #[arg(
+        long,
+        env = "LOG_FORMAT",
+        value_enum,
+        ignore_case = true,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+    /// Prepended to every Redis key
+    #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "tb-rls:")]
+    pub cache_key_prefix: String,
+    /// Every limit in shadow mode: counted, never denied
+    #[arg(long, env = "SHADOW_MODE")]
+    pub shadow_mode: bool,
+    /// Rate-limit headers added to responses: none, draft (RateLimit-Policy and RateLimit), legacy
+    /// (RateLimit-Limit/-Remaining/-Reset) or both
+    #[arg(long, env = "TB_RLS_RESPONSE_HEADERS", value_enum, ignore_case = true)]
+    pub response_headers: Option<HeaderFormat>,
+    /// envoyproxy/ratelimit's switch: the legacy headers when --response-headers is not given
+    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED")]
+    pub limit_response_headers_enabled: bool,
+    /// Name of the legacy limit header
+    #[arg(long, env = "LIMIT_LIMIT_HEADER", default_value = "RateLimit-Limit")]
+    pub limit_limit_header: String,
+    /// Name of the legacy remaining header
+    #[arg(
+        long,
+        env = "LIMIT_REMAINING_HEADER",
+        default_value = "RateLimit-Remaining"
+    )]
+    pub limit_remaining_header: String,
+    /// Name of the legacy reset header
+    #[arg(long, env = "LIMIT_RESET_HEADER", default_value = "RateLimit-Reset")]
+    pub limit_reset_header: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RedisType {
+    Single,
+    Cluster,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Settings {
+    pub fn topology(&self) -> Topology {
+        match self.redis_type {
+            RedisType::Single => Topology::Single(self.redis_url.trim().to_owned()),
+            RedisType::Cluster => Topology::Cluster(
+                self.redis_url
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|url| !url.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+            ),
+        }
+    }
+
+    pub fn options(&self) -> Options {
+        let headers = match self.response_headers {
+            Some(format) => format,
+            None if self.limit_response_headers_enabled => HeaderFormat::Legacy,
+            None => HeaderFormat::None,
+        };
+        Options {
+            key_prefix: self.cache_key_prefix.clone(),
+            global_shadow: self.shadow_mode,
+            headers,
+            header_names: HeaderNames {
+                limit: self.limit_limit_header.clone(),
+                remaining: self.limit_remaining_header.clone(),
+                reset: self.limit_reset_header.clone(),
+            },
+        }
+    }
+}
+
+/// `250ms`, `1s`, `2m` or a bare number of milliseconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, scale_ms) = if let Some(number) = text.strip_suffix("ms") {
+        (number, 1.0)
+    } else if let Some(number) = text.strip_suffix('s') {
+        (number, 1_000.0)
+    } else if let Some(number) = text.strip_suffix('m') {
+        (number, 60_000.0)
+    } else {
+        (text, 1.0)
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a duration (e.g. 100ms, 1s)"))?;
+    if !value.is_finite() || value <= 0.0 {
+        return Err(format!("'{text}' must be a positive duration"));
+    }
+    Duration::try_from_secs_f64(value * scale_ms / 1_000.0)
+        .map_err(|err| format!("'{text}': {err}"))
+}
+
+fn parse_level(text: &str) -> Result<tracing::Level, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a log level (trace, debug, info, warn, error)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_units_and_refuse_nonsense() {
+        assert_eq!(parse_duration("100ms"), Ok(Duration::from_millis(100)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("250"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn envoyproxy_ratelimit_spellings_are_accepted() {
+        let settings = Settings::try_parse_from([
+            "tb-rls",
+            "--config",
+            "x.yaml",
+            "--log-level",
+            "WARN",
+            "--redis-type",
+            "CLUSTER",
+            "--redis-url",
+            "127.0.0.1:7000, 127.0.0.1:7001",
+            "--limit-response-headers-enabled",
+        ])
+        .expect("parses");
+        assert_eq!(settings.log_level, tracing::Level::WARN);
+        assert_eq!(
+            settings.topology(),
+            Topology::Cluster(vec![
+                "127.0.0.1:7000".to_owned(),
+                "127.0.0.1:7001".to_owned()
+            ])
+        );
+        assert_eq!(settings.options().headers, HeaderFormat::Legacy);
+    }
+}
