@@ -475,6 +475,20 @@ impl Edge {
         http_get(self.listener_port, path, &[("x-user", user)])
     }
 
+    /// Envoy's counters about rate limiting and failures, for messages.
+    pub fn stats(&self) -> String {
+        http_get(
+            self.admin_port,
+            "/stats?filter=ratelimit%7Crq_5xx%7Crq_503%7Crq_timeout%7Ccx_connect_fail%7Crq_reset%7Cdestroy_remote",
+            &[],
+        )
+        .body
+        .lines()
+        .filter(|line| !line.ends_with(": 0"))
+        .collect::<Vec<_>>()
+        .join("\n")
+    }
+
     /// What reached the upstream: requests by user, and /export requests, from its `/__counts`.
     pub fn served(&self) -> Served {
         let body = http_get(self.upstream_port, "/__counts", &[]).body;

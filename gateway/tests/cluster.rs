@@ -1,0 +1,182 @@
+//! tb-rls against a 3-primary Redis Cluster of module-loaded servers: every bucket of a request carries the
+//! domain as its hash tag, so one `TB.ACQUIREEACH` reaches one slot and stays all or nothing, and different
+//! domains spread over the nodes. Then the Envoy run of `envoy.rs`, shorter, with the cluster behind tb-rls.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{
+    assert_within_buckets, fixture, free_port_with_bus, fresh_dir, redis_cli, request,
+    should_rate_limit, wait_until, Edge, Redis, Service,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+/// The two tests take turns: two clusters, two tb-rls and an Envoy under load at once would share 2 cores.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+struct Cluster {
+    nodes: Vec<Redis>,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let nodes: Vec<Redis> = (0..3)
+            .map(|_| {
+                Redis::start_on(
+                    free_port_with_bus(),
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--appendonly",
+                        "no",
+                    ],
+                )
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect();
+        let output = Command::new(redis_cli())
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        for node in &nodes {
+            let ok = wait_until(Duration::from_secs(20), || {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut node.conn())
+                    .unwrap_or_default();
+                info.contains("cluster_state:ok")
+            });
+            assert!(ok, "node {} never reached cluster_state:ok", node.port);
+        }
+        Cluster { nodes }
+    }
+
+    fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// How many keys each node holds.
+    fn keys_per_node(&self) -> Vec<usize> {
+        self.nodes
+            .iter()
+            .map(|node| {
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg("tb-rls:*")
+                    .query(&mut node.conn())
+                    .expect("KEYS");
+                keys.len()
+            })
+            .collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_keeps_each_request_in_one_slot_and_spreads_domains() {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cluster = Cluster::start();
+    let dir = fresh_dir();
+    // A directory of configuration files: one domain each.
+    let config_dir = dir.join("config");
+    std::fs::create_dir_all(&config_dir).expect("config dir");
+    let domains = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
+    for domain in domains {
+        std::fs::write(
+            config_dir.join(format!("{domain}.yaml")),
+            format!(
+                "domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: second, requests_per_unit: 1, burst: 2 }}\n  - key: generic_key\n    value: global\n    rate_limit: {{ unit: minute, requests_per_unit: 100 }}\n"
+            ),
+        )
+        .expect("write a domain file");
+    }
+    let service = Service::start(
+        &config_dir,
+        &cluster.urls(),
+        &["--redis-type", "cluster"],
+        &dir,
+    );
+    let mut client = service.client().await;
+    for domain in domains {
+        let mut codes = Vec::new();
+        for _ in 0..3 {
+            let response = should_rate_limit(
+                &mut client,
+                request(
+                    domain,
+                    &[
+                        (&[("user", "kim")], None),
+                        (&[("generic_key", "global")], None),
+                    ],
+                ),
+            )
+            .await
+            .unwrap_or_else(|status| panic!("{domain}: {status:?}\n{}", service.proc.log_text()));
+            codes.push(response.overall_code);
+        }
+        let ok = Code::Ok as i32;
+        let over = Code::OverLimit as i32;
+        assert_eq!(codes, vec![ok, ok, over], "{domain}");
+    }
+    let per_node = cluster.keys_per_node();
+    assert_eq!(
+        per_node.iter().sum::<usize>(),
+        2 * domains.len(),
+        "{per_node:?}"
+    );
+    assert!(
+        per_node.iter().filter(|&&keys| keys > 0).count() >= 2,
+        "domains all on one node: {per_node:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_with_a_cluster_stays_within_every_bucket() {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cluster = Cluster::start();
+    let dir = fresh_dir();
+    let service = Service::start(
+        &fixture("envoy/ratelimit.yaml"),
+        &cluster.urls(),
+        &["--redis-type", "cluster", "--response-headers", "draft"],
+        &dir,
+    );
+    let edge = Edge::start(service.grpc_port, &dir);
+    let started = Instant::now();
+    let load = common::load(edge.listener_port, 10, 8);
+    let seconds = started.elapsed().as_secs_f64();
+    let served = edge.served();
+    println!(
+        "cluster {seconds:.1} s: wrk statuses {:?}, served {served:?}",
+        load.statuses
+    );
+    let count = |status: u16| load.statuses.get(&status).copied().unwrap_or(0);
+    assert!(count(200) > 0 && count(429) > 0, "{}", load.output);
+    assert_eq!(count(503), 0, "{}\n{}", load.output, edge.stats());
+    assert_eq!(load.bare_429, 0, "{}", load.output);
+    assert_within_buckets(&served, seconds);
+    assert!(
+        served.total as f64 >= 0.5 * common::GLOBAL_LIMIT.1 * seconds,
+        "{served:?}"
+    );
+}
