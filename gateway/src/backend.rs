@@ -135,13 +135,12 @@ impl Backend {
             }
         };
         match outcome {
-            Err(_) => {
-                self.drop_connection();
-                Err(BackendError::Unavailable(format!(
-                    "no reply within {} ms",
-                    self.inner.timeout.as_millis()
-                )))
-            }
+            // A late reply is no reason to drop the connection: every request pipelined on it would fail too,
+            // and under load that cascades. A dead server shows up as an I/O error, handled below.
+            Err(_) => Err(BackendError::Unavailable(format!(
+                "no reply within {} ms",
+                self.inner.timeout.as_millis()
+            ))),
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => {
                 if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {

@@ -123,6 +123,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         options: settings.options(),
         backend,
         metrics,
+        failure_log: service::Throttle::default(),
     };
     tracing::info!(addr = %grpc_addr, "gRPC rate limit service listening");
     tonic::transport::Server::builder()

@@ -10,6 +10,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,6 +35,41 @@ pub struct RateLimiter {
     pub options: Options,
     pub backend: Backend,
     pub metrics: Arc<Metrics>,
+    pub failure_log: Throttle,
+}
+
+/// Lets one log line through per second; counts the ones it holds back. When Redis is away every request fails,
+/// and a line each would flood the log at the request rate; the metrics count them all.
+#[derive(Default)]
+pub struct Throttle {
+    /// Milliseconds since `epoch` of the last line let through, plus 1 (0: none yet).
+    last_ms: AtomicU64,
+    suppressed: AtomicU64,
+    epoch: std::sync::OnceLock<Instant>,
+}
+
+impl Throttle {
+    /// `Some(lines held back since the last one)` when a line may be logged now.
+    pub fn admit(&self) -> Option<u64> {
+        let epoch = *self.epoch.get_or_init(Instant::now);
+        let now_ms = u64::try_from(epoch.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
+        let last_ms = self.last_ms.load(Ordering::Relaxed);
+        if last_ms != 0 && now_ms.saturating_sub(last_ms) < 1_000 {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        if self
+            .last_ms
+            .compare_exchange(last_ms, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(self.suppressed.swap(0, Ordering::Relaxed))
+    }
 }
 
 impl RateLimiter {
@@ -57,7 +93,9 @@ impl RateLimiter {
                 let value = self.backend.acquire_each(&plan.command_args()).await.map_err(|err| {
                     let unavailable = matches!(err, BackendError::Unavailable(_));
                     self.metrics.redis_error(unavailable);
-                    tracing::warn!(domain = %request.domain, error = %err, "rate limit call failed");
+                    if let Some(suppressed) = self.failure_log.admit() {
+                        tracing::warn!(domain = %request.domain, error = %err, suppressed, "rate limit call failed");
+                    }
                     if unavailable {
                         (Outcome::Unavailable, Status::unavailable(err.to_string()))
                     } else {
