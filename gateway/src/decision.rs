@@ -121,7 +121,7 @@ pub struct EachReply {
 /// Which rate-limit headers a response carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum HeaderFormat {
-    /// None: Envoy's own `enable_x_ratelimit_headers` still works from the descriptor statuses.
+    /// No headers (Envoy's own `enable_x_ratelimit_headers` still works from the descriptor statuses).
     None,
     /// The IETF draft's `RateLimit-Policy` and `RateLimit`, one item per limited descriptor.
     Draft,

@@ -22,7 +22,6 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(why) => {
             tracing::error!("{why}");
-            eprintln!("tb-rls: {why}");
             ExitCode::from(2)
         }
     }
