@@ -14,7 +14,7 @@ use common::{
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// The two tests take turns: two clusters, two tb-rls and an Envoy under load at once would share 2 cores.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Cluster {
     nodes: Vec<Redis>,
@@ -90,9 +90,7 @@ impl Cluster {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_keeps_each_request_in_one_slot_and_spreads_domains() {
-    let _turn = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _turn = ONE_AT_A_TIME.lock().await;
     let cluster = Cluster::start();
     let dir = fresh_dir();
     // A directory of configuration files: one domain each.
@@ -150,9 +148,7 @@ async fn a_cluster_keeps_each_request_in_one_slot_and_spreads_domains() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_with_a_cluster_stays_within_every_bucket() {
-    let _turn = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _turn = ONE_AT_A_TIME.lock().await;
     let cluster = Cluster::start();
     let dir = fresh_dir();
     let service = Service::start(

@@ -117,7 +117,7 @@ async fn a_refusal_takes_nothing_from_the_other_buckets() {
     let config = write_config(&dir, CONFIG);
     let service = Service::start(&config, &redis.url(), &[], &dir);
     let mut client = service.client().await;
-    let both: &[(&[(&str, &str)], Option<u64>)] =
+    let both: &[common::Descriptor<'_>] =
         &[(&[("plan", "free")], None), (&[("user", "dan")], Some(3))];
     let first = should_rate_limit(&mut client, request("api", both))
         .await

@@ -320,8 +320,11 @@ impl Service {
     }
 }
 
+/// A descriptor for `request`: its `(key, value)` entries and an optional hits_addend.
+pub type Descriptor<'a> = (&'a [(&'a str, &'a str)], Option<u64>);
+
 /// A request for `domain` with one descriptor per entry list, each with an optional hits_addend.
-pub fn request(domain: &str, descriptors: &[(&[(&str, &str)], Option<u64>)]) -> RateLimitRequest {
+pub fn request(domain: &str, descriptors: &[Descriptor<'_>]) -> RateLimitRequest {
     RateLimitRequest {
         domain: domain.to_owned(),
         descriptors: descriptors
