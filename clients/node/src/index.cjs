@@ -1,7 +1,8 @@
 "use strict";
 // redis-tb for Node: a typed client for the redis-tb module's commands (with the shared Lua script where the module
-// is not loaded), rate-limit headers, Express middleware, a Fastify plugin, an express-rate-limit store and a
-// rate-limiter-flexible-compatible limiter. The ESM entry (index.mjs) re-exports this one implementation.
+// is not loaded), rate-limit headers, Express middleware, a Fastify plugin, and drop-ins for the limiters people
+// use: an express-rate-limit store, a rate-limiter-flexible-compatible limiter, a @nestjs/throttler storage. The
+// ESM entry (index.mjs) re-exports this one implementation.
 
 const { TbClient } = require("./client.cjs");
 const { TbReplyError, TbArgumentError, TbProtocolError } = require("./errors.cjs");
@@ -11,6 +12,7 @@ const { rateLimit } = require("./express.cjs");
 const { fastifyRateLimit } = require("./fastify.cjs");
 const { TbStore } = require("./erl.cjs");
 const { RateLimiterTB, RateLimiterRes } = require("./flexible.cjs");
+const { TbThrottlerStorage } = require("./nest.cjs");
 const script = require("./script.cjs");
 
 module.exports = {
@@ -25,5 +27,6 @@ module.exports = {
   TbStore,
   RateLimiterTB,
   RateLimiterRes,
+  TbThrottlerStorage,
   luaScript: { source: script.source, sha1: script.sha1, file: script.file },
 };

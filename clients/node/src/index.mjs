@@ -14,6 +14,7 @@ export const {
   TbStore,
   RateLimiterTB,
   RateLimiterRes,
+  TbThrottlerStorage,
   luaScript,
 } = tb;
 export default tb;

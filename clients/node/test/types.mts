@@ -12,6 +12,7 @@ import tbDefault, {
   TbStore,
   RateLimiterTB,
   RateLimiterRes,
+  TbThrottlerStorage,
   rateLimitHeaders,
   type AcquireResult,
 } from "redis-tb";
@@ -43,9 +44,11 @@ limiter.consume("ip").then(
   (res: RateLimiterRes) => res.remainingPoints,
   (rejection: RateLimiterRes | Error) => (rejection instanceof Error ? 0 : rejection.msBeforeNext),
 );
+const record = await new TbThrottlerStorage({ client: tb }).increment("key", 60_000, 10, 60_000, "default");
+const blocked: boolean = record.isBlocked;
 const headers: Record<string, string> = rateLimitHeaders({
   allowed: true,
   limitingIndex: 0,
   buckets: [{ name: "user", rate: 10, burst: 20, remaining: 19, retryAfterMs: 0, resetAfterMs: 100 }],
 });
-console.log(allowed, fits, waitMs, headers, tbDefault.TbClient === TbClient);
+console.log(allowed, fits, waitMs, blocked, headers, tbDefault.TbClient === TbClient);

@@ -273,6 +273,21 @@ export class RateLimiterTB {
   delete(key: string | number): Promise<boolean>;
 }
 
+export interface ThrottlerStorageRecord {
+  totalHits: number;
+  timeToExpire: number;
+  isBlocked: boolean;
+  timeToBlockExpire: number;
+}
+
+/** A @nestjs/throttler ThrottlerStorage backed by a token bucket of `limit` tokens refilling `limit` per `ttl`. */
+export class TbThrottlerStorage {
+  constructor(options: { client: TbClient | RedisLike; prefix?: string });
+  readonly client: TbClient;
+  prefix: string;
+  increment(key: string, ttl: number, limit: number, blockDuration: number, throttlerName: string): Promise<ThrottlerStorageRecord>;
+}
+
 /** The shared Lua script the package runs where the module is not loaded. */
 export const luaScript: {
   source(): string;

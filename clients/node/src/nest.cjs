@@ -1,0 +1,57 @@
+"use strict";
+// A @nestjs/throttler `ThrottlerStorage` over a token bucket: `ThrottlerModule.forRoot({ throttlers: [{ ttl,
+// limit }], storage: new TbThrottlerStorage({ client }) })`. The guard passes limit, ttl and blockDuration on every
+// call; the bucket holds `limit` tokens and refills `limit` per `ttl`. One TB.ACQUIRE per request:
+//   allowed  totalHits = the tokens in use (1..limit), timeToExpire = seconds until the bucket is full again
+//   refused  isBlocked, totalHits = limit + 1, timeToBlockExpire = seconds until a request can pass. As with the
+//            library's own storage, the first refusal blocks the key for `blockDuration` (the guard's default is
+//            `ttl`) with a TB.BLOCK; a refusal while blocked does not extend the block. blockDuration 0: no block,
+//            the wait is the next token's.
+
+const { TbClient } = require("./client.cjs");
+const { TbArgumentError } = require("./errors.cjs");
+
+class TbThrottlerStorage {
+  /**
+   * @param options.client  a TbClient, or an ioredis / node-redis client or cluster
+   * @param options.prefix  prepended to the guard's key (default "throttler:")
+   */
+  constructor({ client, prefix = "throttler:" } = {}) {
+    if (client === undefined) throw new TbArgumentError("TbThrottlerStorage needs { client }: a TbClient or a Redis client");
+    this.client = client instanceof TbClient ? client : new TbClient(client);
+    this.prefix = prefix;
+  }
+
+  async increment(key, ttl, limit, blockDuration, _throttlerName) {
+    if (!(limit > 0) || !(ttl > 0)) {
+      throw new TbArgumentError(`TbThrottlerStorage: limit and ttl must be > 0, got limit ${limit}, ttl ${ttl}`);
+    }
+    const bucket = this.prefix + key;
+    const rate = limit / (ttl / 1000);
+    const reply = await this.client.acquire(bucket, rate, limit, 1);
+    if (reply.allowed) {
+      const used = Math.ceil(limit - reply.remaining);
+      return {
+        totalHits: Math.min(limit, Math.max(1, used)),
+        timeToExpire: Math.ceil(reply.resetAfterMs / 1000),
+        isBlocked: false,
+        timeToBlockExpire: 0,
+      };
+    }
+    let waitMs = reply.retryAfterMs;
+    // An empty bucket waits at most one token's time; a longer wait means a block (or a debt) is already running.
+    const freshRefusal = waitMs >= 0 && waitMs <= Math.ceil(1000 / rate);
+    if (blockDuration > 0 && freshRefusal) {
+      const blocked = await this.client.block(bucket, rate, limit, Math.ceil(blockDuration));
+      waitMs = blocked.retryAfterMs;
+    }
+    return {
+      totalHits: limit + 1,
+      timeToExpire: Math.ceil(reply.resetAfterMs / 1000),
+      isBlocked: true,
+      timeToBlockExpire: Math.ceil(Math.max(0, waitMs) / 1000),
+    };
+  }
+}
+
+module.exports = { TbThrottlerStorage };

@@ -1,0 +1,80 @@
+// TbThrottlerStorage inside @nestjs/throttler's own guard, in a real Nest app (Express platform) over HTTP: the
+// guard's limit, its headers and 429 from the storage's records; the block after a refusal; blockDuration 0.
+// Plain JavaScript, so the decorators are applied by hand.
+import "reflect-metadata";
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import { Controller, Get, Module } from "@nestjs/common";
+import { APP_GUARD, NestFactory } from "@nestjs/core";
+import { ThrottlerGuard, ThrottlerModule } from "@nestjs/throttler";
+
+import { TbThrottlerStorage } from "../src/index.mjs";
+import { connect } from "./clients.mjs";
+import { Server, freshKey } from "./harness.mjs";
+
+async function nestApp(storage, throttlers) {
+  class AppController {
+    hello() {
+      return "ok";
+    }
+  }
+  Controller()(AppController);
+  Get()(AppController.prototype, "hello", Object.getOwnPropertyDescriptor(AppController.prototype, "hello"));
+  class AppModule {}
+  Module({
+    imports: [ThrottlerModule.forRoot({ throttlers, storage })],
+    controllers: [AppController],
+    providers: [{ provide: APP_GUARD, useClass: ThrottlerGuard }],
+  })(AppModule);
+  const app = await NestFactory.create(AppModule, { logger: false });
+  await app.listen(0, "127.0.0.1");
+  return { app, url: (await app.getUrl()).replace("[::1]", "127.0.0.1") };
+}
+
+describe("@nestjs/throttler with TbThrottlerStorage", () => {
+  let redisServer;
+  let conn;
+  before(async () => {
+    redisServer = await Server.start();
+    conn = await connect("ioredis", redisServer);
+  });
+  after(async () => {
+    conn?.close();
+    await redisServer?.stop();
+  });
+
+  test("the guard lets `limit` through, then answers 429 with Retry-After, and keeps the key blocked", async () => {
+    const storage = new TbThrottlerStorage({ client: conn.redis, prefix: `${freshKey("nest")}:` });
+    const { app, url } = await nestApp(storage, [{ ttl: 8000, limit: 2, blockDuration: 20_000 }]);
+    try {
+      const responses = [];
+      for (let i = 0; i < 3; i++) responses.push(await fetch(url));
+      assert.deepEqual(responses.map((r) => r.status), [200, 200, 429]);
+      assert.equal(responses[0].headers.get("x-ratelimit-limit"), "2");
+      assert.equal(responses[0].headers.get("x-ratelimit-remaining"), "1");
+      assert.equal(responses[0].headers.get("x-ratelimit-reset"), "4", "one token of a 2-per-8-s bucket: 4 s to full");
+      const retry = Number(responses[2].headers.get("retry-after"));
+      assert.ok(retry > 19 && retry <= 24, `blocked for blockDuration: Retry-After ${retry}`);
+      const again = await fetch(url);
+      assert.equal(again.status, 429);
+      assert.ok(Number(again.headers.get("retry-after")) <= retry, "a refusal while blocked does not extend the block");
+    } finally {
+      await app.close();
+    }
+  });
+
+  test("blockDuration 0: a refused request waits only for the next token", async () => {
+    const storage = new TbThrottlerStorage({ client: conn.redis, prefix: `${freshKey("nest0")}:` });
+    const { app, url } = await nestApp(storage, [{ ttl: 8000, limit: 2, blockDuration: 0 }]);
+    try {
+      const statuses = [];
+      let last;
+      for (let i = 0; i < 3; i++) statuses.push((last = await fetch(url)).status);
+      assert.deepEqual(statuses, [200, 200, 429]);
+      assert.equal(last.headers.get("retry-after"), "4");
+    } finally {
+      await app.close();
+    }
+  });
+});
