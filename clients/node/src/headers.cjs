@@ -24,13 +24,12 @@ function seconds(ms) {
  * resetAfterMs }] }. `standard`: "both" (default), "draft", "legacy" or "none" (the Python package's names).
  */
 function rateLimitHeaders(decision, standard = "both") {
-  const format = standard;
-  if (!FORMATS.includes(format)) {
-    throw new TypeError(`standard must be one of ${FORMATS.join(", ")}, got ${JSON.stringify(format)}`);
+  if (!FORMATS.includes(standard)) {
+    throw new TypeError(`standard must be one of ${FORMATS.join(", ")}, got ${JSON.stringify(standard)}`);
   }
   const headers = {};
   const { buckets } = decision;
-  if (format === "both" || format === "draft") {
+  if (standard === "both" || standard === "draft") {
     headers["RateLimit-Policy"] = buckets
       .map((b) => `${sfString(b.name)};q=${Math.floor(b.burst)};w=${Math.ceil(b.burst / b.rate)}`)
       .join(", ");
@@ -38,7 +37,7 @@ function rateLimitHeaders(decision, standard = "both") {
       .map((b) => `${sfString(b.name)};r=${Math.max(0, b.remaining)};t=${seconds(b.resetAfterMs)}`)
       .join(", ");
   }
-  if (format === "both" || format === "legacy") {
+  if (standard === "both" || standard === "legacy") {
     const limiting = buckets[decision.limitingIndex] ?? buckets[0];
     headers["RateLimit-Limit"] = String(Math.floor(limiting.burst));
     headers["RateLimit-Remaining"] = String(Math.max(0, limiting.remaining));
