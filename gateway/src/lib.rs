@@ -100,7 +100,6 @@ pub async fn run(settings: Settings) -> Result<(), String> {
             let mut last = None;
             loop {
                 let connected = backend.is_connected();
-                metrics.set_redis_connected(connected);
                 if last != Some(connected) {
                     let status = if connected {
                         ServingStatus::Serving
@@ -113,6 +112,8 @@ pub async fn run(settings: Settings) -> Result<(), String> {
                         .await;
                     last = Some(connected);
                 }
+                // After the health status, so whoever sees the gauge at 1 finds the service SERVING too.
+                metrics.set_redis_connected(connected);
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
         });

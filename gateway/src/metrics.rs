@@ -166,7 +166,9 @@ impl Metrics {
             "tb_rls_config_reloads_total{{result=\"error\"}} {}",
             self.reloads_failed.load(Ordering::Relaxed)
         );
-        out.push_str("# HELP tb_rls_redis_connected 1 while a Redis connection is up.\n");
+        out.push_str(
+            "# HELP tb_rls_redis_connected Whether a Redis connection is up (1) or not (0).\n",
+        );
         out.push_str("# TYPE tb_rls_redis_connected gauge\n");
         let _ = writeln!(
             out,

@@ -1,5 +1,6 @@
 //! tb-rls over gRPC against a real redis-server with the module: decisions, all or nothing, headers, refusing a
-//! bad file at start, reloading a changed one, Redis going away and coming back, and the metrics.
+//! bad file at start, reloading a changed one, Redis going away and coming back (with the health service
+//! following), JSON logs, and the metrics.
 
 mod common;
 
@@ -287,6 +288,30 @@ async fn redis_away_is_unavailable_at_once_and_recovery_is_automatic() {
         .expect("a decision");
     assert_eq!(first.overall_code, OK);
 
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{}", service.grpc_port))
+            .expect("a URI")
+            .connect()
+            .await
+            .expect("connect to the health service");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status =
+        |health: &mut tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>| {
+            let mut health = health.clone();
+            async move {
+                health
+                    .check(tonic_health::pb::HealthCheckRequest {
+                        service: "envoy.service.ratelimit.v3.RateLimitService".to_owned(),
+                    })
+                    .await
+                    .expect("a health answer")
+                    .into_inner()
+                    .status
+            }
+        };
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    assert_eq!(status(&mut health).await, serving, "connected, so SERVING");
+
     redis.stop();
     let mut slowest = Duration::ZERO;
     for _ in 0..5 {
@@ -300,6 +325,19 @@ async fn redis_away_is_unavailable_at_once_and_recovery_is_automatic() {
     assert!(
         slowest < Duration::from_millis(500),
         "UNAVAILABLE took {slowest:?}"
+    );
+
+    let mut not_serving = false;
+    for _ in 0..100 {
+        if status(&mut health).await != serving {
+            not_serving = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        not_serving,
+        "the health service still says SERVING without Redis"
     );
 
     redis.restart();
@@ -353,9 +391,22 @@ async fn metrics_count_decisions_by_domain_and_code() {
         "tb_rls_decisions_total{domain=\"api\",code=\"over_limit\"} 2",
         "tb_rls_decisions_total{domain=\"other\",code=\"ok\"} 1",
         "tb_rls_decisions_total{domain=\"other\",code=\"invalid\"} 1",
-        "tb_rls_redis_connected 1",
+        "\ntb_rls_redis_connected 1\n",
         "tb_rls_request_duration_seconds_count 7",
     ] {
         assert!(metrics.contains(line), "missing {line}:\n{metrics}");
     }
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let redis = Redis::start(&[]);
+    let dir = fresh_dir();
+    let config = write_config(&dir, CONFIG);
+    let service = Service::start(&config, &redis.url(), &["--log-format", "json"], &dir);
+    let log = service.proc.log_text();
+    let first = log.lines().next().expect("a log line");
+    assert!(first.starts_with('{') && first.ends_with('}'), "{first}");
+    assert!(first.contains("\"level\":\"INFO\""), "{first}");
+    assert!(first.contains("configuration loaded"), "{first}");
 }

@@ -310,7 +310,10 @@ impl Service {
         };
         // Requests before the first Redis connection are answered UNAVAILABLE: wait for it.
         let connected = wait_until(Duration::from_secs(20), || {
-            service.metrics().contains("tb_rls_redis_connected 1")
+            service
+                .metrics()
+                .lines()
+                .any(|line| line == "tb_rls_redis_connected 1")
         });
         assert!(
             connected,
