@@ -9,28 +9,19 @@ use crate::stats::Tally;
 
 use super::args::{parse_cost, parse_params};
 use super::state::{read_state, write_state};
-use super::{arg, reply_counted, reply_error, TbError};
+use super::{arg, one_bucket_args, one_bucket_docs, reply_counted, reply_error, TbError};
 
 /// The command's name as registered.
 pub const ACQUIRE_NAME: &CStr = c"tb.acquire";
 /// Registration flags: it writes, may grow memory (refused under OOM), and is O(1).
 pub const ACQUIRE_FLAGS: &CStr = c"write deny-oom fast";
 /// What `COMMAND DOCS` and `COMMAND INFO` say about it.
-pub const ACQUIRE_DOCS: CommandDocs = CommandDocs {
-    summary: c"Refills the token bucket at key on the server clock and takes cost tokens if it holds them.",
-    complexity: c"O(1)",
-    since: c"0.1.0",
-    arity: -4,
-    first_key: 1,
-    last_key: 0,
-    key_step: 1,
-    args: &[
-        arg(c"key", ArgKind::Key, false),
-        arg(c"rate", ArgKind::Double, false),
-        arg(c"burst", ArgKind::Double, false),
-        arg(c"cost", ArgKind::Double, true),
-    ],
-};
+pub const ACQUIRE_DOCS: CommandDocs = one_bucket_docs(
+    c"Refills the token bucket at key on the server clock and takes cost tokens if it holds them.",
+    c"0.1.0",
+    &one_bucket_args(arg(c"cost", ArgKind::Double, true)),
+    true,
+);
 
 pub(super) const ACQUIRE_ARITY_ERROR: &CStr =
     c"ERR wrong number of arguments for 'tb.acquire' command";

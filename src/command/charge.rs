@@ -13,27 +13,18 @@ use crate::stats::Tally;
 
 use super::args::{parse_cost, parse_params};
 use super::state::{read_state, write_state};
-use super::{arg, reply_counted, reply_error, TbError};
+use super::{arg, one_bucket_args, one_bucket_docs, reply_counted, reply_error, TbError};
 
 /// The charging command's name as registered.
 pub const CHARGE_NAME: &CStr = c"tb.charge";
 /// Like `TB.ACQUIRE`: it writes, may create a key (refused under OOM, as every call that takes is), and is O(1).
 pub const CHARGE_FLAGS: &CStr = c"write deny-oom fast";
-pub const CHARGE_DOCS: CommandDocs = CommandDocs {
-    summary: c"Takes cost tokens from the token bucket at key even when it does not hold them, leaving it in debt.",
-    complexity: c"O(1)",
-    since: c"0.3.0",
-    arity: 5,
-    first_key: 1,
-    last_key: 0,
-    key_step: 1,
-    args: &[
-        arg(c"key", ArgKind::Key, false),
-        arg(c"rate", ArgKind::Double, false),
-        arg(c"burst", ArgKind::Double, false),
-        arg(c"cost", ArgKind::Double, false),
-    ],
-};
+pub const CHARGE_DOCS: CommandDocs = one_bucket_docs(
+    c"Takes cost tokens from the token bucket at key even when it does not hold them, leaving it in debt.",
+    c"0.3.0",
+    &one_bucket_args(arg(c"cost", ArgKind::Double, false)),
+    false,
+);
 pub(super) const CHARGE_ARITY_ERROR: &CStr =
     c"ERR wrong number of arguments for 'tb.charge' command";
 
@@ -41,21 +32,12 @@ pub(super) const CHARGE_ARITY_ERROR: &CStr =
 pub const BLOCK_NAME: &CStr = c"tb.block";
 /// Same flags as `TB.CHARGE`.
 pub const BLOCK_FLAGS: &CStr = CHARGE_FLAGS;
-pub const BLOCK_DOCS: CommandDocs = CommandDocs {
-    summary: c"Denies every call with a cost above 0 on the token bucket at key for ms milliseconds; it then refills from empty.",
-    complexity: c"O(1)",
-    since: c"0.3.0",
-    arity: 5,
-    first_key: 1,
-    last_key: 0,
-    key_step: 1,
-    args: &[
-        arg(c"key", ArgKind::Key, false),
-        arg(c"rate", ArgKind::Double, false),
-        arg(c"burst", ArgKind::Double, false),
-        arg(c"ms", ArgKind::Integer, false),
-    ],
-};
+pub const BLOCK_DOCS: CommandDocs = one_bucket_docs(
+    c"Denies every call with a cost above 0 on the token bucket at key for ms milliseconds; it then refills from empty.",
+    c"0.3.0",
+    &one_bucket_args(arg(c"ms", ArgKind::Integer, false)),
+    false,
+);
 pub(super) const BLOCK_ARITY_ERROR: &CStr = c"ERR wrong number of arguments for 'tb.block' command";
 
 /// The three integers both commands reply with.

@@ -13,7 +13,7 @@ use crate::stats::{self, Tally};
 use super::acquire::{has_duplicate, ACQUIRE_FLAGS, MAX_BUCKETS};
 use super::args::{parse_cost, parse_params};
 use super::state::{read_state, write_state};
-use super::{arg, reply_counted, reply_error, TbError};
+use super::{arg, one_bucket_args, one_bucket_docs, reply_counted, reply_error, TbError};
 
 /// The per-bucket-cost command's name as registered.
 pub const ACQUIRE_EACH_NAME: &CStr = c"tb.acquireeach";
@@ -49,21 +49,12 @@ pub(super) const ACQUIRE_EACH_TOO_MANY_ERROR: &CStr =
 pub const ACQUIRE_AT_MOST_NAME: &CStr = c"tb.acquireatmost";
 /// Same flags as `TB.ACQUIRE`.
 pub const ACQUIRE_AT_MOST_FLAGS: &CStr = ACQUIRE_FLAGS;
-pub const ACQUIRE_AT_MOST_DOCS: CommandDocs = CommandDocs {
-    summary: c"Takes as many whole tokens as the token bucket at key holds now, up to max.",
-    complexity: c"O(1)",
-    since: c"0.3.0",
-    arity: 5,
-    first_key: 1,
-    last_key: 0,
-    key_step: 1,
-    args: &[
-        arg(c"key", ArgKind::Key, false),
-        arg(c"rate", ArgKind::Double, false),
-        arg(c"burst", ArgKind::Double, false),
-        arg(c"max", ArgKind::Integer, false),
-    ],
-};
+pub const ACQUIRE_AT_MOST_DOCS: CommandDocs = one_bucket_docs(
+    c"Takes as many whole tokens as the token bucket at key holds now, up to max.",
+    c"0.3.0",
+    &one_bucket_args(arg(c"max", ArgKind::Integer, false)),
+    false,
+);
 pub(super) const ACQUIRE_AT_MOST_ARITY_ERROR: &CStr =
     c"ERR wrong number of arguments for 'tb.acquireatmost' command";
 

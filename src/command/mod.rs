@@ -126,6 +126,37 @@ const fn arg(name: &'static CStr, kind: ArgKind, optional: bool) -> ArgDoc {
     }
 }
 
+/// The docs of a command on one bucket, `key rate burst last`, where `last` is the one argument after the bucket
+/// (optional for `TB.ACQUIRE`'s cost): O(1), the key at position 1.
+const fn one_bucket_docs(
+    summary: &'static CStr,
+    since: &'static CStr,
+    args: &'static [ArgDoc],
+    optional_last: bool,
+) -> CommandDocs {
+    CommandDocs {
+        summary,
+        complexity: c"O(1)",
+        since,
+        // The name, key, rate, burst and the last argument; "at least 4" when that one may be left out.
+        arity: if optional_last { -4 } else { 5 },
+        first_key: 1,
+        last_key: 0,
+        key_step: 1,
+        args,
+    }
+}
+
+/// `key rate burst` then `last`: the arguments of every one-bucket command, for [`one_bucket_docs`].
+const fn one_bucket_args(last: ArgDoc) -> [ArgDoc; 4] {
+    [
+        arg(c"key", ArgKind::Key, false),
+        arg(c"rate", ArgKind::Double, false),
+        arg(c"burst", ArgKind::Double, false),
+        last,
+    ]
+}
+
 /// Everything a call can refuse with. Its wire text is API: integration tests assert it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TbError {

@@ -11,7 +11,7 @@ use crate::stats::Tally;
 
 use super::args::{parse_cost, parse_params};
 use super::state::{delete_state, read_state, write_state};
-use super::{arg, reply_counted, reply_error, TbError};
+use super::{arg, one_bucket_args, one_bucket_docs, reply_counted, reply_error, TbError};
 
 /// The reserving command's name as registered.
 pub const RESERVE_NAME: &CStr = c"tb.reserve";
@@ -42,21 +42,12 @@ pub const REFUND_NAME: &CStr = c"tb.refund";
 /// token count becomes a fraction) or deletes it, and a limiter that cannot give tokens back while memory is full
 /// would over-count.
 pub const REFUND_FLAGS: &CStr = c"write fast";
-pub const REFUND_DOCS: CommandDocs = CommandDocs {
-    summary: c"Gives amount tokens back to the token bucket at key, up to its burst, unless it is in debt.",
-    complexity: c"O(1)",
-    since: c"0.2.0",
-    arity: 5,
-    first_key: 1,
-    last_key: 0,
-    key_step: 1,
-    args: &[
-        arg(c"key", ArgKind::Key, false),
-        arg(c"rate", ArgKind::Double, false),
-        arg(c"burst", ArgKind::Double, false),
-        arg(c"amount", ArgKind::Double, false),
-    ],
-};
+pub const REFUND_DOCS: CommandDocs = one_bucket_docs(
+    c"Gives amount tokens back to the token bucket at key, up to its burst, unless it is in debt.",
+    c"0.2.0",
+    &one_bucket_args(arg(c"amount", ArgKind::Double, false)),
+    false,
+);
 pub(super) const REFUND_ARITY_ERROR: &CStr =
     c"ERR wrong number of arguments for 'tb.refund' command";
 
