@@ -4,11 +4,11 @@
 use std::ffi::CStr;
 
 use crate::bucket::{self, Combined, Cost, Decision, Outcome, Params, State};
-use crate::server::{self, ArgDoc, ArgKind, Call, Command, CommandDocs, Key};
+use crate::server::{self, ArgDoc, ArgKind, Call, Command, CommandDocs};
 use crate::stats::Tally;
 
 use super::args::{parse_cost, parse_params};
-use super::state::{read_state, write_state};
+use super::state::OpenBucket;
 use super::{arg, one_bucket_args, one_bucket_docs, reply_counted, reply_error, TbError};
 
 /// The command's name as registered.
@@ -89,12 +89,9 @@ fn acquire(call: &Call<'_>) -> Result<(Decision, Cost), TbError> {
         Some(bytes) => parse_cost(bytes)?,
         None => Cost::new(1.0)?,
     };
-    let key = call.open_key(1).ok_or(TbError::WriteFailed)?;
-    let stored = read_state(&key)?;
-    let decision = bucket::acquire(stored, server::now_us(), &params, cost);
-    if let Some(write) = decision.write {
-        write_state(call, &key, &write, stored.is_some())?;
-    }
+    let opened = OpenBucket::open(call, 1)?;
+    let decision = bucket::acquire(opened.stored, server::now_us(), &params, cost);
+    opened.write(call, decision.write.as_ref())?;
     Ok((decision, cost))
 }
 
@@ -146,22 +143,17 @@ fn acquire_all(call: &Call<'_>) -> Result<(Combined, Cost), TbError> {
     if has_duplicate(key_indexes.iter().map(|&key_index| call.arg(key_index))) {
         return Err(TbError::DuplicateKey);
     }
-    let keys = key_indexes
-        .iter()
-        .map(|&key_index| call.open_key(key_index).ok_or(TbError::WriteFailed))
-        .collect::<Result<Vec<Key<'_>>, TbError>>()?;
-    let members = keys
+    let opened = OpenBucket::open_all(call, &key_indexes)?;
+    let members: Vec<(Option<State>, Params)> = opened
         .iter()
         .zip(params)
-        .map(|(key, params)| Ok((read_state(key)?, params)))
-        .collect::<Result<Vec<(Option<State>, Params)>, TbError>>()?;
+        .map(|(bucket, params)| (bucket.stored, params))
+        .collect();
     let combined = bucket::acquire_all(&members, server::now_us(), cost);
     // Every key was read and checked above, so these writes cannot fail half-way for a reason we could
     // have caught first; all of them reach replicas and the AOF inside the one MULTI/EXEC of this command.
-    for ((key, (stored, _)), write) in keys.iter().zip(&members).zip(&combined.writes) {
-        if let Some(write) = write {
-            write_state(call, key, write, stored.is_some())?;
-        }
+    for (bucket, write) in opened.iter().zip(&combined.writes) {
+        bucket.write(call, write.as_ref())?;
     }
     Ok((combined, cost))
 }

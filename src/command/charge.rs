@@ -12,7 +12,7 @@ use crate::server::{self, ArgKind, Call, Command, CommandDocs};
 use crate::stats::Tally;
 
 use super::args::{parse_cost, parse_params};
-use super::state::{read_state, write_state};
+use super::state::OpenBucket;
 use super::{arg, one_bucket_args, one_bucket_docs, reply_counted, reply_error, TbError};
 
 /// The charging command's name as registered.
@@ -75,13 +75,10 @@ fn charge(call: &Call<'_>) -> Result<(Charged, f64), TbError> {
     }
     let params = parse_params(call, 2)?;
     let cost = parse_cost(call.arg(4).unwrap_or_default())?;
-    let key = call.open_key(1).ok_or(TbError::WriteFailed)?;
-    let stored = read_state(&key)?;
-    let charged = bucket::charge(stored, server::now_us(), &params, cost)
+    let opened = OpenBucket::open(call, 1)?;
+    let charged = bucket::charge(opened.stored, server::now_us(), &params, cost)
         .map_err(|DebtBeyondLimit| TbError::DebtBeyondLimit)?;
-    if let Some(write) = charged.write {
-        write_state(call, &key, &write, stored.is_some())?;
-    }
+    opened.write(call, charged.write.as_ref())?;
     Ok((charged, cost.tokens()))
 }
 
@@ -107,11 +104,8 @@ fn block(call: &Call<'_>) -> Result<Charged, TbError> {
         .and_then(number::parse_i64)
         .ok_or(ParamError::BlockMs)
         .and_then(BlockMs::new)?;
-    let key = call.open_key(1).ok_or(TbError::WriteFailed)?;
-    let stored = read_state(&key)?;
-    let charged = bucket::block(stored, server::now_us(), &params, duration);
-    if let Some(write) = charged.write {
-        write_state(call, &key, &write, stored.is_some())?;
-    }
+    let opened = OpenBucket::open(call, 1)?;
+    let charged = bucket::block(opened.stored, server::now_us(), &params, duration);
+    opened.write(call, charged.write.as_ref())?;
     Ok(charged)
 }

@@ -7,12 +7,12 @@ use std::ffi::CStr;
 
 use crate::bucket::{self, AtMost, Each, Member, ParamError, Partial};
 use crate::number;
-use crate::server::{self, ArgDoc, ArgKind, Call, Command, CommandDocs, Key};
+use crate::server::{self, ArgDoc, ArgKind, Call, Command, CommandDocs};
 use crate::stats::{self, Tally};
 
 use super::acquire::{has_duplicate, ACQUIRE_FLAGS, MAX_BUCKETS};
 use super::args::{parse_cost, parse_params};
-use super::state::{read_state, write_state};
+use super::state::OpenBucket;
 use super::{arg, one_bucket_args, one_bucket_docs, reply_counted, reply_error, TbError};
 
 /// The per-bucket-cost command's name as registered.
@@ -32,12 +32,7 @@ pub const ACQUIRE_EACH_DOCS: CommandDocs = CommandDocs {
         kind: ArgKind::Block,
         optional: false,
         multiple: true,
-        subargs: &[
-            arg(c"key", ArgKind::Key, false),
-            arg(c"rate", ArgKind::Double, false),
-            arg(c"burst", ArgKind::Double, false),
-            arg(c"cost", ArgKind::Double, false),
-        ],
+        subargs: &one_bucket_args(arg(c"cost", ArgKind::Double, false)),
     }],
 };
 pub(super) const ACQUIRE_EACH_ARITY_ERROR: &CStr =
@@ -119,28 +114,21 @@ fn acquire_each(call: &Call<'_>) -> Result<(Each, Tally), TbError> {
     if has_duplicate(key_indexes.iter().map(|&key_index| call.arg(key_index))) {
         return Err(TbError::DuplicateKey);
     }
-    let keys = key_indexes
-        .iter()
-        .map(|&key_index| call.open_key(key_index).ok_or(TbError::WriteFailed))
-        .collect::<Result<Vec<Key<'_>>, TbError>>()?;
-    let members = keys
+    let opened = OpenBucket::open_all(call, &key_indexes)?;
+    let members: Vec<Member> = opened
         .iter()
         .zip(shapes)
-        .map(|(key, (params, cost))| {
-            Ok(Member {
-                stored: read_state(key)?,
-                params,
-                cost,
-            })
+        .map(|(bucket, (params, cost))| Member {
+            stored: bucket.stored,
+            params,
+            cost,
         })
-        .collect::<Result<Vec<Member>, TbError>>()?;
+        .collect();
     let each = bucket::acquire_each(&members, server::now_us());
     // Every key was read and checked above, so the writes cannot fail half-way for a reason we could have caught
     // first; they reach replicas and the AOF inside the one MULTI/EXEC of this command.
-    for ((key, member), decision) in keys.iter().zip(&members).zip(&each.buckets) {
-        if let Some(write) = &decision.write {
-            write_state(call, key, write, member.stored.is_some())?;
-        }
+    for (bucket, decision) in opened.iter().zip(&each.buckets) {
+        bucket.write(call, decision.write.as_ref())?;
     }
     let tally = Tally::of(each.outcome, each.largest_cost_taken(&members));
     Ok((each, tally))
@@ -183,11 +171,8 @@ fn acquire_at_most(call: &Call<'_>) -> Result<Partial, TbError> {
         .and_then(number::parse_i64)
         .ok_or(ParamError::AtMost)
         .and_then(AtMost::new)?;
-    let key = call.open_key(1).ok_or(TbError::WriteFailed)?;
-    let stored = read_state(&key)?;
-    let partial = bucket::acquire_at_most(stored, server::now_us(), &params, max);
-    if let Some(write) = partial.write {
-        write_state(call, &key, &write, stored.is_some())?;
-    }
+    let opened = OpenBucket::open(call, 1)?;
+    let partial = bucket::acquire_at_most(opened.stored, server::now_us(), &params, max);
+    opened.write(call, partial.write.as_ref())?;
     Ok(partial)
 }

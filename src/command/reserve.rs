@@ -10,7 +10,7 @@ use crate::server::{self, ArgKind, Call, Command, CommandDocs};
 use crate::stats::Tally;
 
 use super::args::{parse_cost, parse_params};
-use super::state::{delete_state, read_state, write_state};
+use super::state::OpenBucket;
 use super::{arg, one_bucket_args, one_bucket_docs, reply_counted, reply_error, TbError};
 
 /// The reserving command's name as registered.
@@ -83,12 +83,9 @@ fn reserve(call: &Call<'_>) -> Result<(Reservation, Tally), TbError> {
         .and_then(number::parse_i64)
         .ok_or(ParamError::MaxWait)
         .and_then(MaxWait::new)?;
-    let key = call.open_key(1).ok_or(TbError::WriteFailed)?;
-    let stored = read_state(&key)?;
-    let reservation = bucket::reserve(stored, server::now_us(), &params, cost, max_wait);
-    if let Some(write) = reservation.write {
-        write_state(call, &key, &write, stored.is_some())?;
-    }
+    let opened = OpenBucket::open(call, 1)?;
+    let reservation = bucket::reserve(opened.stored, server::now_us(), &params, cost, max_wait);
+    opened.write(call, reservation.write.as_ref())?;
     let tally = match reservation.outcome {
         Outcome::Allowed if reservation.wait_ms > 0 => Tally::GrantedWithWait {
             tokens: cost.tokens(),
@@ -134,13 +131,12 @@ fn refund(call: &Call<'_>) -> Result<bucket::Refund, TbError> {
         .and_then(number::parse_f64)
         .ok_or(ParamError::Amount)
         .and_then(Amount::new)?;
-    let key = call.open_key(1).ok_or(TbError::WriteFailed)?;
-    let stored = read_state(&key)?;
-    let refund = bucket::refund(stored, server::now_us(), &params, amount);
+    let opened = OpenBucket::open(call, 1)?;
+    let refund = bucket::refund(opened.stored, server::now_us(), &params, amount);
     match refund.change {
         KeyChange::Keep => {}
-        KeyChange::Write(write) => write_state(call, &key, &write, stored.is_some())?,
-        KeyChange::Delete => delete_state(call, &key)?,
+        KeyChange::Write(write) => opened.write(call, Some(&write))?,
+        KeyChange::Delete => opened.delete(call)?,
     }
     Ok(refund)
 }

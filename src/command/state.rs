@@ -20,8 +20,50 @@ static FIELD_TOKENS: Interned = Interned::new(c"tokens");
 /// Hash field holding the time of the last write, in microseconds.
 static FIELD_UPDATED_US: Interned = Interned::new(c"ts");
 
+/// A bucket this call opened for writing, with what it held before the call. Every command reads and writes its
+/// buckets through this, so that each decision's write lands with the same expiry, replication and events.
+pub(super) struct OpenBucket<'c> {
+    key: Key<'c>,
+    /// The state before this call: `None` for a missing key (a full bucket).
+    pub(super) stored: Option<State>,
+}
+
+impl<'c> OpenBucket<'c> {
+    /// Opens the key at argument `key_index` and reads its bucket.
+    pub(super) fn open(call: &'c Call<'_>, key_index: usize) -> Result<OpenBucket<'c>, TbError> {
+        let key = call.open_key(key_index).ok_or(TbError::WriteFailed)?;
+        let stored = read_state(&key)?;
+        Ok(OpenBucket { key, stored })
+    }
+
+    /// Opens and reads the buckets at `key_indexes`, in order: the first that is not a bucket is the error, and
+    /// nothing has been written by then.
+    pub(super) fn open_all(
+        call: &'c Call<'_>,
+        key_indexes: &[usize],
+    ) -> Result<Vec<OpenBucket<'c>>, TbError> {
+        key_indexes
+            .iter()
+            .map(|&key_index| OpenBucket::open(call, key_index))
+            .collect()
+    }
+
+    /// Stores the decision's write, if it made one (see [`write_state`]).
+    pub(super) fn write(&self, call: &Call<'_>, write: Option<&Write>) -> Result<(), TbError> {
+        match write {
+            Some(write) => write_state(call, &self.key, write, self.stored.is_some()),
+            None => Ok(()),
+        }
+    }
+
+    /// Deletes the bucket (see [`delete_state`]).
+    pub(super) fn delete(&self, call: &Call<'_>) -> Result<(), TbError> {
+        delete_state(call, &self.key)
+    }
+}
+
 /// Reads the bucket: `None` for a missing key, the decoded state for a bucket hash.
-pub(super) fn read_state(key: &Key<'_>) -> Result<Option<State>, TbError> {
+fn read_state(key: &Key<'_>) -> Result<Option<State>, TbError> {
     match key.kind() {
         KeyKind::Empty => Ok(None),
         KeyKind::Other => Err(TbError::WrongType),
@@ -44,7 +86,7 @@ pub(super) fn read_state(key: &Key<'_>) -> Result<Option<State>, TbError> {
 /// Nothing here can fail after the first write for a reason we could have checked first: the value strings are
 /// made up front, the key was opened for writing and holds a hash or nothing, and the module refused to load where
 /// `HSET` or `PEXPIREAT` is renamed (see `REPLICATED_COMMANDS`).
-pub(super) fn write_state(
+fn write_state(
     call: &Call<'_>,
     key: &Key<'_>,
     write: &Write,
@@ -75,7 +117,7 @@ pub(super) fn write_state(
 
 /// Deletes a bucket that is full again (a missing key is a full bucket), replicates a `DEL` and fires its
 /// keyspace event. The key exists and was checked by [`read_state`]; `DEL` was checked at load time.
-pub(super) fn delete_state(call: &Call<'_>, key: &Key<'_>) -> Result<(), TbError> {
+fn delete_state(call: &Call<'_>, key: &Key<'_>) -> Result<(), TbError> {
     key.delete()
         .and_then(|()| call.replicate_del(key))
         .map_err(|()| TbError::WriteFailed)?;
