@@ -586,44 +586,32 @@ pub struct Combined {
 /// Decides one call that takes `cost` from every bucket in `buckets` (stored state, parameters), all or none.
 /// A bucket in debt refuses like any bucket short of `cost`, and its wait counts the debt.
 pub fn acquire_all(buckets: &[(Option<State>, Params)], now_us: i64, cost: Cost) -> Combined {
-    let decisions: Vec<Decision> = buckets
+    // The same decision as `TB.ACQUIREEACH` with one cost for every bucket (a property test pins it), summed up.
+    let members: Vec<Member> = buckets
         .iter()
-        .map(|(stored, params)| acquire(*stored, now_us, params, cost))
+        .map(|&(stored, params)| Member {
+            stored,
+            params,
+            cost,
+        })
         .collect();
-    let all_allowed = decisions.iter().all(Decision::allowed);
-    // When refused, buckets that could have paid are reported as they stand: nothing was taken from them.
-    let reported: Vec<Decision> = if all_allowed {
-        decisions
-    } else {
-        buckets
-            .iter()
-            .zip(decisions)
-            .map(|((stored, params), decision)| match decision.outcome {
-                Outcome::Allowed => acquire(*stored, now_us, params, Cost(0.0)),
-                Outcome::Denied | Outcome::Impossible => decision,
-            })
-            .collect()
-    };
-    let fewest_left = first_extreme(&reported, |d| std::cmp::Reverse(d.remaining));
-    let limiting_index = if all_allowed {
-        fewest_left
-    } else {
-        let impossible = reported
-            .iter()
-            .position(|d| d.outcome == Outcome::Impossible);
-        impossible.unwrap_or_else(|| first_extreme(&reported, |d| d.retry_after_ms))
-    };
-    let (outcome, retry_after_ms) = match reported.get(limiting_index) {
-        Some(limiting) if !all_allowed => (limiting.outcome, limiting.retry_after_ms),
-        _ => (Outcome::Allowed, 0),
+    let each = acquire_each(&members, now_us);
+    let retry_after_ms = match each.buckets.get(each.limiting_index) {
+        Some(limiting) if !each.allowed() => limiting.retry_after_ms,
+        _ => 0,
     };
     Combined {
-        outcome,
-        remaining: reported.iter().map(|d| d.remaining).min().unwrap_or(0),
+        outcome: each.outcome,
+        remaining: each.buckets.iter().map(|d| d.remaining).min().unwrap_or(0),
         retry_after_ms,
-        reset_after_ms: reported.iter().map(|d| d.reset_after_ms).max().unwrap_or(0),
-        limiting_index,
-        writes: reported.iter().map(|d| d.write).collect(),
+        reset_after_ms: each
+            .buckets
+            .iter()
+            .map(|d| d.reset_after_ms)
+            .max()
+            .unwrap_or(0),
+        limiting_index: each.limiting_index,
+        writes: each.buckets.iter().map(|d| d.write).collect(),
     }
 }
 
