@@ -682,6 +682,19 @@ fn retry_after_ms(current: &State, now_us: i64, params: &Params, cost: Cost) -> 
     wait_ms
 }
 
+/// Milliseconds until `state` holds one whole token (debt repaid): 0 when it does now, -1 when `burst < 1` (never),
+/// else exact as [`retry_after_ms`] is. What `TB.ACQUIREATMOST`, `TB.CHARGE` and `TB.BLOCK` advertise.
+fn ms_until_one_token(state: &State, now_us: i64, params: &Params) -> i64 {
+    let one_token = Cost(1.0);
+    if one_token.0 > params.burst {
+        -1
+    } else if state.tokens >= one_token.0 {
+        0
+    } else {
+        retry_after_ms(state, now_us, params, one_token)
+    }
+}
+
 /// Whole milliseconds from `now_us` to `at_us`, rounded up; 0 if `at_us` is not in the future. An `at_us` that
 /// saturated (beyond the year 294,000 of the microsecond timeline) stays saturated: `i64::MAX`.
 fn ms_until(now_us: i64, at_us: i64) -> i64 {

@@ -7,7 +7,7 @@
 #![forbid(unsafe_code)]
 
 use super::{
-    decide, full_at_us, ms_until, rebased_write, refilled, remaining, retry_after_ms, Cost,
+    decide, full_at_us, ms_until, ms_until_one_token, rebased_write, refilled, remaining, Cost,
     Outcome, ParamError, Params, State, Write,
 };
 
@@ -74,16 +74,10 @@ pub fn acquire_at_most(
     // Never above 2^53, so exact as an f64; never above the tokens held, so `decide` grants it.
     let granted = remaining(&current).min(max.0);
     if granted == 0 {
-        let one = Cost(1.0);
-        let retry_after_ms = if one.0 > params.burst {
-            -1
-        } else {
-            retry_after_ms(&current, now_us, params, one)
-        };
         return Partial {
             granted: 0,
             remaining: 0,
-            retry_after_ms,
+            retry_after_ms: ms_until_one_token(&current, now_us, params),
             reset_after_ms: ms_until(now_us, full_at_us(&current, params)),
             // Nothing taken; only a clock behind the stored time writes, to record the new time base.
             write: rebased_write(stored, now_us, params),

@@ -18,8 +18,8 @@
 #![forbid(unsafe_code)]
 
 use super::{
-    full_at_us, ms_until, rebased_write, refilled, remaining, retry_after_ms, write_expiring, Cost,
-    ParamError, Params, State, Write, MAX_WAIT_LIMIT_MS,
+    full_at_us, ms_until, ms_until_one_token, rebased_write, refilled, remaining, write_expiring,
+    Cost, ParamError, Params, State, Write, MAX_WAIT_LIMIT_MS,
 };
 
 /// Milliseconds in a second, for turning a duration in ms into refill.
@@ -139,17 +139,9 @@ fn charged(after: State, now_us: i64, params: &Params) -> Charge {
 
 /// The reply for a bucket left as `state`, with `write` if it changed.
 fn answer(state: &State, now_us: i64, params: &Params, write: Option<Write>) -> Charge {
-    let one_token = Cost(1.0);
-    let retry_after_ms = if one_token.0 > params.burst {
-        -1
-    } else if state.tokens >= one_token.0 {
-        0
-    } else {
-        retry_after_ms(state, now_us, params, one_token)
-    };
     Charge {
         remaining: remaining(state),
-        retry_after_ms,
+        retry_after_ms: ms_until_one_token(state, now_us, params),
         reset_after_ms: ms_until(now_us, full_at_us(state, params)),
         write,
     }
