@@ -133,21 +133,7 @@ impl<'a> Call<'a> {
 
     /// Replies with an array of integers.
     pub fn reply_integers(&self, values: &[i64]) {
-        let (Some(array), Some(integer)) = (unsafe { raw::RedisModule_ReplyWithArray }, unsafe {
-            raw::RedisModule_ReplyWithLongLong
-        }) else {
-            return;
-        };
-        let Ok(len) = c_long::try_from(values.len()) else {
-            return;
-        };
-        // SAFETY: `ctx` is the live context of this call.
-        unsafe {
-            array(self.ctx, len);
-            for &value in values {
-                integer(self.ctx, value);
-            }
-        }
+        self.reply_integers_and_rows::<0>(values, std::iter::empty());
     }
 
     /// Replies with one array: the integers of `head`, then one nested array of `N` integers per row.
