@@ -15,6 +15,8 @@ const { RateLimiterTB, RateLimiterRes } = require("./flexible.cjs");
 const { TbThrottlerStorage } = require("./nest.cjs");
 const script = require("./script.cjs");
 
+const luaScript = { source: script.source, sha1: script.sha1, file: script.file };
+
 module.exports = {
   TbClient,
   TbReplyError,
@@ -28,5 +30,5 @@ module.exports = {
   RateLimiterTB,
   RateLimiterRes,
   TbThrottlerStorage,
-  luaScript: { source: script.source, sha1: script.sha1, file: script.file },
+  luaScript,
 };
