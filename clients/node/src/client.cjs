@@ -72,6 +72,14 @@ class TbClient {
     this._detect = backend === "auto";
   }
 
+  /**
+   * The TbClient itself if given one, else a new TbClient (default options) wrapping the given Redis client: what
+   * the adapters (TbStore, RateLimiterTB, TbThrottlerStorage, createHttpLimiter) do with their `client` option.
+   */
+  static from(client) {
+    return client instanceof TbClient ? client : new TbClient(client);
+  }
+
   /** "module" or "script" once known; "auto" until the first call has answered. */
   get backend() {
     return this._backend;

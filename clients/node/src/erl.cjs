@@ -19,7 +19,7 @@ class TbStore {
    */
   constructor({ client, prefix = "rl:", burst, rate } = {}) {
     if (client === undefined) throw new TbArgumentError("TbStore needs { client }: a TbClient or a Redis client");
-    this.client = client instanceof TbClient ? client : new TbClient(client);
+    this.client = TbClient.from(client);
     this.prefix = prefix;
     this.localKeys = false;
     this._burst = burst;

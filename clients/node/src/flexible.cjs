@@ -93,7 +93,7 @@ class RateLimiterTB {
   constructor({ storeClient, points = 4, duration = 1, blockDuration = 0, keyPrefix = "rlflx", execEvenly } = {}) {
     if (storeClient === undefined) throw new TbArgumentError("RateLimiterTB needs { storeClient }: a Redis client");
     if (execEvenly) throw new TbArgumentError("RateLimiterTB does not implement execEvenly: use TbClient.reserve");
-    this.client = storeClient instanceof TbClient ? storeClient : new TbClient(storeClient);
+    this.client = TbClient.from(storeClient);
     this._points = positive("points", points);
     this._duration = positive("duration", duration);
     this._blockDuration = blockDuration;

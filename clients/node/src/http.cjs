@@ -113,7 +113,7 @@ function createHttpLimiter(options) {
   if (fail !== "open" && fail !== "closed") throw new TbArgumentError(`fail must be "open" or "closed", got ${fail}`);
   if (typeof key !== "function") throw new TbArgumentError("key must be a function of the request");
   const limits = limitList(options.limits);
-  const tb = client instanceof TbClient ? client : new TbClient(client);
+  const tb = TbClient.from(client);
   const withTimeout = deadlines(timeoutMs);
 
   async function decide(req) {

@@ -18,7 +18,7 @@ class TbThrottlerStorage {
    */
   constructor({ client, prefix = "throttler:" } = {}) {
     if (client === undefined) throw new TbArgumentError("TbThrottlerStorage needs { client }: a TbClient or a Redis client");
-    this.client = client instanceof TbClient ? client : new TbClient(client);
+    this.client = TbClient.from(client);
     this.prefix = prefix;
   }
 

@@ -83,6 +83,8 @@ export interface TbClientOptions {
 
 export class TbClient {
   constructor(redis: RedisLike, options?: TbClientOptions);
+  /** `client` itself if it is a TbClient, else a new TbClient (default options) wrapping it. */
+  static from(client: TbClient | RedisLike): TbClient;
   readonly redis: RedisLike;
   /** "module" or "script" once the first call has answered; "auto" before. */
   readonly backend: Backend;
