@@ -27,6 +27,14 @@ function rateLimitHeaders(decision, standard = "both") {
   if (!FORMATS.includes(standard)) {
     throw new TypeError(`standard must be one of ${FORMATS.join(", ")}, got ${JSON.stringify(standard)}`);
   }
+  return headersFor(decision, standard);
+}
+
+/**
+ * rateLimitHeaders without checking `standard`: for callers that checked it once already (createHttpLimiter, at
+ * construction), so that a request does not check it again.
+ */
+function headersFor(decision, standard) {
   const headers = {};
   const { buckets } = decision;
   if (standard === "both" || standard === "draft") {
@@ -60,4 +68,4 @@ function waitMs(decision) {
   return longest;
 }
 
-module.exports = { rateLimitHeaders, waitMs, FORMATS };
+module.exports = { rateLimitHeaders, headersFor, waitMs, FORMATS };

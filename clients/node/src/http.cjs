@@ -5,7 +5,7 @@
 
 const { TbClient } = require("./client.cjs");
 const { TbArgumentError } = require("./errors.cjs");
-const { rateLimitHeaders, waitMs, FORMATS } = require("./headers.cjs");
+const { headersFor, waitMs, FORMATS } = require("./headers.cjs");
 
 function limitList(limits) {
   const list = Array.isArray(limits) ? limits : [limits];
@@ -155,7 +155,7 @@ function createHttpLimiter(options) {
       return { action: "unavailable", headers: {}, status: 503, body: { error: "rate limiter unavailable" }, error };
     }
     if (decision === undefined) return { action: "allow", headers: {} };
-    const headerValues = rateLimitHeaders(decision, standard);
+    const headerValues = headersFor(decision, standard);
     if (decision.allowed) return { action: "allow", headers: headerValues, decision };
     const refusal = typeof body === "function" ? body(decision) : body;
     return { action: "refuse", headers: headerValues, status: statusCode, body: refusal, decision };
