@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _protocol as protocol
 from .headers import Standard, headers_for
@@ -14,6 +17,8 @@ from .limit import KeyFunction, Limit
 from .replies import Acquired, AcquiredEach
 
 FailMode = Literal["open", "closed"]
+#: What counts as "Redis is unreachable": the connection failed or timed out (also OSError underneath).
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 #: The limits of a request: the same for every request, or chosen from the request (by path, say).
 LimitsSpec = Sequence[Limit] | Callable[[Mapping[str, Any]], Sequence[Limit]]
 
@@ -105,3 +110,33 @@ def client_address(request: Mapping[str, Any]) -> str | None:
         return str(client[0])
     address = request.get("REMOTE_ADDR")
     return str(address) if address else None
+
+
+App = TypeVar("App")
+Limiter = TypeVar("Limiter")
+
+
+class Middleware(Generic[App, Limiter]):
+    """The options both middlewares take, checked and kept once: the wrapped app (ASGI or WSGI), the limiter
+    (async or sync) and the rest, described on `redis_tb.asgi.RateLimitMiddleware`."""
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        limiter: Limiter,
+        limits: LimitsSpec,
+        key: KeyFunction = client_address,
+        prefix: str = "ratelimit:",
+        fail: FailMode = "open",
+        standard: Standard = "both",
+    ) -> None:
+        if fail not in ("open", "closed"):
+            raise ValueError(f"fail must be 'open' or 'closed', not {fail!r}")
+        self.app = app
+        self.limiter = limiter
+        self.limits = limits
+        self.key = key
+        self.prefix = prefix
+        self.fail = fail
+        self.standard = standard

@@ -12,11 +12,8 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from . import _decide
-from ._decide import FailMode, LimitsSpec, by_path, client_address
+from ._decide import UNREACHABLE, FailMode, LimitsSpec, by_path, client_address
 from .aio import AsyncTokenBucket
 from .headers import Standard
 from .limit import KeyFunction
@@ -29,13 +26,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 logger = logging.getLogger("redis_tb")
 
-#: What counts as "Redis is unreachable": the connection failed or timed out (also OSError underneath).
-UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
-
 __all__ = ["RateLimitMiddleware", "by_path", "client_address"]
 
 
-class RateLimitMiddleware:
+class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
     """Rate limits HTTP requests of an ASGI app.
 
     - `limits`: the limits of every request, or a function of the scope choosing them (`by_path`); several
@@ -45,27 +39,6 @@ class RateLimitMiddleware:
     - `fail`: `"open"` lets requests through when Redis is unreachable (logged), `"closed"` answers 503.
     - `standard`: which header fields to send: `"draft"`, `"legacy"` or `"both"` (docs/headers.md).
     """
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        limiter: AsyncTokenBucket,
-        limits: LimitsSpec,
-        key: KeyFunction = client_address,
-        prefix: str = "ratelimit:",
-        fail: FailMode = "open",
-        standard: Standard = "both",
-    ) -> None:
-        if fail not in ("open", "closed"):
-            raise ValueError(f"fail must be 'open' or 'closed', not {fail!r}")
-        self.app = app
-        self.limiter = limiter
-        self.limits = limits
-        self.key = key
-        self.prefix = prefix
-        self.fail = fail
-        self.standard = standard
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

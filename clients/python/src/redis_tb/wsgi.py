@@ -11,11 +11,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from . import _decide
-from ._decide import FailMode, LimitsSpec, by_path, client_address
-from .asgi import UNREACHABLE
+from ._decide import UNREACHABLE, by_path, client_address
 from .client import TokenBucket
-from .headers import Standard
-from .limit import KeyFunction
 
 logger = logging.getLogger("redis_tb")
 
@@ -27,29 +24,8 @@ __all__ = ["RateLimitMiddleware", "by_path", "client_address"]
 _REASONS = {429: "429 Too Many Requests", 503: "503 Service Unavailable"}
 
 
-class RateLimitMiddleware:
+class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
     """Rate limits requests of a WSGI app; the options are those of `redis_tb.asgi.RateLimitMiddleware`."""
-
-    def __init__(
-        self,
-        app: WSGIApp,
-        *,
-        limiter: TokenBucket,
-        limits: LimitsSpec,
-        key: KeyFunction = client_address,
-        prefix: str = "ratelimit:",
-        fail: FailMode = "open",
-        standard: Standard = "both",
-    ) -> None:
-        if fail not in ("open", "closed"):
-            raise ValueError(f"fail must be 'open' or 'closed', not {fail!r}")
-        self.app = app
-        self.limiter = limiter
-        self.limits = limits
-        self.key = key
-        self.prefix = prefix
-        self.fail = fail
-        self.standard = standard
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         request: Mapping[str, Any] = environ
