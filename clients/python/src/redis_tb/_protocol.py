@@ -181,10 +181,6 @@ def is_unknown_command(error: Exception) -> bool:
     return "unknown command" in text or "doesn't exist in redis commands" in text
 
 
-def is_no_script(error: Exception) -> bool:
-    return "noscript" in str(error).lower()
-
-
 def translate(error: ResponseError) -> Exception:
     """The package's exception for a server error, or the error itself when it is none of ours."""
     text = str(error)
