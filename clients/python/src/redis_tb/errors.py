@@ -46,4 +46,5 @@ class ModuleNotLoaded(TokenBucketError):
 
 
 class LimiterUnavailable(TokenBucketError):
-    """Redis could not be reached (middleware raises this when it fails closed)."""
+    """Redis could not be reached. Nothing in this package raises it: a middleware that fails closed answers
+    503 instead."""
