@@ -72,6 +72,30 @@ fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
         .map(|header| header.value.as_str())
 }
 
+/// Plans `user=a` and `generic_key=global` (two buckets, no addend) and answers them with one call's `rows`.
+fn respond_two(options: &Options, allowed: bool, rows: Vec<BucketReply>) -> Verdict {
+    let plan = plan(
+        &config(),
+        options,
+        &request(
+            vec![
+                descriptor(&[("user", "a")], None),
+                descriptor(&[("generic_key", "global")], None),
+            ],
+            0,
+        ),
+    )
+    .expect("plans");
+    plan.respond(
+        options,
+        Some(&EachReply {
+            allowed,
+            limiting_index: 0,
+            buckets: rows,
+        }),
+    )
+}
+
 #[test]
 fn cost_is_the_descriptors_addend_else_the_requests_else_one() {
     let options = Options::default();
@@ -412,25 +436,10 @@ fn draft_headers_have_one_item_per_bucket_and_retry_after() {
         headers: HeaderFormat::Both,
         ..Options::default()
     };
-    let plan = plan(
-        &config(),
+    let verdict = respond_two(
         &options,
-        &request(
-            vec![
-                descriptor(&[("user", "a")], None),
-                descriptor(&[("generic_key", "global")], None),
-            ],
-            0,
-        ),
-    )
-    .expect("plans");
-    let verdict = plan.respond(
-        &options,
-        Some(&EachReply {
-            allowed: false,
-            limiting_index: 0,
-            buckets: vec![row(false, 0, 1_100, 2_000), row(true, 599, 0, 1_500)],
-        }),
+        false,
+        vec![row(false, 0, 1_100, 2_000), row(true, 599, 0, 1_500)],
     );
     let response = &verdict.response;
     assert_eq!(
@@ -458,25 +467,10 @@ fn legacy_headers_follow_the_fewest_tokens_and_their_configured_names() {
         },
         ..Options::default()
     };
-    let plan = plan(
-        &config(),
+    let verdict = respond_two(
         &options,
-        &request(
-            vec![
-                descriptor(&[("user", "a")], None),
-                descriptor(&[("generic_key", "global")], None),
-            ],
-            0,
-        ),
-    )
-    .expect("plans");
-    let verdict = plan.respond(
-        &options,
-        Some(&EachReply {
-            allowed: true,
-            limiting_index: 0,
-            buckets: vec![row(true, 3, 0, 1_700), row(true, 599, 0, 100)],
-        }),
+        true,
+        vec![row(true, 3, 0, 1_700), row(true, 599, 0, 100)],
     );
     let response = &verdict.response;
     assert_eq!(header(response, "X-RateLimit-Limit"), Some("20"));
