@@ -388,7 +388,7 @@ fn scalar_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Stri
 }
 
 /// The tree's key for a descriptor: `key`, or `key_value` when it has a value (envoyproxy/ratelimit's).
-fn composite_key(key: &str, value: &str) -> String {
+pub(crate) fn composite_key(key: &str, value: &str) -> String {
     if value.is_empty() {
         key.to_owned()
     } else {

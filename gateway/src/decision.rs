@@ -29,7 +29,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration;
 
-use crate::config::{Config, Limit, Policy, Unit};
+use crate::config::{composite_key, Config, Limit, Policy, Unit};
 
 /// `RateLimitResponse.Code.OVER_LIMIT`, for callers comparing a response's code.
 pub const OVER_LIMIT: Code = Code::OverLimit;
@@ -287,13 +287,7 @@ pub fn plan(
 fn joined(entries: &[(&str, &str)]) -> String {
     entries
         .iter()
-        .map(|&(key, value)| {
-            if value.is_empty() {
-                key.to_owned()
-            } else {
-                format!("{key}_{value}")
-            }
-        })
+        .map(|&(key, value)| composite_key(key, value))
         .collect::<Vec<_>>()
         .join(".")
 }
