@@ -467,8 +467,12 @@ impl Plan {
         let Some(reply) = reply else {
             return headers;
         };
+        // The default: no headers, and no rows collected for them.
+        if options.headers == HeaderFormat::None {
+            return headers;
+        }
         let rows: Vec<(&Bucket, &BucketReply)> = self.buckets.iter().zip(&reply.buckets).collect();
-        if rows.is_empty() || options.headers == HeaderFormat::None {
+        if rows.is_empty() {
             return headers;
         }
         let header = |key: &str, value: String| HeaderValue {
