@@ -372,7 +372,7 @@ impl Plan {
     pub fn respond(&self, options: &Options, reply: Option<&EachReply>) -> Verdict {
         let mut statuses = Vec::with_capacity(self.slots.len());
         let mut over_limit = false;
-        // Per bucket: (over its limit, shadow).
+        // Per bucket: over its limit (charged 0 after a shadow-only refusal, or reported as not fitting).
         let bucket_over = |index: usize| -> bool {
             self.shadow_over.get(index).copied().unwrap_or(false)
                 || reply
