@@ -70,6 +70,8 @@ pub struct Bucket {
     pub cost: u64,
     /// Every descriptor on this bucket is in shadow mode.
     pub shadow: bool,
+    /// It did not fit on an earlier call and is shadow-only, so it is now charged 0 (see `Plan::unshadow`).
+    pub charged_zero: bool,
     /// The limit (for headers: its name, burst and rate).
     pub limit: Arc<Limit>,
 }
@@ -93,8 +95,6 @@ pub struct Plan {
     pub buckets: Vec<Bucket>,
     /// One per request descriptor, in order.
     pub slots: Vec<Slot>,
-    /// Buckets that did not fit on an earlier call and are shadow-only, now charged 0 (see `unshadow`).
-    pub shadow_over: Vec<bool>,
 }
 
 /// The command's reply for one bucket.
@@ -270,18 +270,14 @@ pub fn plan(
                         burst,
                         cost,
                         shadow,
+                        charged_zero: false,
                         limit,
                     });
                 }
             }
         }
     }
-    let shadow_over = vec![false; buckets.len()];
-    Ok(Plan {
-        buckets,
-        slots,
-        shadow_over,
-    })
+    Ok(Plan { buckets, slots })
 }
 
 fn joined(entries: &[(&str, &str)]) -> String {
@@ -326,11 +322,11 @@ impl Plan {
     /// The command's arguments after its name: `key rate burst cost` per bucket.
     pub fn command_args(&self) -> Vec<String> {
         let mut args = Vec::with_capacity(4 * self.buckets.len());
-        for (bucket, &over) in self.buckets.iter().zip(&self.shadow_over) {
+        for bucket in &self.buckets {
             args.push(bucket.key.clone());
             args.push(bucket.rate_per_sec.to_string());
             args.push(bucket.burst.to_string());
-            args.push(if over {
+            args.push(if bucket.charged_zero {
                 "0".to_owned()
             } else {
                 bucket.cost.to_string()
@@ -354,15 +350,16 @@ impl Plan {
             .collect();
         let all_shadow = !misfits.is_empty()
             && misfits.iter().all(|&index| {
-                self.buckets.get(index).is_some_and(|bucket| bucket.shadow)
-                    && !self.shadow_over.get(index).copied().unwrap_or(true)
+                self.buckets
+                    .get(index)
+                    .is_some_and(|bucket| bucket.shadow && !bucket.charged_zero)
             });
         if !all_shadow {
             return false;
         }
         for index in misfits {
-            if let Some(over) = self.shadow_over.get_mut(index) {
-                *over = true;
+            if let Some(bucket) = self.buckets.get_mut(index) {
+                bucket.charged_zero = true;
             }
         }
         true
@@ -374,7 +371,9 @@ impl Plan {
         let mut over_limit = false;
         // Per bucket: over its limit (charged 0 after a shadow-only refusal, or reported as not fitting).
         let bucket_over = |index: usize| -> bool {
-            self.shadow_over.get(index).copied().unwrap_or(false)
+            self.buckets
+                .get(index)
+                .is_some_and(|bucket| bucket.charged_zero)
                 || reply
                     .and_then(|reply| reply.buckets.get(index))
                     .is_some_and(|bucket| !bucket.fits)
@@ -430,7 +429,10 @@ impl Plan {
         }
         // A refusal the replies do not explain (no bucket reported as not fitting) still refuses.
         if let Some(reply) = reply {
-            if !reply.allowed && !over_limit && !self.shadow_over.iter().any(|&over| over) {
+            if !reply.allowed
+                && !over_limit
+                && !self.buckets.iter().any(|bucket| bucket.charged_zero)
+            {
                 over_limit = true;
             }
         }
