@@ -4,7 +4,8 @@ same algorithm as a Lua script.
 - `TokenBucket` / `AsyncTokenBucket`: one method per command, typed replies (`redis_tb.replies`), exceptions
   naming the problem (`redis_tb.errors`).
 - `redis_tb.headers`: RateLimit header fields from a reply.
-- `redis_tb.asgi` / `redis_tb.wsgi`: middleware for Starlette/FastAPI and Flask.
+- `redis_tb.asgi` / `redis_tb.wsgi`: middleware for Starlette/FastAPI and Flask; `ip_identity` and `SKIP`
+  for their key functions (`redis_tb.identity`).
 - `redis_tb.pacing`: reserve, wait, refund on failure (asyncio and threads).
 - `redis_tb.limits`: the "token-bucket" strategy for the `limits` package (Flask-Limiter, slowapi).
 """
@@ -28,6 +29,7 @@ from .errors import (
     TooManyBuckets,
     WrongType,
 )
+from .identity import SKIP, ip_identity
 from .limit import Limit
 from .replies import (
     Acquired,
@@ -43,6 +45,7 @@ from .replies import (
 __all__ = [
     "SCRIPT",
     "SCRIPT_SHA",
+    "SKIP",
     "Acquired",
     "AcquiredAll",
     "AcquiredEach",
@@ -64,6 +67,7 @@ __all__ = [
     "TokenBucketError",
     "TooManyBuckets",
     "WrongType",
+    "ip_identity",
 ]
 
 # The limits strategy registers itself when `limits` is installed (Flask-Limiter, slowapi).

@@ -1,0 +1,88 @@
+"""Who a request counts against, and the bucket key that follows: the identity rule and the key layout that the
+Python and Node packages share (docs/clients.md, "Identity and keys"; `fixtures/keys.json` holds the cases both
+suites check).
+
+- A key function returns an identity (a non-empty string), no identity (None or ""), or `SKIP`. No identity is
+  never a pass: such requests share the bucket of the anonymous identity, and the middleware logs a warning once.
+- The default identity is the peer address through `ip_identity`: IPv4 as is, IPv4-mapped IPv6 as IPv4, other
+  IPv6 grouped by a prefix (/56 by default), since one client holds a whole /64 or more.
+- A bucket key is `<prefix>{<tag>}:<limit name>`, the tag being the identity escaped so that it never holds a
+  brace: every bucket of one request shares one non-empty hash tag (one Cluster slot, whatever the identity), and
+  two identities never share a tag.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import logging
+from typing import Literal
+
+logger = logging.getLogger("redis_tb")
+
+
+class _Skip(enum.Enum):
+    SKIP = "skip"
+
+    def __repr__(self) -> str:
+        return "redis_tb.SKIP"
+
+
+#: What a key function returns for a request that must not be limited: the only way to skip a limit.
+SKIP: Literal[_Skip.SKIP] = _Skip.SKIP
+#: The tag of requests without an identity. Escaping never yields `%` followed by a non-hex digit, so no identity
+#: can take this tag.
+ANONYMOUS_TAG = "%anonymous"
+DEFAULT_IPV6_SUBNET = 56
+_KEPT = frozenset(range(0x21, 0x7F)) - frozenset(b"%{}")
+
+
+def check_ipv6_subnet(ipv6_subnet: object) -> int:
+    """`ipv6_subnet` if it is an int from 1 to 64 (a client holds a /64 at least, so a longer prefix would let
+    it pick a fresh bucket per address); else ValueError naming the option."""
+    if isinstance(ipv6_subnet, bool) or not isinstance(ipv6_subnet, int) or not 1 <= ipv6_subnet <= 64:
+        raise ValueError(f"ipv6_subnet must be an integer from 1 to 64, not {ipv6_subnet!r}")
+    return ipv6_subnet
+
+
+def ip_identity(address: str | None, ipv6_subnet: int = DEFAULT_IPV6_SUBNET) -> str | None:
+    """The identity of a peer address: `127.0.0.1` as is; `::ffff:127.0.0.1` as `127.0.0.1`; any other IPv6
+    address as its /`ipv6_subnet` network (`2001:db8:1:2ff::1` -> `2001:db8:1:200::/56`), zone id dropped.
+    None for no address or for text that is not an IP address (a Unix socket path)."""
+    subnet = check_ipv6_subnet(ipv6_subnet)
+    if not address:
+        return None
+    try:
+        parsed = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(parsed, ipaddress.IPv4Address):
+        return str(parsed)
+    if parsed.ipv4_mapped is not None:
+        return str(parsed.ipv4_mapped)
+    return str(ipaddress.IPv6Network((parsed, subnet), strict=False))
+
+
+def escape(identity: str) -> str:
+    """The hash tag of an identity: its UTF-8 bytes, with `%`, `{`, `}`, and every byte outside `!`..`~` written
+    as `%XX` (uppercase hex). Injective, never empty for a non-empty identity, never holds a brace."""
+    return "".join(chr(byte) if byte in _KEPT else f"%{byte:02X}" for byte in identity.encode("utf-8", "surrogatepass"))
+
+
+def tag_of(identity: str | None) -> str:
+    """The hash tag for an identity, the anonymous one for None or ""."""
+    return escape(identity) if identity else ANONYMOUS_TAG
+
+
+def bucket_key(prefix: str, identity: str | None, limit_name: str) -> str:
+    """`<prefix>{<tag>}:<limit name>`."""
+    return f"{prefix}{{{tag_of(identity)}}}:{limit_name}"
+
+
+def check_prefix(prefix: str) -> str:
+    """`prefix` unless it would empty the keys' hash tag (its first `{` directly followed by `}`), which would
+    scatter one request's buckets over the cluster."""
+    opening = prefix.find("{")
+    if opening >= 0 and prefix[opening + 1 : opening + 2] == "}":
+        raise ValueError(f"prefix {prefix!r} holds an empty hash tag '{{}}': bucket keys would lose theirs")
+    return prefix
