@@ -6,6 +6,29 @@
 const { TbClient } = require("./client.cjs");
 const { TbArgumentError } = require("./errors.cjs");
 const { headersFor, waitMs, FORMATS } = require("./headers.cjs");
+const { SKIP, DEFAULT_IPV6_SUBNET, bucketKey, checkIpv6Subnet, ipIdentity, isAnonymous } = require("./identity.cjs");
+
+let anonymousWarned = false;
+
+/** Once per process: a request without an identity is limited under the shared anonymous one. */
+function warnAnonymous() {
+  if (anonymousWarned) return;
+  anonymousWarned = true;
+  process.emitWarning(
+    "redis-tb: a request had no identity (no peer address: a Unix socket, a reset connection, or a key function " +
+      "that returned nothing); such requests share one bucket, the anonymous one. Return SKIP from the key " +
+      "function to let a request through unlimited.",
+    { code: "REDIS_TB_ANONYMOUS" },
+  );
+}
+
+/** A key function's result as an identity: SKIP, a string, or undefined (none); anything else is refused. */
+function identityOf(result, name) {
+  if (isAnonymous(result)) return undefined;
+  if (result === SKIP || typeof result === "string") return result;
+  if (typeof result === "number" || typeof result === "bigint") return String(result);
+  throw new TbArgumentError(`the key function of limit ${JSON.stringify(name)} must return a string, nothing or SKIP, got ${typeof result}`);
+}
 
 function limitList(limits) {
   const list = Array.isArray(limits) ? limits : [limits];
@@ -93,9 +116,11 @@ function defaultBody(decision) {
  *   client      a TbClient, or an ioredis / node-redis client or cluster to wrap in one
  *   limits      { name, rate, burst, cost?, key? } or an array of them; a limit's `key(req)` replaces the shared
  *               key function and its `cost` the shared cost
- *   key         (req) => string: whose bucket (default: the client address). undefined or null skips limiting
+ *   key         (req) => string: whose bucket (default: the peer address through ipIdentity). Nothing (undefined,
+ *               null, "") limits the request under the shared anonymous identity; SKIP lets it through unlimited
+ *   ipv6Subnet  the prefix length the default key groups IPv6 clients by (default 56, 1 to 64)
  *   cost        tokens per request, a number or (req) => number (default 1)
- *   prefix      the Redis key is `${prefix}{${key}}:${name}` (default "ratelimit:")
+ *   prefix      the Redis key is `${prefix}{${escaped identity}}:${name}` (default "ratelimit:")
  *   standard    which header fields: "both" (default), "draft", "legacy" or "none"
  *   fail        when Redis fails or does not answer in time: "open" (default) lets the request through, "closed"
  *               answers 503
@@ -106,7 +131,9 @@ function defaultBody(decision) {
  */
 function createHttpLimiter(options) {
   if (options === null || typeof options !== "object") throw new TbArgumentError("options must be an object");
-  const { client, key = (req) => req.ip, cost = 1, prefix = "ratelimit:", standard = "both" } = options;
+  const { client, cost = 1, prefix = "ratelimit:", standard = "both", ipv6Subnet = DEFAULT_IPV6_SUBNET } = options;
+  checkIpv6Subnet(ipv6Subnet);
+  const { key = (req) => ipIdentity(req.ip ?? req.socket?.remoteAddress, { ipv6Subnet }) } = options;
   const { fail = "open", timeoutMs = 1000, statusCode = 429, body = defaultBody, onError } = options;
   if (client === undefined) throw new TbArgumentError("client is required: a TbClient or a Redis client");
   if (!FORMATS.includes(standard)) throw new TbArgumentError(`standard must be one of ${FORMATS.join(", ")}`);
@@ -121,10 +148,12 @@ function createHttpLimiter(options) {
     if (typeof requestCost?.then === "function") requestCost = await requestCost;
     const buckets = [];
     for (const limit of limits) {
-      let owner = (limit.key ?? key)(req);
-      if (typeof owner?.then === "function") owner = await owner;
-      if (owner === undefined || owner === null) continue;
-      buckets.push({ ...limit, key: `${prefix}{${owner}}:${limit.name}`, cost: limit.cost ?? requestCost });
+      let result = (limit.key ?? key)(req);
+      if (typeof result?.then === "function") result = await result;
+      const identity = identityOf(result, limit.name);
+      if (identity === SKIP) continue;
+      if (identity === undefined) warnAnonymous();
+      buckets.push({ ...limit, key: bucketKey(prefix, identity, limit.name), cost: limit.cost ?? requestCost });
     }
     if (buckets.length === 0) return undefined;
     if (buckets.length === 1) {

@@ -8,6 +8,7 @@ const { TbClient } = require("./client.cjs");
 const { TbReplyError, TbArgumentError, TbProtocolError } = require("./errors.cjs");
 const { rateLimitHeaders } = require("./headers.cjs");
 const { createHttpLimiter } = require("./http.cjs");
+const { SKIP, ipIdentity } = require("./identity.cjs");
 const { rateLimit } = require("./express.cjs");
 const { fastifyRateLimit } = require("./fastify.cjs");
 const { TbStore } = require("./erl.cjs");
@@ -24,6 +25,8 @@ module.exports = {
   TbProtocolError,
   rateLimitHeaders,
   createHttpLimiter,
+  SKIP,
+  ipIdentity,
   rateLimit,
   fastifyRateLimit,
   TbStore,

@@ -4,10 +4,15 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
-import { TbClient } from "../src/index.mjs";
+import http from "node:http";
+
+import express from "express";
+
+import { rateLimit, TbClient } from "../src/index.mjs";
 import { keySlot } from "../src/connection.cjs";
 import { connectCluster, CLIENT_KINDS } from "./clients.mjs";
 import { Cluster, rawCommand, freshKey } from "./harness.mjs";
+import { closeServer, listen } from "./http-helpers.mjs";
 
 /** MOVED and ASK replies the nodes have sent so far (INFO errorstats). */
 async function redirects(cluster) {
@@ -57,6 +62,29 @@ for (const backend of [{ name: "module", module: true }, { name: "script", modul
           assert.equal(refund.remaining, 2);
           assert.equal(await tb.reset(`{${tag}}:b`), true);
         } finally {
+          await conn.close();
+        }
+      });
+
+      test(`${kind}: several limits for identities like {}, }x, }{ or none stay in one slot (no CROSSSLOT)`, async () => {
+        const conn = await connectCluster(kind, cluster);
+        const errors = [];
+        const app = express();
+        const limits = [{ name: "a", rate: 0.001, burst: 2 }, { name: "b", rate: 0.001, burst: 3 }];
+        const prefix = `${freshKey("tags")}:`;
+        app.use(rateLimit({ client: conn.redis, prefix, limits, fail: "closed", key: (req) => req.get("x-user"), onError: (error) => errors.push(error) }));
+        app.get("/", (req, res) => res.send("ok"));
+        const server = http.createServer(app);
+        const base = await listen(server);
+        try {
+          for (const user of ["{}", "}x", "}{", "a{b}c", "{", ""]) {
+            const statuses = [];
+            for (let i = 0; i < 3; i++) statuses.push((await fetch(base, { headers: { "x-user": user } })).status);
+            assert.deepEqual(statuses, [200, 200, 429], `x-user: ${JSON.stringify(user)}`);
+          }
+          assert.deepEqual(errors, []);
+        } finally {
+          await closeServer(server);
           await conn.close();
         }
       });

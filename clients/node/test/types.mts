@@ -14,6 +14,8 @@ import tbDefault, {
   RateLimiterRes,
   TbThrottlerStorage,
   rateLimitHeaders,
+  ipIdentity,
+  SKIP,
   type AcquireResult,
 } from "redis-tb";
 
@@ -34,6 +36,14 @@ try {
 
 const app = express();
 app.use(rateLimit({ client: tb, limits: [{ name: "user", rate: 10, burst: 20 }], key: (req: express.Request) => req.ip }));
+app.use(
+  rateLimit({
+    client: tb,
+    limits: { rate: 1, burst: 2 },
+    ipv6Subnet: 64,
+    key: (req: express.Request) => (req.path === "/health" ? SKIP : ipIdentity(req.ip, { ipv6Subnet: 64 })),
+  }),
+);
 app.use(expressRateLimit({ limit: 20, windowMs: 2000, store: new TbStore({ client: tb }) }));
 
 const fastify = Fastify();

@@ -135,6 +135,21 @@ export interface Decision {
 /** RateLimit-Policy / RateLimit (one item per bucket), RateLimit-Limit / -Remaining / -Reset, Retry-After. */
 export function rateLimitHeaders(decision: Decision, standard?: HeaderFormat): Record<string, string>;
 
+/** What a key function returns to let a request through unlimited (`Symbol.for("redis-tb.skip")`). */
+export const SKIP: unique symbol;
+
+/**
+ * A key function's result: the identity (a non-empty string); nothing (undefined, null, ""), which limits the
+ * request under the shared anonymous identity; or SKIP.
+ */
+export type Identity = string | undefined | null | typeof SKIP;
+
+/**
+ * The identity of a peer address: IPv4 as is, IPv4-mapped IPv6 as IPv4, other IPv6 as its /`ipv6Subnet` network
+ * (default 56, 1 to 64) in RFC 5952 form followed by the prefix length; undefined for anything else.
+ */
+export function ipIdentity(address: string | undefined | null, options?: { ipv6Subnet?: number }): string | undefined;
+
 export interface Limit<Req = any> {
   /** Names the bucket (in its key) and the policy (in the headers); optional for a single limit. */
   name?: string;
@@ -143,17 +158,19 @@ export interface Limit<Req = any> {
   /** Tokens per request for this limit (default: the shared `cost`). */
   cost?: number;
   /** Whose bucket, for this limit only (default: the shared `key`). */
-  key?: (req: Req) => string | undefined | null | Promise<string | undefined | null>;
+  key?: (req: Req) => Identity | Promise<Identity>;
 }
 
 export interface HttpLimiterOptions<Req = any> {
   client: TbClient | RedisLike;
   limits: Limit<Req> | Limit<Req>[];
-  /** Whose bucket (default: the client address). undefined or null lets the request through unlimited. */
-  key?: (req: Req) => string | undefined | null | Promise<string | undefined | null>;
+  /** Whose bucket (default: `ipIdentity` of the peer address). Nothing: the anonymous bucket; SKIP: unlimited. */
+  key?: (req: Req) => Identity | Promise<Identity>;
+  /** The prefix length the default key groups IPv6 clients by (default 56, 1 to 64). */
+  ipv6Subnet?: number;
   /** Tokens per request (default 1). */
   cost?: number | ((req: Req) => number | Promise<number>);
-  /** The Redis key of a limit is `${prefix}{${key}}:${name}` (default "ratelimit:"). */
+  /** The Redis key of a limit is `${prefix}{${escaped identity}}:${name}` (default "ratelimit:"). */
   prefix?: string;
   /** Which header fields (default "both"). */
   standard?: HeaderFormat;
