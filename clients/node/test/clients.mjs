@@ -1,6 +1,9 @@
 // The Redis clients the package accepts, each connected to a spawned server or cluster, with a `close()`.
 import { Redis, Cluster as IoCluster } from "ioredis";
+import { after, before } from "node:test";
 import { createClient, createCluster } from "redis";
+
+import { Server } from "./harness.mjs";
 
 export const CLIENT_KINDS = ["ioredis", "node-redis"];
 
@@ -31,4 +34,21 @@ export async function connectCluster(kind, cluster) {
   redis.on("error", () => {});
   await redis.connect();
   return { redis, close: () => redis.destroy() };
+}
+
+/**
+ * A server and a connected client of `kind` for the tests of one suite: started in its `before`, stopped in its
+ * `after`. The returned object gains `server` and `conn` once started.
+ */
+export function suiteServer(kind = "ioredis", serverOptions = {}) {
+  const suite = {};
+  before(async () => {
+    suite.server = await Server.start(serverOptions);
+    suite.conn = await connect(kind, suite.server);
+  });
+  after(async () => {
+    await suite.conn?.close();
+    await suite.server?.stop();
+  });
+  return suite;
 }

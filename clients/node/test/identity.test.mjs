@@ -7,15 +7,15 @@ import http from "node:http";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 
 import express from "express";
 import Fastify from "fastify";
 
 import { fastifyRateLimit, ipIdentity, rateLimit, SKIP, TbArgumentError } from "../src/index.mjs";
 import { bucketKey } from "../src/identity.cjs";
-import { connect } from "./clients.mjs";
-import { REPOSITORY, Server, freshKey, waitUntil } from "./harness.mjs";
+import { suiteServer } from "./clients.mjs";
+import { REPOSITORY, freshKey, waitUntil } from "./harness.mjs";
 import { closeServer, limitHeaders, listen } from "./http-helpers.mjs";
 
 const warnings = [];
@@ -79,20 +79,11 @@ async function socketGone(raw) {
 }
 
 describe("requests without an identity, and IPv6 peers", () => {
-  let redisServer;
-  let conn;
-  before(async () => {
-    redisServer = await Server.start();
-    conn = await connect("ioredis", redisServer);
-  });
-  after(async () => {
-    conn?.close();
-    await redisServer?.stop();
-  });
+  const suite = suiteServer();
 
   test("Express: 20 send-then-reset requests behind an async middleware share the anonymous bucket (burst 2)", async () => {
     const prefix = `${freshKey("reset")}:`;
-    const limiter = rateLimit({ client: conn.redis, prefix, limits: { name: "api", rate: 0.001, burst: 2 } });
+    const limiter = rateLimit({ client: suite.conn.redis, prefix, limits: { name: "api", rate: 0.001, burst: 2 } });
     let arrived = 0;
     let decided = 0;
     let handled = 0;
@@ -116,7 +107,7 @@ describe("requests without an identity, and IPv6 peers", () => {
       for (let i = 0; i < 20; i++) await sendThenReset(server.address().port, () => arrived);
       await waitUntil(() => decided === 20, 10_000, "20 decisions");
       assert.equal(handled, 2);
-      assert.equal(await conn.redis.exists(`${prefix}{%anonymous}:api`), 1);
+      assert.equal(await suite.conn.redis.exists(`${prefix}{%anonymous}:api`), 1);
     } finally {
       await closeServer(server);
     }
@@ -135,7 +126,7 @@ describe("requests without an identity, and IPv6 peers", () => {
     fastify.addHook("onSend", async () => {
       answered++; // the handler's answer or the plugin's 429
     });
-    await fastify.register(fastifyRateLimit, { client: conn.redis, prefix, limits: { name: "api", rate: 0.001, burst: 2 } });
+    await fastify.register(fastifyRateLimit, { client: suite.conn.redis, prefix, limits: { name: "api", rate: 0.001, burst: 2 } });
     fastify.get("/", async () => {
       handled++;
       return "ok";
@@ -145,7 +136,7 @@ describe("requests without an identity, and IPv6 peers", () => {
       for (let i = 0; i < 20; i++) await sendThenReset(fastify.server.address().port, () => arrived);
       await waitUntil(() => answered === 20, 10_000, "20 answers");
       assert.equal(handled, 2);
-      assert.equal(await conn.redis.exists(`${prefix}{%anonymous}:api`), 1);
+      assert.equal(await suite.conn.redis.exists(`${prefix}{%anonymous}:api`), 1);
     } finally {
       await fastify.close();
     }
@@ -154,7 +145,7 @@ describe("requests without an identity, and IPv6 peers", () => {
   test("Express on a Unix socket: requests have no address and share the anonymous bucket", async () => {
     const prefix = `${freshKey("unix")}:`;
     const app = express();
-    app.use(rateLimit({ client: conn.redis, prefix, limits: { name: "api", rate: 0.001, burst: 2 } }));
+    app.use(rateLimit({ client: suite.conn.redis, prefix, limits: { name: "api", rate: 0.001, burst: 2 } }));
     app.get("/", (req, res) => res.send("ok"));
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), "redis-tb-uds-"));
     const socketPath = path.join(dir, "app.sock");
@@ -173,7 +164,7 @@ describe("requests without an identity, and IPv6 peers", () => {
         );
       }
       assert.deepEqual(statuses, [200, 200, 429, 429, 429, 429]);
-      assert.equal(await conn.redis.exists(`${prefix}{%anonymous}:api`), 1);
+      assert.equal(await suite.conn.redis.exists(`${prefix}{%anonymous}:api`), 1);
     } finally {
       await closeServer(server);
       fs.rmSync(dir, { recursive: true, force: true });
@@ -188,14 +179,14 @@ describe("requests without an identity, and IPv6 peers", () => {
       seen = req.ip;
       next();
     });
-    app.use(rateLimit({ client: conn.redis, prefix, limits: { name: "api", rate: 1, burst: 5 } }));
+    app.use(rateLimit({ client: suite.conn.redis, prefix, limits: { name: "api", rate: 1, burst: 5 } }));
     app.get("/", (req, res) => res.send("ok"));
     const server = http.createServer(app);
     await new Promise((resolve) => server.listen(0, "::", resolve));
     try {
       assert.equal((await fetch(`http://127.0.0.1:${server.address().port}/`)).status, 200);
       assert.equal(seen, "::ffff:127.0.0.1", "Express reports the mapped form");
-      assert.equal(await conn.redis.exists(`${prefix}{127.0.0.1}:api`), 1);
+      assert.equal(await suite.conn.redis.exists(`${prefix}{127.0.0.1}:api`), 1);
     } finally {
       await closeServer(server);
     }
@@ -205,8 +196,8 @@ describe("requests without an identity, and IPv6 peers", () => {
     const prefix = `${freshKey("ipv6")}:`;
     const app = express();
     app.set("trust proxy", true); // the peer address comes from X-Forwarded-For, so one test can hold many
-    app.get("/", rateLimit({ client: conn.redis, prefix, limits: { name: "api", rate: 0.001, burst: 2 } }), (req, res) => res.send("ok"));
-    app.get("/64", rateLimit({ client: conn.redis, prefix, limits: { name: "narrow", rate: 0.001, burst: 2 }, ipv6Subnet: 64 }), (req, res) => res.send("ok"));
+    app.get("/", rateLimit({ client: suite.conn.redis, prefix, limits: { name: "api", rate: 0.001, burst: 2 } }), (req, res) => res.send("ok"));
+    app.get("/64", rateLimit({ client: suite.conn.redis, prefix, limits: { name: "narrow", rate: 0.001, burst: 2 }, ipv6Subnet: 64 }), (req, res) => res.send("ok"));
     const server = http.createServer(app);
     const base = await listen(server);
     const from = async (route, address) => (await fetch(`${base}${route}`, { headers: { "x-forwarded-for": address } })).status;
@@ -214,7 +205,7 @@ describe("requests without an identity, and IPv6 peers", () => {
       const rotated = ["2001:db8:1:2ff::1", "2001:db8:1:2aa:5::9", "2001:db8:1:200:ffff::1"];
       assert.deepEqual(await Promise.all(rotated.map((address) => from("/", address))).then((s) => s.sort()), [200, 200, 429]);
       assert.equal(await from("/", "2001:db8:1:300::1"), 200, "the next /56");
-      assert.equal(await conn.redis.exists(`${prefix}{2001:db8:1:200::/56}:api`), 1);
+      assert.equal(await suite.conn.redis.exists(`${prefix}{2001:db8:1:200::/56}:api`), 1);
       assert.deepEqual([await from("/64", "2001:db8:1:2ff::1"), await from("/64", "2001:db8:1:2aa::1")], [200, 200]);
     } finally {
       await closeServer(server);
@@ -224,7 +215,7 @@ describe("requests without an identity, and IPv6 peers", () => {
   test("SKIP is the one way through unlimited: no bucket, no headers", async () => {
     const prefix = `${freshKey("skip")}:`;
     const app = express();
-    app.use(rateLimit({ client: conn.redis, prefix, limits: { name: "api", rate: 0.001, burst: 1 }, key: (req) => (req.get("x-internal") ? SKIP : req.get("x-user")) }));
+    app.use(rateLimit({ client: suite.conn.redis, prefix, limits: { name: "api", rate: 0.001, burst: 1 }, key: (req) => (req.get("x-internal") ? SKIP : req.get("x-user")) }));
     app.get("/", (req, res) => res.send("ok"));
     const server = http.createServer(app);
     const base = await listen(server);
@@ -234,7 +225,7 @@ describe("requests without an identity, and IPv6 peers", () => {
         assert.equal(response.status, 200);
         assert.deepEqual(limitHeaders(response), {});
       }
-      assert.deepEqual((await conn.redis.keys(`${prefix}*`)).length, 0);
+      assert.deepEqual((await suite.conn.redis.keys(`${prefix}*`)).length, 0);
       assert.deepEqual([(await fetch(base)).status, (await fetch(base)).status], [200, 429], "no x-user: anonymous, limited");
     } finally {
       await closeServer(server);

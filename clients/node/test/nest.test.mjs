@@ -3,15 +3,15 @@
 // Plain JavaScript, so the decorators are applied by hand.
 import "reflect-metadata";
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 
 import { Controller, Get, Module } from "@nestjs/common";
 import { APP_GUARD, NestFactory } from "@nestjs/core";
 import { ThrottlerGuard, ThrottlerModule } from "@nestjs/throttler";
 
 import { TbThrottlerStorage } from "../src/index.mjs";
-import { connect } from "./clients.mjs";
-import { Server, freshKey } from "./harness.mjs";
+import { suiteServer } from "./clients.mjs";
+import { freshKey } from "./harness.mjs";
 
 async function nestApp(storage, throttlers) {
   class AppController {
@@ -33,19 +33,10 @@ async function nestApp(storage, throttlers) {
 }
 
 describe("@nestjs/throttler with TbThrottlerStorage", () => {
-  let redisServer;
-  let conn;
-  before(async () => {
-    redisServer = await Server.start();
-    conn = await connect("ioredis", redisServer);
-  });
-  after(async () => {
-    conn?.close();
-    await redisServer?.stop();
-  });
+  const suite = suiteServer();
 
   test("the guard lets `limit` through, then answers 429 with Retry-After, and keeps the key blocked", async () => {
-    const storage = new TbThrottlerStorage({ client: conn.redis, prefix: `${freshKey("nest")}:` });
+    const storage = new TbThrottlerStorage({ client: suite.conn.redis, prefix: `${freshKey("nest")}:` });
     const { app, url } = await nestApp(storage, [{ ttl: 8000, limit: 2, blockDuration: 20_000 }]);
     try {
       const responses = [];
@@ -65,7 +56,7 @@ describe("@nestjs/throttler with TbThrottlerStorage", () => {
   });
 
   test("blockDuration 0: a refused request waits only for the next token", async () => {
-    const storage = new TbThrottlerStorage({ client: conn.redis, prefix: `${freshKey("nest0")}:` });
+    const storage = new TbThrottlerStorage({ client: suite.conn.redis, prefix: `${freshKey("nest0")}:` });
     const { app, url } = await nestApp(storage, [{ ttl: 8000, limit: 2, blockDuration: 0 }]);
     try {
       const statuses = [];
