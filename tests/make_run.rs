@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-/// Building (a no-op after `make build`, a full release build otherwise) plus the server's start.
+/// Building the module (a no-op after `make build`, a release build of the module alone otherwise) plus the
+/// server's start.
 const START_DEADLINE: Duration = Duration::from_secs(300);
 const STOP_DEADLINE: Duration = Duration::from_secs(10);
 
