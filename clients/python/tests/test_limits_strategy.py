@@ -3,42 +3,87 @@ and slowapi selecting it by configuration alone, on both backends."""
 
 from __future__ import annotations
 
+import asyncio
+import math
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import flask_limiter
 import httpx
 import pytest
-from conftest import Server
+import redis
+from conftest import Server, free_port
 from fastapi import FastAPI, Request
 from flask import Flask
+from flask.testing import FlaskClient
 from flask_limiter.util import get_remote_address
 from limits import parse
-from limits.errors import ConfigurationError
-from limits.storage import MemoryStorage, storage_from_string
+from limits.aio.strategies import STRATEGIES as AIO_STRATEGIES
+from limits.errors import ConfigurationError, StorageError
+from limits.storage import MemcachedStorage, MemoryStorage, storage_from_string
 from limits.strategies import STRATEGIES
 from slowapi import Limiter, _rate_limit_exceeded_handler
 from slowapi.errors import RateLimitExceeded
 from slowapi.util import get_remote_address as starlette_remote_address
 
 import redis_tb  # noqa: F401  (importing the package registers the strategy)
+from redis_tb.limits import AsyncTokenBucketRateLimiter
 
 
-def strategy_for(server: Server):  # type: ignore[no-untyped-def]
-    return STRATEGIES["token-bucket"](storage_from_string(server.url()))
+def memcached_storage() -> MemcachedStorage:
+    """A memcached storage (never connected: only its type matters here)."""
+    return MemcachedStorage.__new__(MemcachedStorage)
 
 
-def test_hit_takes_until_the_burst_is_spent(server: Server, key: str) -> None:
-    limiter = strategy_for(server)
+class Blocking:
+    """A `limits.aio` strategy driven from synchronous code (one event loop per instance), so that one test body
+    checks both interfaces."""
+
+    def __init__(self, limiter: Any) -> None:
+        self.limiter = limiter
+        self.loop = asyncio.new_event_loop()
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self.limiter, name)
+        return lambda *args, **kwargs: self.loop.run_until_complete(method(*args, **kwargs))
+
+    def close(self) -> None:
+        self.loop.close()
+
+
+@pytest.fixture(params=["module", "script", "memory"])
+def storage_uri(request: pytest.FixtureRequest, module_server: Server, plain_server: Server) -> str:
+    """The strategy's storages: Redis with the module, Redis without it (the Lua script), and in memory."""
+    if request.param == "memory":
+        return "memory://"
+    return (module_server if request.param == "module" else plain_server).url()
+
+
+@pytest.fixture(params=["sync", "async"])
+def limiter(request: pytest.FixtureRequest, storage_uri: str) -> Iterator[Any]:
+    """The token-bucket strategy of `limits` and of `limits.aio`, on each storage."""
+    assert AIO_STRATEGIES["token-bucket"] is AsyncTokenBucketRateLimiter
+    if request.param == "sync":
+        yield STRATEGIES["token-bucket"](storage_from_string(storage_uri))
+        return
+    options = {} if storage_uri == "memory://" else {"implementation": "redispy"}
+    blocking = Blocking(AsyncTokenBucketRateLimiter(storage_from_string(f"async+{storage_uri}", **options)))
+    yield blocking
+    blocking.close()
+
+
+def test_hit_takes_until_the_burst_is_spent(limiter: Any, key: str) -> None:
     item = parse("3 per 3 seconds")  # burst 3, one token per second
     assert [limiter.hit(item, key) for _ in range(4)] == [True, True, True, False]
     assert limiter.hit(item, key, "other") is True  # identifiers make separate buckets
+    assert not limiter.hit(parse("3 per 3 seconds"), key, "more", cost=4)  # more than the burst: never
 
 
-def test_test_peeks_without_taking(server: Server, key: str) -> None:
-    limiter = strategy_for(server)
+def test_test_peeks_without_taking(limiter: Any, key: str) -> None:
     item = parse("2/second")
     assert limiter.test(item, key) and limiter.test(item, key, cost=2)
     assert not limiter.test(item, key, cost=3)
@@ -46,53 +91,114 @@ def test_test_peeks_without_taking(server: Server, key: str) -> None:
     assert not limiter.test(item, key)
 
 
-def test_window_stats(server: Server, key: str) -> None:
-    limiter = strategy_for(server)
+def test_window_stats(limiter: Any, key: str) -> None:
+    """`reset_time` is when the bucket is full again, or, with no token left, when the next one arrives: both
+    rounded up to a whole second."""
     item = parse("10/minute")  # burst 10, one token per 6 s
     before = time.time()
     full = limiter.get_window_stats(item, key)
-    assert full.remaining == 10 and before <= full.reset_time <= time.time() + 0.01
+    assert full.remaining == 10 and full.reset_time == math.ceil(full.reset_time)
+    assert before <= full.reset_time <= math.ceil(time.time())
     limiter.hit(item, key, cost=9)
     partial = limiter.get_window_stats(item, key)
-    assert partial.remaining == 1 and 53.9 <= partial.reset_time - before <= 54.1  # full again in 54 s
+    assert partial.remaining == 1 and partial.reset_time == math.ceil(partial.reset_time)
+    assert before + 53.9 <= partial.reset_time <= math.ceil(time.time() + 54)  # full again in 54 s
     limiter.hit(item, key)
     empty = limiter.get_window_stats(item, key)
-    assert empty.remaining == 0 and 5.9 <= empty.reset_time - before <= 6.1  # the next token in 6 s
+    assert empty.remaining == 0 and empty.reset_time == math.ceil(empty.reset_time)
+    assert before + 5.9 <= empty.reset_time <= math.ceil(time.time() + 6)  # the next token in 6 s
 
 
-def test_clear_refills(server: Server, key: str) -> None:
-    limiter = strategy_for(server)
+def test_clear_refills(limiter: Any, key: str) -> None:
     item = parse("1/hour")
     assert limiter.hit(item, key) and not limiter.hit(item, key)
     limiter.clear(item, key)
     assert limiter.hit(item, key)
 
 
-def test_needs_a_redis_storage() -> None:
-    with pytest.raises(ConfigurationError, match="Redis storage"):
-        STRATEGIES["token-bucket"](MemoryStorage())
+def test_memory_buckets_expire_when_full_and_go_with_reset() -> None:
+    """In memory, a bucket is an entry of the storage that expires when the bucket is full again, and the
+    storage's `reset` (Flask-Limiter's `limiter.reset()`) refills every bucket."""
+    storage = MemoryStorage()
+    limiter = STRATEGIES["token-bucket"](storage)
+    item = parse("2/second")
+    assert limiter.hit(item, "a", cost=2) and not limiter.hit(item, "a")
+    (entry,) = storage.expirations.items()
+    assert entry[0].startswith("tb/") and time.time() < entry[1] <= time.time() + 1.0
+    storage.reset()
+    assert limiter.hit(item, "a", cost=2)
+
+
+def test_key_prefix_and_wrap_exceptions(server: Server, key: str) -> None:
+    """The storage's options keep their meaning: `key_prefix` prefixes the bucket's key, `wrap_exceptions`
+    turns the storage's errors into `limits.errors.StorageError`."""
+    limiter = STRATEGIES["token-bucket"](storage_from_string(server.url(), key_prefix=key))
+    assert limiter.hit(parse("1/hour"), "a")
+    assert server.client().exists(f"{key}:tb/LIMITER/a/1/1/hour") == 1
+    dead = f"redis://127.0.0.1:{free_port()}"
+    with pytest.raises(StorageError):
+        STRATEGIES["token-bucket"](storage_from_string(dead, wrap_exceptions=True)).hit(parse("1/hour"), "a")
+    with pytest.raises(redis.exceptions.ConnectionError):
+        STRATEGIES["token-bucket"](storage_from_string(dead)).hit(parse("1/hour"), "a")
+
+
+def test_refuses_other_storages() -> None:
+    """Storages the strategy cannot run on are refused when it is built, naming what it needs."""
+    with pytest.raises(ConfigurationError, match=r"Redis storage .* not memcached"):
+        STRATEGIES["token-bucket"](memcached_storage())
+    valkey = storage_from_string("async+valkey://127.0.0.1:1")
+    with pytest.raises(ConfigurationError, match='implementation="redispy"'):
+        AsyncTokenBucketRateLimiter(valkey)
+
+
+def flask_client(storage_uri: str, key: str, limit: str, **config: Any) -> FlaskClient:
+    """A Flask-Limiter app on the token-bucket strategy, configured only, limiting `/` to `limit`."""
+    app = Flask(__name__)
+    app.config.update(
+        RATELIMIT_STORAGE_URI=storage_uri,
+        RATELIMIT_STRATEGY="token-bucket",
+        RATELIMIT_DEFAULT=limit,
+        RATELIMIT_HEADERS_ENABLED=True,
+        RATELIMIT_KEY_PREFIX=key,
+        **config,
+    )
+    flask_limiter.Limiter(get_remote_address, app=app)
+    app.get("/")(lambda: "hello")
+    return app.test_client()
 
 
 def test_flask_limiter_by_configuration(server: Server, key: str) -> None:
-    app = Flask(__name__)
-    app.config.update(
-        RATELIMIT_STORAGE_URI=server.url(),
-        RATELIMIT_STRATEGY="token-bucket",
-        RATELIMIT_DEFAULT="2 per 2 seconds",
-        RATELIMIT_HEADERS_ENABLED=True,
-        RATELIMIT_KEY_PREFIX=key,
-    )
-    flask_limiter.Limiter(get_remote_address, app=app)
-
-    @app.get("/")
-    def home() -> str:
-        return "hello"
-
-    http = app.test_client()
+    http = flask_client(server.url(), key, "2 per 2 seconds")
     assert [http.get("/").status_code for _ in range(3)] == [200, 200, 429]
     refused = http.get("/")
     assert refused.headers["Retry-After"] in ("1", "2")
     assert refused.headers["X-RateLimit-Remaining"] == "0"
+
+
+def test_a_client_waiting_retry_after_is_admitted(storage_uri: str, key: str) -> None:
+    """Told to wait N seconds, a client is admitted after N. The token is taken at x.5 s and the refusal asked for
+    just after the next whole second, 0.4 to 0.65 s before the next token: a reset reported to the millisecond
+    made Flask-Limiter, which truncates, answer `Retry-After: 0`."""
+    http = flask_client(storage_uri, key, "1 per 1 second")
+    while not 0.5 <= time.time() % 1 < 0.6:
+        time.sleep(0.005)
+    assert http.get("/").status_code == 200  # the only token; the next one comes 1 s later
+    while time.time() % 1 >= 0.5:  # until just past the next whole second
+        time.sleep(0.005)
+    refused = http.get("/")
+    assert refused.status_code == 429
+    wait = int(refused.headers["Retry-After"])
+    assert wait >= 1
+    time.sleep(wait)
+    assert http.get("/").status_code == 200
+
+
+def test_flask_limiter_in_memory_fallback(key: str) -> None:
+    """`RATELIMIT_IN_MEMORY_FALLBACK_ENABLED`: the app starts, and while Redis is unreachable the same limits
+    hold in each process's memory, on the same strategy."""
+    dead = f"redis://127.0.0.1:{free_port()}?socket_connect_timeout=0.5"
+    http = flask_client(dead, key, "2 per 2 seconds", RATELIMIT_IN_MEMORY_FALLBACK_ENABLED=True)
+    assert [http.get("/").status_code for _ in range(3)] == [200, 200, 429]
 
 
 async def test_slowapi_by_configuration(server: Server, key: str) -> None:
@@ -114,10 +220,12 @@ async def test_slowapi_by_configuration(server: Server, key: str) -> None:
 
 def test_installed_package_registers_without_an_import(server: Server, key: str) -> None:
     """`pip install redis-tb` is enough: a Flask-Limiter app that never imports redis_tb selects the strategy by
-    configuration (redis-tb.pth registers it when `limits` loads)."""
+    configuration (redis-tb.pth registers it when `limits` loads), and so does `limits.aio`."""
     program = f"""
 import sys
+import limits.aio.strategies
 from flask import Flask
+from flask.testing import FlaskClient
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 
@@ -127,9 +235,10 @@ app.config.update(RATELIMIT_STORAGE_URI={server.url()!r}, RATELIMIT_STRATEGY="to
 Limiter(get_remote_address, app=app)
 app.get("/")(lambda: "hello")
 http = app.test_client()
-print([http.get("/").status_code for _ in range(2)], "redis_tb" in sys.modules)
+print([http.get("/").status_code for _ in range(2)], "redis_tb" in sys.modules,
+      "token-bucket" in limits.aio.strategies.STRATEGIES)
 """
     env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd="/")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[200, 429] True"
+    assert result.stdout.strip() == "[200, 429] True True"

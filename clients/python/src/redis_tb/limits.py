@@ -1,8 +1,11 @@
 """The "token-bucket" strategy for the `limits` package, which Flask-Limiter and slowapi are built on.
 
-Importing `redis_tb` registers it in `limits.strategies.STRATEGIES`, so both select it by configuration:
-`RATELIMIT_STRATEGY = "token-bucket"` (Flask-Limiter), `Limiter(..., strategy="token-bucket")` (slowapi), with
-a Redis storage URI (`redis://`, `redis+cluster://`, `redis+sentinel://`).
+Importing `redis_tb` registers it in `limits.strategies.STRATEGIES` and `limits.aio.strategies.STRATEGIES`, so
+all three select it by configuration: `RATELIMIT_STRATEGY = "token-bucket"` (Flask-Limiter),
+`Limiter(..., strategy="token-bucket")` (slowapi), `STRATEGIES["token-bucket"](storage)` (limits, sync or
+asyncio), with a Redis storage (`redis://`, `redis+cluster://`, `redis+sentinel://`; for asyncio
+`async+redis://...` with `implementation="redispy"`) or the in-memory one (`memory://`, `async+memory://`: what
+Flask-Limiter and slowapi fall back to while Redis is down).
 
 A limit string `N per T` becomes a bucket of burst N refilled at N / T tokens per second: `10/second` is burst
 10 at 10/s, and `600/minute` burst 600 at 10/s. For another burst at the same rate, scale the amount and the
@@ -11,71 +14,220 @@ window together: `50 per 5 seconds` is burst 50 at 10/s, `5 per 10 seconds` burs
 
 from __future__ import annotations
 
+import math
+import threading
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, TypeVar
 
-from limits.errors import ConfigurationError
+import redis.asyncio
+from limits.aio import strategies as aio_strategies
+from limits.aio.storage import MemoryStorage as AsyncMemoryStorage
+from limits.errors import ConfigurationError, StorageError
 from limits.limits import RateLimitItem
-from limits.storage import Storage
+from limits.storage import MemoryStorage, Storage
 from limits.strategies import STRATEGIES, RateLimiter
 from limits.util import WindowStats
 
+from .aio import AsyncTokenBucket
 from .client import TokenBucket
+from .replies import Acquired
 
-#: The name Flask-Limiter and slowapi configurations use.
+#: The name Flask-Limiter, slowapi and limits configurations use.
 STRATEGY_NAME = "token-bucket"
+#: Tokens closer than this to a whole number count as that number (the refill is computed in doubles).
+EPSILON = 1e-9
+#: The in-memory buckets drop the expired entries of their storage once per this many writes.
+SWEEP_EVERY = 4096
+
+T = TypeVar("T")
+
+
+class MemoryBuckets:
+    """Token buckets in a `limits` in-memory storage (sync or asyncio), with the module's arithmetic.
+
+    A bucket is one entry of the storage's counter: the microsecond at which it is full again, expiring then (a
+    missing bucket is a full one). The storage's `clear`, `reset` and expiry therefore apply to the buckets as
+    to its own counters; nothing lives outside it. Its clock is `time.time()`.
+    """
+
+    def __init__(self, storage: MemoryStorage | AsyncMemoryStorage) -> None:
+        self.full_at_us: MutableMapping[str, int] = storage.storage
+        self.expirations: MutableMapping[str, float] = storage.expirations
+        self.lock = threading.Lock()
+        self.writes = 0
+
+    def acquire(self, key: str, rate: float, burst: float, cost: float = 1) -> Acquired:
+        """`TB.ACQUIRE` on the bucket `key`: the same reply fields, never a write unless `cost` is taken."""
+        now = time.time()
+        now_us = int(now * 1_000_000)
+        with self.lock:
+            stored = self.full_at_us.get(key) if self.expirations.get(key, 0.0) > now else None
+            full_at_us = max(stored if stored is not None else now_us, now_us)
+            tokens = burst - (full_at_us - now_us) * rate / 1_000_000
+            if cost > burst:
+                return self._reply(False, tokens, -1, full_at_us, now_us)
+            if cost > 0 and tokens + EPSILON < cost:
+                wait_ms = max(1, math.ceil((cost - tokens) / rate * 1000 - EPSILON))
+                return self._reply(False, tokens, wait_ms, full_at_us, now_us)
+            if cost > 0:
+                full_at_us += round(cost / rate * 1_000_000)
+                tokens -= cost
+                self.full_at_us[key] = full_at_us
+                self.expirations[key] = full_at_us / 1_000_000
+                self._sweep(now)
+            return self._reply(True, tokens, 0, full_at_us, now_us)
+
+    @staticmethod
+    def _reply(allowed: bool, tokens: float, retry_after_ms: int, full_at_us: int, now_us: int) -> Acquired:
+        remaining = max(0, math.floor(tokens + EPSILON))
+        return Acquired(allowed, remaining, retry_after_ms, max(0, math.ceil((full_at_us - now_us) / 1000)))
+
+    def _sweep(self, now: float) -> None:
+        """Every `SWEEP_EVERY` writes, drops the storage's expired entries (full buckets), as its timer does."""
+        self.writes += 1
+        if self.writes % SWEEP_EVERY:
+            return
+        for key, at in list(self.expirations.items()):
+            if at <= now:
+                self.full_at_us.pop(key, None)
+                self.expirations.pop(key, None)
+
+
+def shape(item: RateLimitItem) -> tuple[float, float]:
+    """(rate per second, burst) of a limit: burst = amount, rate = amount / window."""
+    return item.amount / item.get_expiry(), float(item.amount)
+
+
+def window_stats(peek: Acquired, rate: float, burst: float) -> WindowStats:
+    """`remaining` whole tokens; `reset_time` when the bucket is full again, or, when no token is left, when the
+    next one arrives (what a refused client should wait for). Rounded up to a whole second, so that a client told
+    to come back then (Flask-Limiter's and slowapi's `Retry-After`, `X-RateLimit-Reset`) is admitted."""
+    seconds = peek.reset_after_ms / 1000
+    if peek.remaining == 0:
+        seconds = max(0.0, seconds - (burst - 1) / rate)
+    return WindowStats(float(math.ceil(time.time() + seconds)), peek.remaining)
+
+
+def redis_key(storage: Any, item: RateLimitItem, identifiers: tuple[str, ...]) -> str:
+    """The bucket's key: the limit's own key under `tb/`, with the storage's `key_prefix` (Redis storages)."""
+    key = f"tb/{item.key_for(*identifiers)}"
+    prefixed = getattr(storage, "prefixed_key", None) or getattr(getattr(storage, "bridge", None), "prefixed_key", None)
+    return str(prefixed(key)) if callable(prefixed) else key
+
+
+def refused(storage: Any, what: str) -> ConfigurationError:
+    scheme = getattr(storage, "STORAGE_SCHEME", None) or [type(storage).__name__]
+    return ConfigurationError(
+        f"the token-bucket strategy needs a Redis storage (redis://, redis+cluster://, redis+sentinel://{what}) "
+        f"or the in-memory one, not {scheme[0]}"
+    )
+
+
+def wrapped(storage: Any, error: Exception) -> Exception:
+    """The storage's `wrap_exceptions` option, as its own methods apply it: its errors become `StorageError`."""
+    if getattr(storage, "wrap_exceptions", False) and isinstance(error, storage.base_exceptions):
+        return StorageError(error)
+    return error
 
 
 class TokenBucketRateLimiter(RateLimiter):
-    """`limits`' strategy contract (`hit`, `test`, `get_window_stats`, `clear`) on redis-tb buckets: the module
-    where the server has it, else the Lua script."""
+    """`limits`' strategy contract (`hit`, `test`, `get_window_stats`, `clear`) on token buckets: in Redis (the
+    module where the server has it, else the Lua script), or in the in-memory storage."""
 
     def __init__(self, storage: Storage) -> None:
         super().__init__(storage)
+        if isinstance(storage, MemoryStorage):
+            self.buckets: TokenBucket | MemoryBuckets = MemoryBuckets(storage)
+            return
         client = getattr(storage, "storage", None)
         if client is None or not hasattr(client, "execute_command"):
-            raise ConfigurationError(
-                "the token-bucket strategy needs a Redis storage (redis://, redis+cluster://, redis+sentinel://)"
-            )
+            raise refused(storage, "")
         self.buckets = TokenBucket(client)
 
-    def _key(self, item: RateLimitItem, identifiers: tuple[str, ...]) -> str:
-        key = f"tb/{item.key_for(*identifiers)}"
-        prefixed = getattr(self.storage, "prefixed_key", None)
-        return str(prefixed(key)) if callable(prefixed) else key
-
-    @staticmethod
-    def _shape(item: RateLimitItem) -> tuple[float, float]:
-        """(rate per second, burst) of a limit: burst = amount, rate = amount / window."""
-        return item.amount / item.get_expiry(), float(item.amount)
+    def _acquire(self, item: RateLimitItem, identifiers: tuple[str, ...], cost: float) -> Acquired:
+        rate, burst = shape(item)
+        try:
+            return self.buckets.acquire(redis_key(self.storage, item, identifiers), rate, burst, cost)
+        except Exception as error:
+            raise wrapped(self.storage, error) from error
 
     def hit(self, item: RateLimitItem, *identifiers: str, cost: int = 1) -> bool:
-        rate, burst = self._shape(item)
-        return self.buckets.acquire(self._key(item, identifiers), rate, burst, cost).allowed
+        return self._acquire(item, identifiers, cost).allowed
 
     def test(self, item: RateLimitItem, *identifiers: str, cost: int = 1) -> bool:
-        rate, burst = self._shape(item)
-        peek = self.buckets.acquire(self._key(item, identifiers), rate, burst, 0)
-        return peek.remaining >= cost
+        return self._acquire(item, identifiers, 0).remaining >= cost
 
     def get_window_stats(self, item: RateLimitItem, *identifiers: str) -> WindowStats:
-        """`remaining` whole tokens; `reset_time` when the bucket is full again, or, when no token is left, when
-        the next one arrives (what a refused client should wait for)."""
-        rate, burst = self._shape(item)
-        peek = self.buckets.acquire(self._key(item, identifiers), rate, burst, 0)
-        seconds = peek.reset_after_ms / 1000
-        if peek.remaining == 0:
-            seconds = max(0.0, seconds - (burst - 1) / rate)
-        return WindowStats(time.time() + seconds, peek.remaining)
+        return window_stats(self._acquire(item, identifiers, 0), *shape(item))
 
     def clear(self, item: RateLimitItem, *identifiers: str) -> None:
-        self.buckets.reset(self._key(item, identifiers))
+        key = redis_key(self.storage, item, identifiers)
+        if isinstance(self.buckets, MemoryBuckets):
+            self.storage.clear(key)
+            return
+        try:
+            self.buckets.reset(key)
+        except Exception as error:
+            raise wrapped(self.storage, error) from error
+
+
+class AsyncTokenBucketRateLimiter(aio_strategies.RateLimiter):
+    """The same strategy for `limits.aio`: over `async+redis://` (and `+cluster`, `+sentinel`) storages built
+    with `implementation="redispy"`, or `async+memory://`."""
+
+    def __init__(self, storage: Any) -> None:
+        super().__init__(storage)
+        self.memory: MemoryBuckets | None = None
+        self.redis: AsyncTokenBucket | None = None
+        if isinstance(storage, AsyncMemoryStorage):
+            self.memory = MemoryBuckets(storage)
+            return
+        client = getattr(getattr(storage, "bridge", None), "storage", None)
+        if not isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster):
+            raise refused(storage, ', with implementation="redispy"')
+        self.redis = AsyncTokenBucket(client)
+
+    async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await call()
+        except Exception as error:
+            raise wrapped(self.storage, error) from error
+
+    async def _acquire(self, item: RateLimitItem, identifiers: tuple[str, ...], cost: float) -> Acquired:
+        rate, burst = shape(item)
+        key = redis_key(self.storage, item, identifiers)
+        if self.redis is None:
+            assert self.memory is not None
+            return self.memory.acquire(key, rate, burst, cost)
+        buckets = self.redis
+        return await self._call(lambda: buckets.acquire(key, rate, burst, cost))
+
+    async def hit(self, item: RateLimitItem, *identifiers: str, cost: int = 1) -> bool:
+        return (await self._acquire(item, identifiers, cost)).allowed
+
+    async def test(self, item: RateLimitItem, *identifiers: str, cost: int = 1) -> bool:
+        return (await self._acquire(item, identifiers, 0)).remaining >= cost
+
+    async def get_window_stats(self, item: RateLimitItem, *identifiers: str) -> WindowStats:
+        return window_stats(await self._acquire(item, identifiers, 0), *shape(item))
+
+    async def clear(self, item: RateLimitItem, *identifiers: str) -> None:
+        key = redis_key(self.storage, item, identifiers)
+        if self.redis is None:
+            await self.storage.clear(key)
+            return
+        buckets = self.redis
+        await self._call(lambda: buckets.reset(key))
 
 
 def register() -> None:
-    """Adds the strategy to `limits.strategies.STRATEGIES` (done on import)."""
+    """Adds the strategies to `limits.strategies.STRATEGIES` and `limits.aio.strategies.STRATEGIES` (done on
+    import)."""
     strategies: dict[str, Any] = STRATEGIES
     strategies[STRATEGY_NAME] = TokenBucketRateLimiter
+    async_strategies: dict[str, Any] = aio_strategies.STRATEGIES
+    async_strategies[STRATEGY_NAME] = AsyncTokenBucketRateLimiter
 
 
 register()
