@@ -11,6 +11,7 @@
 
 const { TbClient } = require("./client.cjs");
 const { TbArgumentError } = require("./errors.cjs");
+const { Blocker } = require("./block.cjs");
 
 /** rate-limiter-flexible's result object, field for field (its getters, toJSON, toString and inspect output). */
 class RateLimiterRes {
@@ -94,6 +95,7 @@ class RateLimiterTB {
     if (storeClient === undefined) throw new TbArgumentError("RateLimiterTB needs { storeClient }: a Redis client");
     if (execEvenly) throw new TbArgumentError("RateLimiterTB does not implement execEvenly: use TbClient.reserve");
     this.client = TbClient.from(storeClient);
+    this._blocker = new Blocker(this.client);
     this._points = positive("points", points);
     this._duration = positive("duration", duration);
     this._blockDuration = blockDuration;
@@ -159,11 +161,10 @@ class RateLimiterTB {
       res.isFirstInDuration = res.consumedPoints === pointsToConsume;
       return res;
     }
-    if (this._blockDuration > 0) {
-      const blocked = await this.client.block(rlKey, this.rate, this._points, this.msBlockDuration);
-      throw this._res(blocked, blocked.retryAfterMs, pointsToConsume);
-    }
-    throw this._res(reply, reply.retryAfterMs, pointsToConsume);
+    // As the library's: the refusal that crosses the limit blocks the key; refusals inside the block do not
+    // extend it, and the request after it is admitted (block.cjs).
+    const waitMs = await this._blocker.afterRefusal(rlKey, this.rate, this._points, pointsToConsume, this.msBlockDuration, reply);
+    throw this._res(reply, waitMs, pointsToConsume);
   }
 
   /** Takes `points` whatever the bucket holds (into debt). */
@@ -181,8 +182,8 @@ class RateLimiterTB {
   /** Refuses the key for `secDuration` seconds (0, rate-limiter-flexible's "forever", is refused: a bucket refills). */
   async block(key, secDuration) {
     positive("secDuration", secDuration);
-    const reply = await this.client.block(this.getKey(key), this.rate, this._points, secDuration * 1000);
-    return new RateLimiterRes(0, reply.retryAfterMs, this._points + 1, false);
+    const waitMs = await this._blocker.block(this.getKey(key), this.rate, this._points, 1, secDuration * 1000);
+    return new RateLimiterRes(0, waitMs, this._points + 1, false);
   }
 
   /** The key's state, or null when its bucket is full (nothing consumed that has not refilled). */
@@ -194,6 +195,7 @@ class RateLimiterTB {
 
   /** Deletes the key's bucket; resolves true if it existed. */
   async delete(key) {
+    await this._blocker.forget(this.getKey(key));
     return this.client.reset(this.getKey(key));
   }
 }

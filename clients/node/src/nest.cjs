@@ -5,11 +5,12 @@
 //   allowed  totalHits = the tokens in use (1..limit), timeToExpire = seconds until the bucket is full again
 //   refused  isBlocked, totalHits = limit + 1, timeToBlockExpire = seconds until a request can pass. As with the
 //            library's own storage, the first refusal blocks the key for `blockDuration` (the guard's default is
-//            `ttl`) with a TB.BLOCK; a refusal while blocked does not extend the block. blockDuration 0: no block,
-//            the wait is the next token's.
+//            `ttl`), a refusal while blocked does not extend the block, and the request after the block is
+//            admitted (block.cjs). blockDuration 0: no block, the wait is the next token's.
 
 const { TbClient } = require("./client.cjs");
 const { TbArgumentError } = require("./errors.cjs");
+const { Blocker } = require("./block.cjs");
 
 class TbThrottlerStorage {
   /**
@@ -19,6 +20,7 @@ class TbThrottlerStorage {
   constructor({ client, prefix = "throttler:" } = {}) {
     if (client === undefined) throw new TbArgumentError("TbThrottlerStorage needs { client }: a TbClient or a Redis client");
     this.client = TbClient.from(client);
+    this._blocker = new Blocker(this.client);
     this.prefix = prefix;
   }
 
@@ -38,13 +40,7 @@ class TbThrottlerStorage {
         timeToBlockExpire: 0,
       };
     }
-    let waitMs = reply.retryAfterMs;
-    // An empty bucket waits at most one token's time; a longer wait means a block (or a debt) is already running.
-    const freshRefusal = waitMs >= 0 && waitMs <= Math.ceil(1000 / rate);
-    if (blockDuration > 0 && freshRefusal) {
-      const blocked = await this.client.block(bucket, rate, limit, Math.ceil(blockDuration));
-      waitMs = blocked.retryAfterMs;
-    }
+    const waitMs = await this._blocker.afterRefusal(bucket, rate, limit, 1, blockDuration, reply);
     return {
       totalHits: limit + 1,
       timeToExpire: Math.ceil(reply.resetAfterMs / 1000),

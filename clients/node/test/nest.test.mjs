@@ -7,7 +7,7 @@ import { describe, test } from "node:test";
 
 import { Controller, Get, Module } from "@nestjs/common";
 import { APP_GUARD, NestFactory } from "@nestjs/core";
-import { ThrottlerGuard, ThrottlerModule } from "@nestjs/throttler";
+import { ThrottlerGuard, ThrottlerModule, ThrottlerStorageService } from "@nestjs/throttler";
 
 import { TbThrottlerStorage } from "../src/index.mjs";
 import { suiteServer } from "./clients.mjs";
@@ -53,6 +53,30 @@ describe("@nestjs/throttler with TbThrottlerStorage", () => {
     } finally {
       await app.close();
     }
+  });
+
+  test("a client polling every 500 ms is admitted after the block when the library's own storage admits it", async () => {
+    // The guard's calls for { ttl: 1 s, limit: 1, blockDuration: 1.75 s }, made at the same instants on both storages:
+    // the library blocks on the refusal that crosses the limit, does not extend the block for the refusals inside
+    // it, and admits the first request after it.
+    const theirs = new ThrottlerStorageService();
+    const ours = new TbThrottlerStorage({ client: conn.redis, prefix: `${freshKey("nestpoll")}:` });
+    const blocked = { theirs: [], ours: [] };
+    const started = Date.now();
+    try {
+      for (let i = 0; i < 8; i++) {
+        await new Promise((resolve) => setTimeout(resolve, started + i * 500 - Date.now()));
+        blocked.theirs.push((await theirs.increment("client", 1000, 1, 1750, "default")).isBlocked);
+        blocked.ours.push((await ours.increment("client", 1000, 1, 1750, "default")).isBlocked);
+      }
+    } finally {
+      theirs.onApplicationShutdown();
+    }
+    // Admitted at 0 ms, blocked by the request at 500 ms until 2,250 ms, admitted at 2,500 ms, blocked again at 3,000
+    // (a stalled machine may shift that by one request, for both alike).
+    assert.deepEqual(blocked.theirs.slice(0, 4), [false, true, true, true], "the library's block");
+    assert.ok(blocked.theirs.slice(4).includes(false), "the library admits after the block");
+    assert.deepEqual(blocked.ours, blocked.theirs);
   });
 
   test("blockDuration 0: a refused request waits only for the next token", async () => {
