@@ -60,7 +60,7 @@ describe("@nestjs/throttler with TbThrottlerStorage", () => {
     // the library blocks on the refusal that crosses the limit, does not extend the block for the refusals inside
     // it, and admits the first request after it.
     const theirs = new ThrottlerStorageService();
-    const ours = new TbThrottlerStorage({ client: conn.redis, prefix: `${freshKey("nestpoll")}:` });
+    const ours = new TbThrottlerStorage({ client: suite.conn.redis, prefix: `${freshKey("nestpoll")}:` });
     const blocked = { theirs: [], ours: [] };
     const started = Date.now();
     try {
