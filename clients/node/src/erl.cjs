@@ -4,11 +4,46 @@
 // refills `limit` of them per `windowMs`, so the hit count the store reports is what the bucket has used:
 //   increment   TB.ACQUIRE 1: allowed -> the tokens in use (1..limit); refused -> limit + 1, so the middleware refuses
 //   decrement   TB.REFUND 1 (skipFailedRequests / skipSuccessfulRequests give the token back)
-//   get         TB.ACQUIRE 0 (a peek); resetKey DEL
+//   get         TB.ACQUIRE 0 (a peek): undefined for a full bucket, as MemoryStore answers for a key it does not hold
+//   resetKey    DEL            resetAll   SCAN for the prefix on every primary, and DEL what it finds
 // `resetTime` is when the refused request could succeed (refused) or when the bucket is full again (allowed).
+// `limit: 0` refuses every request (express-rate-limit 7 and later) without asking Redis.
 
 const { TbClient } = require("./client.cjs");
 const { TbArgumentError } = require("./errors.cjs");
+const { checkOptions } = require("./options.cjs");
+
+const OPTIONS = ["client", "prefix", "burst", "rate"];
+const REFUSED = {
+  sendCommand: "give the Redis client itself as { client } (an ioredis or node-redis client or cluster)",
+  resetExpiryOnChange: "a bucket's expiry is always the time it takes to refill (it moves with every change)",
+};
+
+/** `text` as a SCAN MATCH pattern that matches only itself. */
+function globEscape(text) {
+  return text.replace(/[\\*?[\]]/g, "\\$&");
+}
+
+/** One `send(args)` per primary that holds keys: the server itself, or each primary of a cluster. */
+async function primaries(tb) {
+  const redis = tb.redis;
+  switch (tb.clientKind) {
+    case "ioredis":
+      return [(args) => redis.call(...args)];
+    case "ioredis-cluster":
+      return redis.nodes("master").map((node) => (args) => node.call(...args));
+    case "node-redis":
+      return [(args) => redis.sendCommand(args)];
+    case "node-redis-cluster":
+      return Promise.all(
+        redis.masters.map(async (master) => {
+          const node = await redis.nodeClient(master);
+          return (args) => node.sendCommand(args);
+        }),
+      );
+  }
+  throw new TbArgumentError(`TbStore.resetAll: no way to list the keys of a ${tb.clientKind} client`);
+}
 
 class TbStore {
   /**
@@ -17,7 +52,9 @@ class TbStore {
    * @param options.burst    the bucket's capacity (default: express-rate-limit's `limit`, which must then be a number)
    * @param options.rate     tokens per second (default: burst per `windowMs`)
    */
-  constructor({ client, prefix = "rl:", burst, rate } = {}) {
+  constructor(options = {}) {
+    checkOptions("TbStore", options, OPTIONS, REFUSED);
+    const { client, prefix = "rl:", burst, rate } = options;
     if (client === undefined) throw new TbArgumentError("TbStore needs { client }: a TbClient or a Redis client");
     this.client = TbClient.from(client);
     this.prefix = prefix;
@@ -29,12 +66,13 @@ class TbStore {
   init(options) {
     const limit = typeof options.limit === "number" ? options.limit : options.max;
     this.burst = this._burst ?? limit;
-    if (typeof this.burst !== "number" || !(this.burst > 0)) {
+    if (typeof this.burst !== "number" || !(this.burst >= 0)) {
       throw new TbArgumentError(
-        "TbStore: express-rate-limit's `limit` is not a number > 0 (a function?): give the store { burst, rate }",
+        "TbStore: express-rate-limit's `limit` is not a number >= 0 (a function?): give the store { burst, rate }",
       );
     }
     this.limit = typeof limit === "number" ? limit : this.burst;
+    this.windowMs = options.windowMs;
     this.rate = this._rate ?? this.burst / (options.windowMs / 1000);
   }
 
@@ -53,10 +91,13 @@ class TbStore {
   }
 
   async increment(key) {
+    // A bucket of 0 tokens holds nothing to take: every request is over the limit, as the library means `limit: 0`.
+    if (this.burst === 0) return { totalHits: this.limit + 1, resetTime: new Date(Date.now() + this.windowMs) };
     return this._info(await this.client.acquire(this._key(key), this.rate, this.burst, 1), 1);
   }
 
   async decrement(key) {
+    if (this.burst === 0) return;
     await this.client.refund(this._key(key), this.rate, this.burst, 1);
   }
 
@@ -65,8 +106,26 @@ class TbStore {
   }
 
   async get(key) {
+    if (this.burst === 0) return undefined;
     const reply = await this.client.acquire(this._key(key), this.rate, this.burst, 0);
+    // A full bucket is one with no hits left to refill: MemoryStore holds no record for such a key.
+    if (reply.resetAfterMs === 0) return undefined;
     return this._info(reply, 0);
+  }
+
+  /** Deletes every bucket under the store's prefix, on every primary of a cluster. */
+  async resetAll() {
+    if (this.prefix === "") throw new TbArgumentError("TbStore.resetAll needs a prefix: it would empty the database");
+    const pattern = `${globEscape(this.prefix)}*`;
+    for (const send of await primaries(this.client)) {
+      let cursor = "0";
+      do {
+        const [next, keys] = await send(["SCAN", cursor, "MATCH", pattern, "COUNT", "1000"]);
+        // One DEL per key: keys found together may sit in different slots of a cluster node.
+        await Promise.all(keys.map((found) => send(["DEL", String(found)])));
+        cursor = String(next);
+      } while (cursor !== "0");
+    }
   }
 }
 

@@ -6,7 +6,7 @@ import http from "node:http";
 import { after, before, describe, test } from "node:test";
 
 import express from "express";
-import { rateLimit } from "express-rate-limit";
+import { MemoryStore, rateLimit } from "express-rate-limit";
 
 import { TbStore } from "../src/index.mjs";
 import { connect, CLIENT_KINDS } from "./clients.mjs";
@@ -74,11 +74,83 @@ for (const kind of CLIENT_KINDS) {
       for (let i = 0; i < 3; i++) await fetch(`${base}/`, { headers: { "x-user": "cid" } });
       assert.equal((await limiter.getKey("cid")).totalHits, 3);
       await limiter.resetKey("cid");
-      assert.equal((await limiter.getKey("cid")).totalHits, 0);
+      assert.equal(await limiter.getKey("cid"), undefined, "no record, as MemoryStore answers");
       assert.equal((await fetch(`${base}/`, { headers: { "x-user": "cid" } })).status, 200);
+    });
+
+    test("get answers what MemoryStore answers: undefined for a key never seen or reset, the hits otherwise", async () => {
+      const memory = new MemoryStore();
+      const ours = new TbStore({ client: conn.redis, prefix: `${freshKey("get")}:` });
+      for (const store of [memory, ours]) store.init({ windowMs: 30_000, limit: 3 });
+      try {
+        const answers = async (store) => {
+          const seen = [await store.get("new")];
+          await store.increment("k");
+          await store.increment("k");
+          seen.push((await store.get("k"))?.totalHits);
+          await store.resetKey("k");
+          seen.push(await store.get("k"));
+          return seen;
+        };
+        assert.deepEqual(await answers(ours), await answers(memory));
+        assert.deepEqual(await answers(memory), [undefined, 2, undefined]);
+      } finally {
+        memory.shutdown();
+      }
+    });
+
+    test("resetAll deletes every bucket under the store's prefix and nothing else", async () => {
+      const prefix = freshKey("all");
+      const ours = new TbStore({ client: conn.redis, prefix: `${prefix}:*[x]:` });
+      const other = new TbStore({ client: conn.redis, prefix: `${prefix}:y:` });
+      for (const store of [ours, other]) store.init({ windowMs: 30_000, limit: 3 });
+      for (const key of ["a", "b", "c"]) {
+        await ours.increment(key);
+        await other.increment(key);
+      }
+      await ours.resetAll();
+      for (const key of ["a", "b", "c"]) {
+        assert.equal(await ours.get(key), undefined);
+        assert.equal((await other.get(key)).totalHits, 1, "another prefix (matching the glob unescaped) is kept");
+      }
     });
   });
 }
+
+test("limit 0 refuses every request (429, never a 500), as with the library's own store", async () => {
+  const redisServer = await Server.start();
+  const conn = await connect("ioredis", redisServer);
+  const servers = [];
+  try {
+    const statuses = {};
+    for (const [name, store] of [["memory", new MemoryStore()], ["ours", new TbStore({ client: conn.redis })]]) {
+      const app = express();
+      app.use(rateLimit({ windowMs: 1000, limit: 0, store, validate: { limit: false } }));
+      app.get("/", (req, res) => res.send("ok"));
+      const server = http.createServer(app);
+      servers.push({ server, store });
+      const base = await listen(server);
+      statuses[name] = [];
+      for (let i = 0; i < 3; i++) statuses[name].push((await fetch(`${base}/`)).status);
+    }
+    assert.deepEqual(statuses.memory, [429, 429, 429]);
+    assert.deepEqual(statuses.ours, statuses.memory);
+  } finally {
+    for (const { server, store } of servers) {
+      await closeServer(server);
+      store.shutdown?.();
+    }
+    conn.close();
+    await redisServer.stop();
+  }
+});
+
+test("rate-limit-redis options a bucket has no use for are refused by name", () => {
+  const client = { call() {}, sendCommand() {} };
+  assert.throws(() => new TbStore({ client, resetExpiryOnChange: true }), /does not implement resetExpiryOnChange/);
+  assert.throws(() => new TbStore({ client, sendCommand() {} }), /does not implement sendCommand/);
+  assert.throws(() => new TbStore({ client, windowMs: 5 }), /unknown option windowMs/);
+});
 
 test("a limit given as a function needs the bucket spelled out", () => {
   const store = new TbStore({ client: { call() {}, sendCommand() {} } });

@@ -237,7 +237,10 @@ export class TbStore {
   increment(key: string): Promise<ClientRateLimitInfo>;
   decrement(key: string): Promise<void>;
   resetKey(key: string): Promise<void>;
+  /** undefined for a full bucket (no hits to refill), as MemoryStore answers for a key it does not hold. */
   get(key: string): Promise<ClientRateLimitInfo | undefined>;
+  /** Deletes every bucket under the prefix (on every primary of a cluster); refused with an empty prefix. */
+  resetAll(): Promise<void>;
 }
 
 /** rate-limiter-flexible's result, field for field. */
