@@ -65,13 +65,11 @@ class Blocker {
     const set = await this._send(marker, ["SET", marker, "1", "PX", String(blockMs + 1000), ...condition]);
     if (set === null) return undefined;
     const costMs = refillMs(rate, cost);
-    // A block shorter than the refill of `cost` needs no debt: the bucket's own wait is already that long.
-    let waitMs = blockMs;
-    if (blockMs - costMs >= 1) {
-      const blocked = await this.tb.block(key, rate, burst, blockMs - costMs);
-      // TB.BLOCK reports the wait for one token; the wait for `cost` is the debt plus their refill.
-      waitMs = blocked.retryAfterMs - refillMs(rate, 1) + costMs;
-    }
+    // A block shorter than the refill of `cost` empties the bucket (a debt of a millisecond): it ends when `cost`
+    // is back, a little after `blockMs`, since a bucket cannot hold part of `cost` and refuse it for `blockMs`.
+    const blocked = await this.tb.block(key, rate, burst, Math.max(1, blockMs - costMs));
+    // TB.BLOCK reports the wait for one token; the wait for `cost` is the debt plus their refill.
+    const waitMs = blocked.retryAfterMs - refillMs(rate, 1) + costMs;
     await this._send(marker, ["PEXPIRE", marker, String(Math.max(1, waitMs))]);
     return waitMs;
   }

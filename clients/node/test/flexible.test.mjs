@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
 import {
+  RateLimiterMemory,
   RateLimiterRedis,
   RateLimiterQueue,
   RateLimiterRes as FlexibleRes,
@@ -161,7 +162,124 @@ test("Redis failures reject with an Error, as the library's limiters do", async 
 
 test("options rate-limiter-flexible has and a token bucket cannot honour are refused by name", () => {
   const storeClient = { call() {}, sendCommand() {} };
-  assert.throws(() => new RateLimiterTB({ storeClient, execEvenly: true }), /does not implement execEvenly/);
-  assert.throws(() => new RateLimiterTB({ storeClient, points: 0 }), /points must be a finite number > 0/);
+  const refused = [
+    [{ execEvenly: true }, /does not implement execEvenly/],
+    [{ execEvenlyMinDelayMs: 5 }, /does not implement execEvenlyMinDelayMs: it paces execEvenly/],
+    [{ customIncrTtlLuaScript: "return 1" }, /does not implement customIncrTtlLuaScript/],
+    [{ points: 5, blockOnConsumed: 10 }, /does not implement blockOnConsumed above points \+ 1: it counts refused requests/],
+    [{ duration: 0, blockDuration: 5 }, /duration 0 .* cannot take a block/],
+    [{ blockDuration: 86_401 }, /blockDuration must be a number of seconds up to 86400/],
+    [{ points: 5, inMemoryBlockOnConsumed: 4 }, /inMemoryBlockOnConsumed option must be greater or equal "points"/],
+    [{ inMemoryBlockDuration: 4 }, /inMemoryBlockOnConsumed option must be set up/],
+    [{ insuranceLimiter: {} }, /insuranceLimiter must be a limiter/],
+    [{ tableName: "x" }, /unknown option tableName/],
+    [{ points: Number.NaN }, /points must be a finite number/],
+  ];
+  for (const [options, message] of refused) assert.throws(() => new RateLimiterTB({ storeClient, ...options }), message);
   assert.throws(() => new RateLimiterTB({}), /needs \{ storeClient \}/);
+  const limiter = new RateLimiterTB({ storeClient, useRedisPackage: true, blockOnConsumed: 5, points: 4 });
+  assert.throws(() => (limiter.execEvenly = true), /does not implement execEvenly/);
+});
+
+describe("RateLimiterTB, the rest of RateLimiterRedis's interface, against it on the same server", () => {
+  let redisServer;
+  let conn;
+  before(async () => {
+    redisServer = await Server.start();
+    conn = await connect("ioredis", redisServer);
+  });
+  after(async () => {
+    conn?.close();
+    await redisServer?.stop();
+  });
+
+  /** Both limiters with the same options, on keys of their own. */
+  function pair(options) {
+    const prefix = freshKey("pair");
+    return {
+      theirs: new RateLimiterRedis({ storeClient: conn.redis, ...options, keyPrefix: `${prefix}:a` }),
+      ours: new RateLimiterTB({ storeClient: conn.redis, ...options, keyPrefix: `${prefix}:b` }),
+    };
+  }
+
+  test("points 0 refuses everything; string points are points; penalties into debt count in consumedPoints", async () => {
+    const zero = pair({ points: 0, duration: 10 });
+    for (const limiter of [zero.theirs, zero.ours]) assert.equal((await attempt(limiter, "k")).ok, false);
+    const { theirs, ours } = pair({ points: 5, duration: 100 });
+    for (const limiter of [theirs, ours]) {
+      assert.equal((await limiter.consume("s", "2")).consumedPoints, 2);
+      await assert.rejects(limiter.consume("s", "1.5"), (error) => error instanceof Error);
+    }
+    const debt = [];
+    for (const limiter of [theirs, ours]) {
+      await limiter.consume("d", 5);
+      debt.push((await limiter.penalty("d", 3)).consumedPoints, (await limiter.get("d")).consumedPoints);
+    }
+    assert.deepEqual(debt, [8, 8, 8, 8]);
+  });
+
+  test("set() and the points setter, as the library's", async () => {
+    const { theirs, ours } = pair({ points: 5, duration: 100 });
+    const seen = [];
+    for (const limiter of [theirs, ours]) {
+      await limiter.set("k", 3, 100);
+      seen.push((await limiter.get("k")).consumedPoints, (await limiter.get("k")).remainingPoints);
+      await limiter.set("k", 0);
+      seen.push((await limiter.get("k"))?.consumedPoints ?? 0);
+      await limiter.set("over", 9, 1);
+      seen.push((await attempt(limiter, "over")).ok);
+      limiter.points = 1;
+      await limiter.consume("p");
+      seen.push((await attempt(limiter, "p")).ok);
+    }
+    assert.deepEqual(seen.slice(5), seen.slice(0, 5));
+    assert.deepEqual(seen.slice(0, 5), [3, 2, 0, false, false]);
+  });
+
+  test("duration 0: consumed points never come back; customDuration sets one call's refill", async () => {
+    const ours = new RateLimiterTB({ storeClient: conn.redis, points: 2, duration: 0, keyPrefix: freshKey("never") });
+    await ours.consume("k", 2);
+    const refused = await attempt(ours, "k");
+    assert.equal(refused.ok, false);
+    assert.ok(refused.res.msBeforeNext > 86_400_000, `${refused.res.msBeforeNext}: years, not a second`);
+    const custom = new RateLimiterTB({ storeClient: conn.redis, points: 2, duration: 1, keyPrefix: freshKey("custom") });
+    await custom.consume("k", 2, { customDuration: 60 });
+    const slow = await attempt(custom, "k");
+    assert.ok(slow.res.msBeforeNext > 400 && slow.res.msBeforeNext <= 500, `${slow.res.msBeforeNext}: 2 points a second`);
+    await assert.rejects(custom.consume("k", 1, { customDuration: 60 }), (r) => r.msBeforeNext > 25_000);
+  });
+
+  test("insuranceLimiter answers when Redis fails, and rejectIfRedisNotReady fails at once when it is not ready", async () => {
+    const server = await Server.start();
+    const failing = await connect("ioredis", server, { maxRetriesPerRequest: 0, enableOfflineQueue: false });
+    try {
+      const insuranceLimiter = new RateLimiterMemory({ points: 1, duration: 10 });
+      const ours = new RateLimiterTB({ storeClient: failing.redis, points: 5, duration: 1, blockDuration: 3, insuranceLimiter });
+      assert.equal(insuranceLimiter.blockDuration, 3, "the library hands its blockDuration to the insurance");
+      await server.stop();
+      assert.equal((await ours.consume("k")).remainingPoints, 0, "the insurance's answer: 1 point");
+      await assert.rejects(ours.consume("k"), (r) => r instanceof RateLimiterRes || r.constructor.name === "RateLimiterRes");
+      const lazy = new RateLimiterTB({ storeClient: conn.redis.duplicate({ lazyConnect: true }), rejectIfRedisNotReady: true });
+      await assert.rejects(lazy.consume("k"), /Redis connection is not ready/);
+    } finally {
+      failing.close();
+      await server.stop();
+    }
+  });
+
+  test("inMemoryBlockOnConsumed keeps a refused key in memory, sparing Redis, for inMemoryBlockDuration", async () => {
+    const { theirs, ours } = pair({ points: 1, duration: 100, inMemoryBlockOnConsumed: 2, inMemoryBlockDuration: 30 });
+    for (const limiter of [theirs, ours]) {
+      await limiter.consume("k");
+      const refused = await attempt(limiter, "k");
+      assert.equal(refused.res.msBeforeNext, 30_000);
+      await conn.redis.del(limiter.getKey("k"));
+      const inMemory = await attempt(limiter, "k");
+      assert.equal(inMemory.ok, false, "refused from memory, whatever Redis holds");
+      assert.ok(inMemory.res.msBeforeNext > 29_000);
+      assert.ok(limiter.getInMemoryBlockMsBeforeExpire(limiter.getKey("k")) > 29_000);
+      await limiter.delete("k");
+      assert.equal((await attempt(limiter, "k")).ok, true, "delete lifts it");
+    }
+  });
 });

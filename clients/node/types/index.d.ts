@@ -261,38 +261,78 @@ export class RateLimiterRes {
 
 export interface RateLimiterTBOptions {
   storeClient: TbClient | RedisLike;
-  /** The burst (default 4). */
+  /** The burst (default 4); 0 or less refuses every consume. */
   points?: number;
-  /** Seconds to refill `points` (default 1). */
+  /** Seconds to refill `points` (default 1); 0: consumed points never come back. */
   duration?: number;
-  /** Seconds to block a key on its first refusal (default 0). */
+  /** Seconds to block a key on the refusal that crosses the limit (default 0; at most 86400). */
   blockDuration?: number;
   /** Default "rlflx"; the Redis key is `${keyPrefix}:${key}`. */
   keyPrefix?: string;
+  /** Only false: pacing is TbClient.reserve's. */
+  execEvenly?: false;
+  /** At most points + 1 (the default's meaning): a bucket keeps no count of refused requests. */
+  blockOnConsumed?: number;
+  /** Answers in place of Redis when a call fails (an Error, not a refusal). */
+  insuranceLimiter?: RateLimiterLike;
+  /** Keep a key in memory, refused without asking Redis, once its consumedPoints reach this (>= points). */
+  inMemoryBlockOnConsumed?: number;
+  /** Seconds of that in-memory block (default: until Redis would admit the key again). */
+  inMemoryBlockDuration?: number;
+  /** Fail at once (or ask the insuranceLimiter) while the Redis client is not ready. */
+  rejectIfRedisNotReady?: boolean;
+  /** Accepted for RateLimiterRedis's sake: the client's kind is found from the client itself. */
+  useRedisPackage?: boolean;
+  useRedis3AndLowerPackage?: boolean;
+}
+
+/** The methods rate-limiter-flexible's limiters share (what an insuranceLimiter needs). */
+export interface RateLimiterLike {
+  consume(key: string | number, points?: number, options?: object): Promise<unknown>;
+  penalty(key: string | number, points?: number, options?: object): Promise<unknown>;
+  reward(key: string | number, points?: number, options?: object): Promise<unknown>;
+  get(key: string | number, options?: object): Promise<unknown>;
+  set(key: string | number, points: number, secDuration: number, options?: object): Promise<unknown>;
+  block(key: string | number, secDuration: number, options?: object): Promise<unknown>;
+  delete(key: string | number, options?: object): Promise<unknown>;
+  blockDuration?: number;
+  execEvenly?: boolean;
+}
+
+/** Per-call options, as the library's: `customDuration` (seconds, 0 = never) refills this call's bucket. */
+export interface RateLimiterCallOptions {
+  customDuration?: number;
 }
 
 /** A limiter with rate-limiter-flexible's interface over a token bucket. */
 export class RateLimiterTB {
   constructor(options: RateLimiterTBOptions);
   readonly client: TbClient;
-  readonly points: number;
-  readonly duration: number;
+  points: number;
+  duration: number;
   readonly msDuration: number;
   blockDuration: number;
   readonly msBlockDuration: number;
-  readonly execEvenly: boolean;
-  readonly keyPrefix: string;
+  execEvenly: boolean;
+  keyPrefix: string;
+  insuranceLimiter: RateLimiterLike | undefined;
+  inMemoryBlockOnConsumed: number;
+  inMemoryBlockDuration: number;
+  readonly msInMemoryBlockDuration: number;
   /** Tokens per second. */
   readonly rate: number;
   getKey(key: string | number): string;
   parseKey(rlKey: string): string;
+  getInMemoryBlockMsBeforeExpire(rlKey: string): number;
+  deleteInMemoryBlockedAll(): void;
   /** Rejects with a RateLimiterRes when refused, with an Error when Redis fails. */
-  consume(key: string | number, pointsToConsume?: number): Promise<RateLimiterRes>;
-  penalty(key: string | number, points?: number): Promise<RateLimiterRes>;
-  reward(key: string | number, points?: number): Promise<RateLimiterRes>;
-  block(key: string | number, secDuration: number): Promise<RateLimiterRes>;
-  get(key: string | number): Promise<RateLimiterRes | null>;
-  delete(key: string | number): Promise<boolean>;
+  consume(key: string | number, pointsToConsume?: number | string, options?: RateLimiterCallOptions): Promise<RateLimiterRes>;
+  penalty(key: string | number, points?: number | string, options?: RateLimiterCallOptions): Promise<RateLimiterRes>;
+  reward(key: string | number, points?: number | string, options?: RateLimiterCallOptions): Promise<RateLimiterRes>;
+  block(key: string | number, secDuration: number, options?: object): Promise<RateLimiterRes>;
+  set(key: string | number, points: number | string, secDuration?: number, options?: object): Promise<RateLimiterRes>;
+  get(key: string | number, options?: RateLimiterCallOptions): Promise<RateLimiterRes | null>;
+  delete(key: string | number, options?: object): Promise<boolean>;
 }
 
 export interface ThrottlerStorageRecord {
