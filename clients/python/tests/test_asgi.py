@@ -4,7 +4,15 @@ fail-open / fail-closed with Redis stopped."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,10 +23,14 @@ from fastapi import FastAPI
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from redis_tb import AsyncTokenBucket, Limit
+import redis_tb
+from redis_tb import AsyncTokenBucket, Limit, _decide
 from redis_tb.asgi import RateLimitMiddleware, by_path
 
 NO_RETRY = Retry(NoBackoff(), 0)
+KEYS: list[dict[str, Any]] = json.loads((Path(__file__).resolve().parents[3] / "fixtures/keys.json").read_text())[
+    "keys"
+]
 
 
 def make_app(conn: redis.asyncio.Redis, limits: Any, **options: Any) -> FastAPI:
@@ -105,12 +117,64 @@ async def test_several_limits_per_route(server: Server, key: str) -> None:
     await conn.aclose()
 
 
-async def test_key_function_none_skips_the_limit(server: Server, key: str) -> None:
+async def test_skip_is_the_only_way_to_skip_the_limit(server: Server, key: str) -> None:
     conn = server.async_client()
-    app = make_app(conn, [Limit("per-user", rate=1, burst=1)], prefix=f"{key}:", key=lambda scope: None)
+    app = make_app(conn, [Limit("per-user", rate=1, burst=1)], prefix=f"{key}:", key=lambda scope: redis_tb.SKIP)
     async with client_for(app) as http:
         for _ in range(3):
-            assert (await http.get("/hello")).status_code == 200
+            response = await http.get("/hello")
+            assert response.status_code == 200 and "ratelimit" not in response.headers
+    assert await conn.keys(f"{key}:*") == []
+    await conn.aclose()
+
+
+@pytest.mark.parametrize("nothing", [None, ""])
+async def test_no_identity_shares_the_anonymous_bucket_with_one_warning(
+    nothing: str | None, server: Server, key: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0.3.0 let every request through when the key function found no identity."""
+    monkeypatch.setattr(_decide, "_anonymous_warned", False)
+    conn = server.async_client()
+    app = make_app(conn, [Limit("per-user", rate=1, burst=2)], prefix=f"{key}:", key=lambda scope: nothing)
+    with caplog.at_level(logging.WARNING, logger="redis_tb"):
+        async with client_for(app) as http:
+            statuses = [(await http.get("/hello")).status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]
+    assert await conn.exists(f"{key}:{{%anonymous}}:per-user") == 1
+    assert [record.message for record in caplog.records].count(caplog.records[0].message) == 1
+    assert "no identity" in caplog.records[0].message
+    await conn.aclose()
+
+
+async def test_ipv6_clients_of_one_slash_56_share_a_bucket(server: Server, key: str) -> None:
+    """0.3.0 keyed each IPv6 address apart: a client holding a /64 took a fresh bucket per address."""
+    conn = server.async_client()
+    app = make_app(conn, [Limit("per-client", rate=1, burst=2)], prefix=f"{key}:")
+    statuses = []
+    for host in ["2001:db8:1:2ff::1", "2001:db8:1:2aa::2", "2001:db8:1:200:ffff::3"]:
+        transport = httpx.ASGITransport(app=app, client=(host, 1234))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            statuses.append((await http.get("/hello")).status_code)
+    assert statuses == [200, 200, 429]
+    assert await conn.exists(f"{key}:{{2001:db8:1:200::/56}}:per-client") == 1
+    wider = make_app(conn, [Limit("per-client", rate=1, burst=2)], prefix=f"{key}:64:", ipv6_subnet=64)
+    transport = httpx.ASGITransport(app=wider, client=("2001:db8:1:2ff::1", 1234))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        assert (await http.get("/hello")).status_code == 200
+    assert await conn.exists(f"{key}:64:{{2001:db8:1:2ff::/64}}:per-client") == 1
+    await conn.aclose()
+
+
+@pytest.mark.parametrize("row", [row for row in KEYS if row["prefix"] == "ratelimit:"][:12], ids=lambda r: r["key"])
+async def test_the_middleware_writes_the_fixture_key(row: dict[str, Any], server: Server) -> None:
+    """The keys Node writes too (fixtures/keys.json): 0.3.0 wrote `ratelimit:{}x}:per-client` and friends."""
+    conn = server.async_client()
+    app = make_app(conn, [Limit(row["limit"], rate=1, burst=5)], key=lambda scope: row["identity"])
+    await conn.delete(row["key"])
+    async with client_for(app) as http:
+        assert (await http.get("/hello")).status_code == 200
+    assert await conn.hget(row["key"], "tokens") == b"4"
+    await conn.delete(row["key"])
     await conn.aclose()
 
 
@@ -131,3 +195,58 @@ async def test_redis_stopped(fail: str, key: str) -> None:
             assert response.status_code == 503
             assert response.json() == {"error": "rate limiter unavailable"}
     await conn.aclose()
+
+
+UDS_APP = """
+import os
+
+import redis.asyncio
+from fastapi import FastAPI
+
+from redis_tb import AsyncTokenBucket, Limit
+from redis_tb.asgi import RateLimitMiddleware
+
+app = FastAPI()
+app.add_middleware(
+    RateLimitMiddleware,
+    limiter=AsyncTokenBucket(redis.asyncio.Redis.from_url(os.environ["REDIS_URL"])),
+    limits=[Limit("per-client", rate=1, burst=2)],
+    prefix=os.environ["PREFIX"],
+)
+
+
+@app.get("/")
+async def hello() -> dict[str, str]:
+    return {"hello": "world"}
+"""
+
+
+def test_uvicorn_on_a_unix_socket_is_limited(module_server: Server, key: str, tmp_path: Path) -> None:
+    """Under `uvicorn --uds` the scope has no client: 0.3.0 let every request through, writing no key."""
+    (tmp_path / "uds_app.py").write_text(UDS_APP)
+    path = str(tmp_path / "app.sock")
+    env = dict(os.environ, REDIS_URL=module_server.url(), PREFIX=f"{key}:")
+    command = [sys.executable, "-m", "uvicorn", "uds_app:app", "--uds", path, "--app-dir", str(tmp_path)]
+    server = subprocess.Popen([*command, "--log-level", "warning"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not _accepts(path):
+            assert server.poll() is None and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        with httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://app") as http:
+            statuses = [http.get("/").status_code for _ in range(3)]
+        assert statuses == [200, 200, 429]
+        assert module_server.client().exists(f"{key}:{{%anonymous}}:per-client") == 1
+    finally:
+        server.kill()
+        _, log = server.communicate()
+    assert log.count("no identity") == 1, log
+
+
+def _accepts(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+        return True

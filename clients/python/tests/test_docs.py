@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis
 from conftest import Server
 
 PAGE = Path(__file__).resolve().parents[3] / "docs/python.md"
@@ -42,6 +46,11 @@ def assert_burst_then_429(statuses: list[int], elapsed_s: float, burst: int = 20
     assert burst <= passed <= burst + rate * elapsed_s + 1, (passed, elapsed_s)
 
 
+def peer(test: int, server: Server) -> str:
+    """A peer address of this test and server alone (the default key is the peer's IP address)."""
+    return f"10.{test}.{server.port >> 8}.{server.port & 255}"
+
+
 def test_every_block_is_tested() -> None:
     markers = [
         "def handle",
@@ -63,7 +72,7 @@ def test_client_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def test_fastapi_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
     app = run_block("RateLimitMiddleware,\n", server, monkeypatch)["app"]
-    transport = httpx.ASGITransport(app=app, client=(f"docs-fastapi-{server.port}", 1))
+    transport = httpx.ASGITransport(app=app, client=(peer(1, server), 1))
     begin = time.monotonic()
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
         responses = [await http.get("/") for _ in range(40)]
@@ -77,7 +86,7 @@ async def test_fastapi_block(server: Server, monkeypatch: pytest.MonkeyPatch) ->
 def test_flask_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
     app = run_block("app.wsgi_app = RateLimitMiddleware", server, monkeypatch)["app"]
     http = app.test_client()
-    environ = {"REMOTE_ADDR": f"docs-flask-{server.port}"}
+    environ = {"REMOTE_ADDR": peer(2, server)}
     begin = time.monotonic()
     searches = [http.get("/search", environ_base=environ).status_code for _ in range(10)]
     assert_burst_then_429(searches, time.monotonic() - begin, burst=5, rate=1)
@@ -88,7 +97,7 @@ def test_flask_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_flask_limiter_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
     app = run_block("RATELIMIT_STRATEGY", server, monkeypatch)["app"]
     http = app.test_client()
-    environ = {"REMOTE_ADDR": f"docs-flask-limiter-{server.port}"}
+    environ = {"REMOTE_ADDR": peer(3, server)}
     begin = time.monotonic()
     statuses = [http.get("/", environ_base=environ).status_code for _ in range(40)]
     assert_burst_then_429(statuses, time.monotonic() - begin)
@@ -96,7 +105,7 @@ def test_flask_limiter_block(server: Server, monkeypatch: pytest.MonkeyPatch) ->
 
 async def test_slowapi_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
     app = run_block('strategy="token-bucket"', server, monkeypatch)["app"]
-    transport = httpx.ASGITransport(app=app, client=(f"docs-slowapi-{server.port}", 1))
+    transport = httpx.ASGITransport(app=app, client=(peer(4, server), 1))
     begin = time.monotonic()
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
         statuses = [(await http.get("/")).status_code for _ in range(40)]
@@ -116,3 +125,48 @@ async def test_pacing_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> 
     assert sorted(results) == [f"sent {n}" for n in range(5)]
     assert loop.time() - begin >= 0.195  # 20/s, burst 1: the fifth call waits 200 ms
     await namespace["limiter"].redis.aclose()
+
+
+def test_every_block_sets_timeouts() -> None:
+    """0.3.0's snippets built clients without timeouts: with Redis stalled, a request never returned."""
+    for block in blocks():
+        assert "timeout" in block, block
+
+
+@pytest.fixture
+def stalled() -> Iterator[Server]:
+    """A server that accepts connections and never answers (stopped with SIGSTOP)."""
+    server = Server(module=True)
+    server.process.send_signal(signal.SIGSTOP)
+    yield server
+    server.process.send_signal(signal.SIGCONT)
+    server.stop()
+
+
+def test_client_block_gives_up_on_a_stalled_redis(stalled: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    handle = run_block("def handle", stalled, monkeypatch)["handle"]
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            handle("docs-stalled")
+        except redis.exceptions.TimeoutError as error:
+            outcome.append(error)
+
+    begin = time.monotonic()
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(5)
+    assert not caller.is_alive() and len(outcome) == 1
+    assert time.monotonic() - begin < 2
+
+
+async def test_fastapi_block_answers_while_redis_stalls(stalled: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = run_block("RateLimitMiddleware,\n", stalled, monkeypatch)["app"]
+    transport = httpx.ASGITransport(app=app, client=("10.0.0.1", 1))
+    begin = time.monotonic()
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        statuses = [(await http.get("/")).status_code for _ in range(25)]
+    # The first call waits for its deadline; then the fail mode ("local", limits in memory) answers at once.
+    assert statuses == [200] * 20 + [429] * 5
+    assert time.monotonic() - begin < 2

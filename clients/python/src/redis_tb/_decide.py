@@ -1,24 +1,27 @@
 """What both middlewares share, without I/O: which limits apply to a request, their keys, the call to make,
-and the response to give."""
+and the response to give, from Redis's reply or from the fail mode."""
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from . import _protocol as protocol
+from ._guard import Guard, configure
+from ._local import LocalBuckets
+from .aio import AsyncTokenBucket
+from .client import TokenBucket
 from .headers import Standard, headers_for
+from .identity import DEFAULT_IPV6_SUBNET, SKIP, bucket_key, check_ipv6_subnet, check_prefix, ip_identity
 from .limit import KeyFunction, Limit
 from .replies import Acquired, AcquiredEach
 
-FailMode = Literal["open", "closed"]
-#: What counts as "Redis is unreachable": the connection failed or timed out (also OSError underneath).
-UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+FailMode = Literal["local", "open", "closed"]
+logger = logging.getLogger("redis_tb")
 #: The limits of a request: the same for every request, or chosen from the request (by path, say).
 LimitsSpec = Sequence[Limit] | Callable[[Mapping[str, Any]], Sequence[Limit]]
 
@@ -57,20 +60,39 @@ class Plan:
 
 def plan(request: Mapping[str, Any], limits: LimitsSpec, key: KeyFunction, prefix: str) -> Plan | None:
     """The limits for `request` and their keys; None when nothing applies. Keys are
-    `<prefix>{<identity>}:<limit name>`: the hash tag keeps one identity's buckets in one cluster slot, so that
-    several limits go in one atomic call."""
+    `<prefix>{<tag>}:<limit name>` (docs/clients.md, "Identity and keys"): the tag is the escaped identity,
+    never empty and never a brace, so one identity's buckets share one cluster slot and go in one atomic call.
+    A key function's SKIP skips its limit; no identity is limited under the anonymous one (warned once)."""
     chosen = limits(request) if callable(limits) else limits
     applied: list[Limit] = []
     keys: list[str] = []
     for limit in chosen:
         identity = (limit.key or key)(request)
-        if identity is None:
+        if identity is SKIP:
             continue
+        if identity is None or identity == "":
+            _warn_anonymous(limit)
+            identity = None
         applied.append(limit)
-        keys.append(f"{prefix}{{{identity}}}:{limit.name}")
+        keys.append(bucket_key(prefix, None if identity is None else str(identity), limit.name))
     if not applied:
         return None
     return Plan(tuple(applied), tuple(keys))
+
+
+_anonymous_warned = False
+
+
+def _warn_anonymous(limit: Limit) -> None:
+    global _anonymous_warned
+    if not _anonymous_warned:
+        _anonymous_warned = True
+        logger.warning(
+            "redis-tb: the key function found no identity for a request (limit %r): such requests share the "
+            "anonymous bucket. A Unix socket or a proxy that drops the peer address does this: give the "
+            "middleware a key function that finds the client (logged once per process)",
+            limit.name,
+        )
 
 
 @dataclass(frozen=True)
@@ -99,12 +121,12 @@ def verdict(plan: Plan, reply: Acquired | AcquiredEach, standard: Standard) -> V
 def unavailable() -> Verdict:
     """Fail closed: Redis could not be asked, so the request is refused."""
     body = json.dumps({"error": "rate limiter unavailable"}).encode()
-    return Verdict(False, [("Content-Type", "application/json")], 503, body)
+    return Verdict(False, [("Content-Type", "application/json"), ("Retry-After", "1")], 503, body)
 
 
-def client_address(request: Mapping[str, Any]) -> str | None:
-    """The default key: the client's address (ASGI `client`, WSGI `REMOTE_ADDR`). Behind a proxy, pass a key
-    function that reads the header your proxy sets."""
+def peer_address(request: Mapping[str, Any]) -> str | None:
+    """The peer address as the server gives it (ASGI `client`, WSGI `REMOTE_ADDR`); None where there is none
+    (a Unix socket)."""
     client = request.get("client")
     if client:
         return str(client[0])
@@ -112,13 +134,20 @@ def client_address(request: Mapping[str, Any]) -> str | None:
     return str(address) if address else None
 
 
+def client_address(request: Mapping[str, Any]) -> str | None:
+    """The default identity: the peer address through `ip_identity` (IPv6 by /56). Behind a proxy, pass a key
+    function that reads the header your proxy sets (docs/clients.md says what such a key trusts)."""
+    return ip_identity(peer_address(request))
+
+
 App = TypeVar("App")
-Limiter = TypeVar("Limiter")
+Limiter = TypeVar("Limiter", bound=AsyncTokenBucket | TokenBucket)
 
 
 class Middleware(Generic[App, Limiter]):
-    """The options both middlewares take, checked and kept once: the wrapped app (ASGI or WSGI), the limiter
-    (async or sync) and the rest, described on `redis_tb.asgi.RateLimitMiddleware`."""
+    """The options both middlewares take, checked and kept once, and what they do with a call's outcome: the
+    wrapped app (ASGI or WSGI), the limiter (async or sync) and the rest, described on
+    `redis_tb.asgi.RateLimitMiddleware`."""
 
     def __init__(
         self,
@@ -126,17 +155,50 @@ class Middleware(Generic[App, Limiter]):
         *,
         limiter: Limiter,
         limits: LimitsSpec,
-        key: KeyFunction = client_address,
+        key: KeyFunction | None = None,
         prefix: str = "ratelimit:",
-        fail: FailMode = "open",
+        fail: FailMode = "local",
         standard: Standard = "both",
+        ipv6_subnet: int = DEFAULT_IPV6_SUBNET,
+        timeout: float = 1.0,
     ) -> None:
-        if fail not in ("open", "closed"):
-            raise ValueError(f"fail must be 'open' or 'closed', not {fail!r}")
+        if fail not in ("local", "open", "closed"):
+            raise ValueError(f"fail must be 'local', 'open' or 'closed', not {fail!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
         self.app = app
         self.limiter = limiter
         self.limits = limits
-        self.key = key
-        self.prefix = prefix
+        self.ipv6_subnet = check_ipv6_subnet(ipv6_subnet)
+        self.key: KeyFunction = key if key is not None else self.peer_identity
+        self.prefix = check_prefix(prefix)
         self.fail = fail
         self.standard = standard
+        self.timeout = float(timeout)
+        self.guard = Guard(fail)
+        self.local = LocalBuckets()
+        configure(limiter.redis, self.timeout)
+
+    def peer_identity(self, request: Mapping[str, Any]) -> str | None:
+        """The default key function: the peer address, IPv6 grouped by the `ipv6_subnet` prefix."""
+        return ip_identity(peer_address(request), self.ipv6_subnet)
+
+    def plan(self, request: Mapping[str, Any]) -> Plan | None:
+        return plan(request, self.limits, self.key, self.prefix)
+
+    def answered(self, plan: Plan, reply: Acquired | AcquiredEach) -> Verdict:
+        if self.guard.answered():
+            self.local.clear()
+        return verdict(plan, reply, self.standard)
+
+    def failed(self, plan: Plan, error: BaseException) -> Verdict | None:
+        self.guard.failed(error)
+        return self.fallback(plan)
+
+    def fallback(self, plan: Plan) -> Verdict | None:
+        """The fail mode's answer: None lets the request through (open), else a verdict (local or closed)."""
+        if self.fail == "open":
+            return None
+        if self.fail == "closed":
+            return unavailable()
+        return verdict(plan, self.local.acquire_each(plan.limits, plan.keys), self.standard)

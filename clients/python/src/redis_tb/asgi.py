@@ -8,14 +8,15 @@ header fields (docs/headers.md).
 
 from __future__ import annotations
 
-import logging
+import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from . import _decide
-from ._decide import UNREACHABLE, FailMode, LimitsSpec, by_path, client_address
+from ._decide import FailMode, LimitsSpec, by_path, client_address
 from .aio import AsyncTokenBucket
 from .headers import Standard
+from .identity import DEFAULT_IPV6_SUBNET
 from .limit import KeyFunction
 
 Scope = MutableMapping[str, Any]
@@ -23,8 +24,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-logger = logging.getLogger("redis_tb")
 
 __all__ = ["RateLimitMiddleware", "by_path", "client_address"]
 
@@ -34,34 +33,54 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
 
     - `limits`: the limits of every request, or a function of the scope choosing them (`by_path`); several
       limits go in one atomic `TB.ACQUIREEACH` call, with one header item each.
-    - `key`: who a request counts against (default: the client address); None skips the limits.
+    - `key`: who a request counts against (default: the peer address, `redis_tb.ip_identity`). None or ""
+      (no identity) limits the request under the shared anonymous identity, with a warning once;
+      `redis_tb.SKIP` lets it through unlimited.
+    - `ipv6_subnet`: the prefix length IPv6 peers are grouped by (1 to 64, default 56).
     - `prefix`: the start of every bucket key.
-    - `fail`: `"open"` lets requests through when Redis is unreachable (logged), `"closed"` answers 503.
+    - `fail`: what answers while Redis fails (docs/clients.md, "When Redis fails"): `"local"` (default)
+      limits with in-memory buckets per process, `"open"` lets requests through, `"closed"` answers 503.
+    - `timeout`: the deadline of a limiter call in seconds (default 1). The middleware caps its Redis client's
+      socket timeouts at it and turns the client's retries off: give it a client of its own.
     - `standard`: which header fields to send: `"draft"`, `"legacy"` or `"both"` (docs/headers.md).
     """
+
+    _probe_task: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        plan = _decide.plan(scope, self.limits, self.key, self.prefix)
+        plan = self.plan(scope)
         if plan is None:
             await self.app(scope, receive, send)
             return
-        try:
-            reply = await self.limiter._run(plan.call())
-        except UNREACHABLE as error:
-            if self.fail == "open":
-                logger.warning("redis-tb: Redis unreachable, letting the request through: %s", error)
-                await self.app(scope, receive, send)
+        verdict: _decide.Verdict | None
+        if not self.guard.admits:
+            if self.guard.probe_due():
+                self._probe_task = asyncio.ensure_future(self._probe())
+            verdict = self.fallback(plan)
+        else:
+            try:
+                reply = await asyncio.wait_for(self.limiter._run(plan.call()), self.timeout)
+            except Exception as error:  # every failure is a row of the failure table, none a 500
+                verdict = self.failed(plan, error)
             else:
-                await _respond(send, _decide.unavailable())
-            return
-        verdict = _decide.verdict(plan, reply, self.standard)
-        if not verdict.allowed:
+                verdict = self.answered(plan, reply)
+        if verdict is None:
+            await self.app(scope, receive, send)
+        elif not verdict.allowed:
             await _respond(send, verdict)
-            return
-        await self.app(scope, receive, _with_headers(send, verdict.headers))
+        else:
+            await self.app(scope, receive, _with_headers(send, verdict.headers))
+
+    async def _probe(self) -> None:
+        try:
+            await asyncio.wait_for(self.limiter.redis.ping(), self.timeout)
+        except Exception as error:
+            self.guard.probed(error)
+        else:
+            self.guard.probed(None)
 
 
 def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
@@ -90,16 +109,26 @@ def limited(
     limiter: AsyncTokenBucket,
     limits: LimitsSpec,
     *,
-    key: KeyFunction = client_address,
+    key: KeyFunction | None = None,
     prefix: str = "ratelimit:",
-    fail: FailMode = "open",
+    fail: FailMode = "local",
     standard: Standard = "both",
+    ipv6_subnet: int = DEFAULT_IPV6_SUBNET,
+    timeout: float = 1.0,
 ) -> Callable[[ASGIApp], RateLimitMiddleware]:
     """The middleware as a wrapper: `app = limited(limiter, limits)(app)`."""
 
     def wrap(app: ASGIApp) -> RateLimitMiddleware:
         return RateLimitMiddleware(
-            app, limiter=limiter, limits=limits, key=key, prefix=prefix, fail=fail, standard=standard
+            app,
+            limiter=limiter,
+            limits=limits,
+            key=key,
+            prefix=prefix,
+            fail=fail,
+            standard=standard,
+            ipv6_subnet=ipv6_subnet,
+            timeout=timeout,
         )
 
     return wrap

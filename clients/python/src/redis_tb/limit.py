@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-#: Who a request counts against, from the request itself: the ASGI scope or the WSGI environ.
-KeyFunction = Callable[[Mapping[str, Any]], str | None]
+from .identity import _Skip
+
+#: Who a request counts against, from the request itself (the ASGI scope or the WSGI environ): an identity, None
+#: (no identity: the shared anonymous bucket) or `redis_tb.SKIP` (not limited).
+KeyFunction = Callable[[Mapping[str, Any]], str | Literal[_Skip.SKIP] | None]
 
 
 @dataclass(frozen=True)
@@ -15,8 +18,8 @@ class Limit:
     """`rate` tokens per second into a bucket of `burst`, each request taking `cost`.
 
     `name` appears in the bucket's key and in the `RateLimit-Policy` header. `key`, when given, overrides the
-    middleware's key function for this limit (a per-tenant limit next to a per-user one); None from a key
-    function skips the limit for that request.
+    middleware's key function for this limit (a per-tenant limit next to a per-user one); `redis_tb.SKIP` from
+    a key function skips the limit for that request.
     """
 
     name: str

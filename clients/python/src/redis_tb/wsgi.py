@@ -6,15 +6,13 @@ app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=TokenBucket(redis.Redis
 
 from __future__ import annotations
 
-import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from . import _decide
-from ._decide import UNREACHABLE, by_path, client_address
+from ._decide import by_path, client_address
 from .client import TokenBucket
-
-logger = logging.getLogger("redis_tb")
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -29,24 +27,39 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         request: Mapping[str, Any] = environ
-        plan = _decide.plan(request, self.limits, self.key, self.prefix)
+        plan = self.plan(request)
         if plan is None:
             return self.app(environ, start_response)
-        try:
-            reply = self.limiter._run(plan.call())
-        except UNREACHABLE as error:
-            if self.fail == "open":
-                logger.warning("redis-tb: Redis unreachable, letting the request through: %s", error)
-                return self.app(environ, start_response)
-            return _respond(start_response, _decide.unavailable())
-        verdict = _decide.verdict(plan, reply, self.standard)
+        verdict: _decide.Verdict | None
+        if not self.guard.admits:
+            if self.guard.probe_due():
+                threading.Thread(target=self._probe, name="redis-tb probe", daemon=True).start()
+            verdict = self.fallback(plan)
+        else:
+            try:
+                reply = self.limiter._run(plan.call())
+            except Exception as error:  # every failure is a row of the failure table, none a 500
+                verdict = self.failed(plan, error)
+            else:
+                verdict = self.answered(plan, reply)
+        if verdict is None:
+            return self.app(environ, start_response)
         if not verdict.allowed:
             return _respond(start_response, verdict)
+        headers = verdict.headers
 
-        def start_with_headers(status: str, headers: list[tuple[str, str]], exc_info: Any | None = None) -> Any:
-            return start_response(status, [*headers, *verdict.headers], exc_info)
+        def start_with_headers(status: str, own: list[tuple[str, str]], exc_info: Any | None = None) -> Any:
+            return start_response(status, [*own, *headers], exc_info)
 
         return self.app(environ, start_with_headers)
+
+    def _probe(self) -> None:
+        try:
+            self.limiter.redis.ping()
+        except Exception as error:
+            self.guard.probed(error)
+        else:
+            self.guard.probed(None)
 
 
 def _respond(start_response: StartResponse, verdict: _decide.Verdict) -> Iterable[bytes]:

@@ -1,0 +1,166 @@
+"""The middleware's side of a failing Redis, without I/O of its own: the failure table's logging, and the gate
+that keeps limiter calls off a Redis that stopped answering.
+
+A call that failed (timed out, refused, OOM, ...) closes the gate. While it is closed no limiter call is sent:
+the fail mode answers at once, and only a probe (`PING`, run by the middleware in the background) is sent, a few
+a second at most (`PROBE_INTERVALS_S`, growing while it fails). The first call after a probe answers reopens it.
+So a stalled Redis never gets a queue of limiter calls to run (and charge) when it resumes, and a dead one
+never gets a connection attempt per request.
+
+A deadline is the other half: `configure` caps the client's socket timeouts at the middleware's `timeout` and
+turns its retries off, because a retried limiter call is sent, and charged, twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from redis.backoff import NoBackoff
+
+from ._failures import Failure, classify
+
+logger = logging.getLogger("redis_tb")
+
+#: Seconds from a failure to the next probe: the first probe comes soon, then they space out.
+PROBE_INTERVALS_S = (0.25, 0.5, 1.0)
+#: A configuration error is logged at ERROR level at most once per row in this many seconds.
+ERROR_LOG_INTERVAL_S = 60.0
+
+
+class Guard:
+    def __init__(self, fail: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.fail = fail
+        self.clock = clock
+        #: The clock reading of the failure that closed the gate; None while it is open.
+        self.down_since: float | None = None
+        self._failures = 0
+        self._next_probe_at = 0.0
+        self._probing = False
+        self._error_logged_at: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def admits(self) -> bool:
+        """Whether limiter calls may be sent."""
+        return self.down_since is None
+
+    def probe_due(self) -> bool:
+        """Whether the caller should start a probe now; if so, the caller owns it until `probed`."""
+        with self._lock:
+            if self.down_since is None or self._probing or self.clock() < self._next_probe_at:
+                return False
+            self._probing = True
+            return True
+
+    def probed(self, error: BaseException | None) -> None:
+        """A probe ended: it answered (error None), or failed with `error`."""
+        with self._lock:
+            self._probing = False
+            if error is None:
+                self.down_since = None
+                self._failures = 0
+                logger.info("redis-tb: Redis answers a probe again; sending limiter calls")
+                return
+        self._closed(classify(error), error)
+
+    def answered(self) -> bool:
+        """A limiter call answered; True if that ends a fault (the caller forgets what it did meanwhile)."""
+        with self._lock:
+            if self.down_since is None and self._failures == 0:
+                return False
+            self.down_since = None
+            self._failures = 0
+        return True
+
+    def failed(self, error: BaseException) -> Failure:
+        """A limiter call failed: log it as the failure table says, and close the gate."""
+        failure = classify(error)
+        now = self.clock()
+        if failure.config_error:
+            with self._lock:
+                last = self._error_logged_at.get(failure.row)
+                due = last is None or now - last >= ERROR_LOG_INTERVAL_S
+                if due:
+                    self._error_logged_at[failure.row] = now
+            if due:
+                # Not a Redis error: a bug somewhere, so the traceback is worth its lines.
+                trace = None if _from_redis(error) else error
+                logger.error(
+                    "redis-tb: limiter call refused (%s): %s; this does not pass by itself: check the limiter's "
+                    "Redis user, password and keys; meanwhile fail=%r answers",
+                    failure.row,
+                    error,
+                    self.fail,
+                    exc_info=trace,
+                )
+        self._closed(failure, error)
+        return failure
+
+    def _closed(self, failure: Failure, error: BaseException) -> None:
+        with self._lock:
+            now = self.clock()
+            starts = self.down_since is None
+            if starts:
+                self.down_since = now
+            self._failures += 1
+            step = PROBE_INTERVALS_S[min(self._failures, len(PROBE_INTERVALS_S)) - 1]
+            self._next_probe_at = now + step
+        if starts and not failure.config_error:
+            logger.warning(
+                "redis-tb: Redis unavailable (%s: %s); fail=%r answers until it answers again",
+                failure.row,
+                error,
+                self.fail,
+            )
+
+
+def _from_redis(error: BaseException) -> bool:
+    from redis.exceptions import RedisClusterException, RedisError
+
+    from .errors import TokenBucketError
+
+    return isinstance(error, (RedisError, RedisClusterException, TokenBucketError, OSError, TimeoutError))
+
+
+def configure(redis: Any, timeout: float) -> None:
+    """Caps the socket timeouts of a redis-py client (standalone or cluster, sync or asyncio) at `timeout`
+    seconds and turns its retries off, on the client and on the cluster nodes it already knows."""
+    import redis.asyncio as redis_asyncio
+    from redis.asyncio.retry import Retry as AsyncRetry
+    from redis.retry import Retry
+
+    asynchronous = isinstance(redis, (redis_asyncio.Redis, redis_asyncio.RedisCluster))
+    no_retry: Any = AsyncRetry(NoBackoff(), 0) if asynchronous else Retry(NoBackoff(), 0)
+    clients = [redis]
+    get_nodes = getattr(redis, "get_nodes", None)
+    if get_nodes is not None:
+        clients += [node.redis_connection for node in get_nodes() if getattr(node, "redis_connection", None)]
+        for node in get_nodes():  # asyncio cluster nodes keep their own connection settings
+            node_kwargs = getattr(node, "connection_kwargs", None)
+            if isinstance(node_kwargs, dict):
+                _cap(node_kwargs, timeout)
+                node_kwargs["retry"] = no_retry
+    for client in clients:
+        kwargs = client.get_connection_kwargs()
+        _cap(kwargs, timeout)
+        if hasattr(client, "set_retry"):
+            client.set_retry(no_retry)
+        kwargs["retry"] = no_retry
+        pool = getattr(client, "connection_pool", None)
+        if pool is not None and not asynchronous:
+            # Connections made before keep their settings: close them, so the next call opens one with these.
+            pool.disconnect()
+            pool.reset()
+    if hasattr(redis, "cluster_error_retry_attempts"):
+        redis.cluster_error_retry_attempts = 0
+
+
+def _cap(kwargs: dict[str, Any], timeout: float) -> None:
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        current = kwargs.get(name)
+        if current is None or current > timeout:
+            kwargs[name] = timeout

@@ -1,0 +1,241 @@
+"""The failure table (docs/clients.md, "When Redis fails") in both middlewares: the classifier against the shared
+fixture, then each row against a real server put in that state, ASGI and WSGI alike. Every row ends in the fail
+mode, never in a 500; configuration errors are logged at ERROR level."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import redis.asyncio
+from conftest import MODULE, SERVER, Server
+from fastapi import FastAPI
+from flask import Flask
+from redis._parsers.base import BaseParser
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import redis_tb
+from redis_tb import AsyncTokenBucket, Limit, TokenBucket, asgi, wsgi
+from redis_tb._failures import classify
+
+FIXTURE: dict[str, Any] = json.loads((Path(__file__).resolve().parents[3] / "fixtures/failures.json").read_text())
+LIMITS = [Limit("per-client", rate=1, burst=2)]
+KINDS = ["asgi", "wsgi"]
+
+
+def exception_of(case: dict[str, Any]) -> BaseException:
+    """The exception redis-py raises for a case: a server's reply parsed as redis-py parses it, or the named
+    exception."""
+    if "reply" in case:
+        error: BaseException = BaseParser.parse_error(case["reply"])  # type: ignore[no-untyped-call]
+        return error
+    module, _, name = case["python"].rpartition(".")
+    kind: type[BaseException] = getattr(redis.exceptions if module else builtins, name)
+    return kind(case["message"]) if case["message"] else kind()
+
+
+@pytest.mark.parametrize("case", FIXTURE["cases"], ids=lambda case: case["row"])
+def test_classifier_follows_the_fixture(case: dict[str, Any]) -> None:
+    failure = classify(exception_of(case))
+    assert failure.config_error == (case["action"] == "error-fail-mode"), failure
+
+
+def request(kind: str, client_kwargs: dict[str, Any], n: int = 1, **options: Any) -> list[int]:
+    """`n` requests through a fresh app of `kind` over a client built with `client_kwargs`: their statuses."""
+    if kind == "asgi":
+        return asyncio.run(_asgi_requests(client_kwargs, n, options))
+    conn = redis.Redis(**client_kwargs)
+    app = Flask(__name__)
+    app.get("/")(lambda: "hello")
+    app.wsgi_app = wsgi.RateLimitMiddleware(  # type: ignore[method-assign]
+        app.wsgi_app, limiter=TokenBucket(conn), limits=options.pop("limits", LIMITS), **options
+    )
+    http = app.test_client()
+    statuses = [http.get("/").status_code for _ in range(n)]
+    conn.close()
+    return statuses
+
+
+async def _asgi_requests(client_kwargs: dict[str, Any], n: int, options: dict[str, Any]) -> list[int]:
+    conn = redis.asyncio.Redis(**client_kwargs)
+    app = FastAPI()
+    app.get("/")(lambda: "hello")
+    limits = options.pop("limits", LIMITS)
+    app.add_middleware(asgi.RateLimitMiddleware, limiter=AsyncTokenBucket(conn), limits=limits, **options)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        statuses = [(await http.get("/")).status_code for _ in range(n)]
+    await conn.aclose()
+    return statuses
+
+
+@pytest.fixture
+def fresh() -> Iterator[Server]:
+    """A server of this test's own, which it may put in any state."""
+    server = Server(module=True)
+    yield server
+    server.stop()
+
+
+def address(server: Server, **extra: Any) -> dict[str, Any]:
+    return {"host": "127.0.0.1", "port": server.port, **extra}
+
+
+def assert_fail_modes(kind: str, client_kwargs: dict[str, Any]) -> None:
+    """closed answers 503, open lets through, local limits in memory (burst 2: the third is refused)."""
+    assert request(kind, client_kwargs, fail="closed") == [503]
+    assert request(kind, client_kwargs, fail="open") == [200]
+    assert request(kind, client_kwargs, 3) == [200, 200, 429]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_oom_under_noeviction(kind: str, fresh: Server) -> None:
+    fresh.client().config_set("maxmemory-policy", "noeviction")
+    fresh.client().config_set("maxmemory", "1")
+    assert_fail_modes(kind, address(fresh))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_readonly_from_a_demoted_primary(kind: str, fresh: Server) -> None:
+    # A failover demotes a primary: it follows the new one (here, one that is gone) and refuses writes.
+    gone = Server(module=False)
+    gone.stop()
+    fresh.client().replicaof("127.0.0.1", gone.port)
+    assert_fail_modes(kind, address(fresh))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_masterdown_on_a_replica_that_lost_its_primary(kind: str, fresh: Server) -> None:
+    gone = Server(module=False)
+    gone.stop()
+    fresh.client().config_set("replica-serve-stale-data", "no")
+    fresh.client().replicaof("127.0.0.1", gone.port)
+    assert request(kind, address(fresh), fail="closed") == [503]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_busy_while_a_script_runs(kind: str, fresh: Server) -> None:
+    fresh.client().config_set("lua-time-limit", "10")
+    looping = threading.Thread(target=_run_forever_script, args=(fresh,), daemon=True)
+    looping.start()
+    deadline = time.monotonic() + 10
+    while True:  # BUSY once the script has run past lua-time-limit
+        try:
+            fresh.client(socket_timeout=1).ping()
+        except redis.exceptions.ResponseError as error:
+            assert str(error).startswith("BUSY")
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        assert request(kind, address(fresh), fail="closed") == [503]
+    finally:
+        fresh.client().script_kill()
+        looping.join(5)
+
+
+def _run_forever_script(server: Server) -> None:
+    with contextlib.suppress(redis.exceptions.ResponseError):  # SCRIPT KILL ends it
+        server.client().eval("while true do end", 0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loading_while_the_dataset_loads(kind: str, tmp_path: Path) -> None:
+    loader = Server(module=True)
+    loader.client().mset({f"k{n}": os.urandom(64).hex() for n in range(800)})  # random: no compression
+    loader.client().save()
+    dump = loader.dir / "dump.rdb"
+    dump.rename(tmp_path / "dump.rdb")
+    port = loader.port
+    loader.stop()
+    # 800 keys at 5 ms each: the server loads for 4 s, answering LOADING each time it has read 1 KB more.
+    command = [SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--save", ""]
+    command += ["--loadmodule", MODULE, "--key-load-delay", "5000", "--loading-process-events-interval-bytes", "1024"]
+    process = subprocess.Popen(
+        [*command, "--logfile", str(tmp_path / "server.log")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis(port=port, socket_timeout=1, retry=Retry(NoBackoff(), 0)).ping()
+            except redis.exceptions.BusyLoadingError:
+                break
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                pass
+            assert time.monotonic() < deadline, "the server never answered LOADING"
+            time.sleep(0.01)
+        assert request(kind, {"host": "127.0.0.1", "port": port}, fail="closed") == [503]
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_clusterdown_when_no_node_serves_the_slot(kind: str) -> None:
+    lone = Server(
+        module=True, args=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"), cluster_bus=True
+    )
+    try:
+        assert request(kind, address(lone), fail="closed") == [503]
+    finally:
+        lone.stop()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("setup", ["NOAUTH", "WRONGPASS", "NOPERM"])
+def test_auth_and_acl_errors_are_logged_at_error_level(
+    kind: str, setup: str, fresh: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = fresh.client()
+    admin.acl_setuser("limiter", enabled=True, passwords=["+right"], keys=["*"], commands=["+ping"])
+    client = address(fresh)
+    if setup == "NOAUTH":
+        admin.config_set("requirepass", "secret")
+    elif setup == "WRONGPASS":
+        client.update(username="limiter", password="wrong")
+    else:
+        client.update(username="limiter", password="right")
+    with caplog.at_level(logging.ERROR, logger="redis_tb"):
+        assert request(kind, client, fail="closed") == [503]
+        assert request(kind, client, fail="open") == [200]
+    errors = [record for record in caplog.records if record.levelno == logging.ERROR]
+    assert errors, "a configuration error must be logged at ERROR level"
+    assert "secret" not in caplog.text
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_connection_refused(kind: str) -> None:
+    gone = Server(module=False)
+    gone.stop()
+    assert_fail_modes(kind, {"host": "127.0.0.1", "port": gone.port})
+
+
+def test_fail_defaults_to_local() -> None:
+    gone = Server(module=False)
+    gone.stop()
+    for kind in KINDS:
+        assert request(kind, {"host": "127.0.0.1", "port": gone.port}, 4) == [200, 200, 429, 429]
+
+
+def test_fail_mode_and_timeout_are_checked() -> None:
+    conn = redis.Redis()
+    for options in ({"fail": "maybe"}, {"timeout": 0}, {"timeout": float("inf")}, {"ipv6_subnet": 65}):
+        with pytest.raises(ValueError, match=next(iter(options))):
+            wsgi.RateLimitMiddleware(lambda e, s: [], limiter=TokenBucket(conn), limits=LIMITS, **options)
+    assert redis_tb.SKIP is not None
