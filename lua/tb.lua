@@ -4,14 +4,37 @@ Valkey services). The client packages load this one file (never a copy) and use 
 absent; buckets move between the two without migration, because both keep the same hash, the same expiry window
 and the same replies.
 
+ONE FILE, TWO FORMS
+
+  The EVAL form is this file as it is. The function library (Redis 7.0+, Valkey) is generated from it, never kept
+  apart, by prefixing two lines:
+
+    "#!lua name=" .. LIB .. "\n" .. "local TB_LIBRARY = '" .. LIB .. "'\n" .. <this file>
+
+  where LIB is "tb_" followed by the package version with its dots as underscores (0.4.0: tb_0_4_0), so that two
+  versions can live side by side on one server. Loaded with FUNCTION LOAD, the file registers one function per
+  command, LIB .. "_" .. the command's name in lowercase without "tb.": tb_0_4_0_acquire, _acquireall,
+  _acquireeach, _acquireatmost, _reserve, _refund, _charge, _block. Their flags make them behave as the module's
+  commands: none for the seven that are `deny-oom` in the module (a call is refused with OOM above maxmemory
+  before it runs, peeks and refusals included), `allow-oom` for TB.REFUND, which the module performs out of
+  memory.
+
 CALLING IT
 
-  EVALSHA <sha1> <numkeys> <key> [<key> ...] <command> <the command's other arguments, keys left out>
+  EVALSHA <sha1> <numkeys> <key> [<key> ...] [@<µs>] <command> <the command's other arguments, keys left out>
+  FCALL   <LIB>_<command> <numkeys> <key> [<key> ...] [@<µs>] <the command's other arguments, keys left out>
 
   KEYS     the buckets, in the order the command names them
-  ARGV[1]  the command it emulates, case-insensitive: TB.ACQUIRE, TB.ACQUIREALL, TB.ACQUIREEACH,
-           TB.ACQUIREATMOST, TB.RESERVE, TB.REFUND, TB.CHARGE or TB.BLOCK
-  ARGV[2…] that command's arguments in their order, without its keys:
+  @<µs>    optional, first: the caller's clock, integer microseconds since the Unix epoch (`@1700000000000000`),
+           for servers that refuse TIME inside scripts. With it the script never calls TIME. A bucket's time never
+           runs backwards: a reading earlier than the bucket's last one counts as that one (no refill, the stored
+           `ts` kept), so callers whose clocks differ by up to `skew` are held to burst + rate * (t + skew). (On
+           the server's clock a step back rebases the bucket instead, as the module does: see below.) The expiry is
+           then set relative to the server's clock (PEXPIRE), so a caller's clock that is off cannot make a bucket
+           vanish.
+  ARGV     (EVAL form only) the command it emulates, case-insensitive: TB.ACQUIRE, TB.ACQUIREALL, TB.ACQUIREEACH,
+           TB.ACQUIREATMOST, TB.RESERVE, TB.REFUND, TB.CHARGE or TB.BLOCK; the function form names it instead
+  then     that command's arguments in their order, without its keys:
 
     TB.ACQUIRE        KEYS = key           ARGV = TB.ACQUIRE rate burst [cost]
     TB.ACQUIREALL     KEYS = key1..keyN    ARGV = TB.ACQUIREALL cost rate1 burst1 ... rateN burstN
@@ -23,6 +46,8 @@ CALLING IT
     TB.BLOCK          KEYS = key           ARGV = TB.BLOCK rate burst ms
 
   e.g. TB.ACQUIRE user:42 10 20 1  is  EVALSHA <sha1> 1 user:42 TB.ACQUIRE 10 20 1
+                                   or   FCALL tb_0_4_0_acquire 1 user:42 10 20 1
+                                   or   FCALL tb_0_4_0_acquire 1 user:42 @1700000000000000 10 20 1
 
 The reply, the error texts, the stored hash (`tokens` as the shortest decimal that reads back to the same double,
 an integer literal when integral below 2^53; `ts` in integer microseconds), the expiry window and the effects sent
@@ -43,10 +68,17 @@ WHERE IT DIFFERS FROM THE MODULE
   - It costs an interpreter per call: see docs/performance.md.
 ]]
 
-if redis.replicate_commands then
+-- Which form runs: FUNCTION LOAD offers redis.register_function, EVAL does not. (The top level runs at FUNCTION LOAD
+-- with only `redis` in reach: no math, string or pcall before a call.)
+local AS_LIBRARY = redis.register_function ~= nil
+
+if not AS_LIBRARY and redis.replicate_commands then
   -- Redis 6.2 refuses a write after TIME unless the script replicates its effects; 7.0+ always does.
   redis.replicate_commands()
 end
+
+-- The caller's clock for the call under way (µs), or nil: the server's (TIME). Set on each call's entry.
+local caller_now_us
 
 local FIELD_TOKENS = 'tokens'
 local FIELD_UPDATED_US = 'ts'
@@ -79,6 +111,7 @@ local ERR_WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind 
 local ERR_NOT_A_BUCKET =
   'ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)'
 local ERR_DUPLICATE = 'ERR each key may appear only once'
+local ERR_CLOCK = 'ERR the caller clock must be @ then integer microseconds since the epoch, up to 9007199254740992'
 
 -- A refusal travels as a Lua error carrying this table, and leaves as the error reply; nothing is written
 -- before every check has passed, as in the module.
@@ -158,11 +191,12 @@ local function seconds_to_refill(tokens, target, p)
 end
 
 -- A clock that reads earlier than the stored ts (stepped back, or a promoted replica behind): the bucket keeps its
--- tokens, capped at burst, and refills from now on.
+-- tokens, capped at burst, and refills from now on. On the caller's clock the bucket's time stands still instead:
+-- callers whose clocks differ take turns, and a rebase on each turn would refill the difference every time.
 local function refilled(stored, now_us, p)
   if stored then
     if now_us < stored.ts then
-      return { tokens = math.min(stored.tokens, p.burst), ts = now_us }
+      return { tokens = math.min(stored.tokens, p.burst), ts = caller_now_us and stored.ts or now_us }
     end
     return { tokens = tokens_at(stored, now_us, p), ts = now_us }
   end
@@ -225,7 +259,7 @@ end
 -- The write a call that would write nothing makes when the clock reads earlier than the stored ts: the bucket as
 -- `refilled` rebases it, so that the refill accumulates from now. Once per bucket per step; none for a full one.
 local function rebased_write(stored, now_us, p)
-  if not stored or now_us >= stored.ts then return nil end
+  if caller_now_us or not stored or now_us >= stored.ts then return nil end
   local rebased = refilled(stored, now_us, p)
   if rebased.tokens >= p.burst then return nil end
   return write_expiring(rebased, full_at_us(rebased, p), now_us, p)
@@ -594,11 +628,12 @@ local function read_state(key)
   return { tokens = tokens, ts = ts }
 end
 
--- The key's absolute expiry in ms (nil: none). Redis 6.2 has no PEXPIRETIME: there it is TIME + PTTL, where
--- PTTL counts from the server's clock a moment after `now_us` was read, so the sum is never above the true
--- expiry (by a millisecond at most): a kept expiry is then never before the window, at worst 1 ms past its end.
+-- The key's absolute expiry in ms on the clock of `now_us` (nil: none). On the server's clock it is PEXPIRETIME;
+-- Redis 6.2 lacks it, and the caller's clock may differ from the server's: there it is now + PTTL. PTTL counts from
+-- the server's clock a moment after `now_us` was read, so the sum is never above the true expiry (by a millisecond
+-- at most): a kept expiry is then never before the window, at worst 1 ms past its end.
 local function current_expiry_ms(key, now_us)
-  if redis.REDIS_VERSION_NUM then
+  if redis.REDIS_VERSION_NUM and not caller_now_us then
     local at_ms = redis.call('PEXPIRETIME', key)
     if at_ms < 0 then return nil end
     return at_ms
@@ -608,7 +643,11 @@ local function current_expiry_ms(key, now_us)
   return floor_div(now_us, MICROS_PER_MS) + ttl_ms
 end
 
+-- On the caller's clock the expiry is set relative (PEXPIRE) to the bucket's own time (its latest reading), so that
+-- a caller whose clock is off does not set it in the server's past (the bucket would vanish and come back full)
+-- or far beyond the window.
 local function write_state(key, write, existed, now_us)
+  if caller_now_us then now_us = write.state.ts end
   local keep = false
   if existed then
     local at_ms = current_expiry_ms(key, now_us)
@@ -619,11 +658,17 @@ local function write_state(key, write, existed, now_us)
   redis.call('HSET', key, FIELD_TOKENS, encode_tokens(write.state.tokens),
     FIELD_UPDATED_US, encode_integer(write.state.ts))
   if not keep then
-    redis.call('PEXPIREAT', key, encode_integer(sat_add(write.expire_at_ms, write.expire_slack_ms)))
+    local at_ms = sat_add(write.expire_at_ms, write.expire_slack_ms)
+    if caller_now_us then
+      redis.call('PEXPIRE', key, encode_integer(at_ms - floor_div(now_us, MICROS_PER_MS)))
+    else
+      redis.call('PEXPIREAT', key, encode_integer(at_ms))
+    end
   end
 end
 
 local function now_us()
+  if caller_now_us then return caller_now_us end
   local time = redis.call('TIME')
   return tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
@@ -781,18 +826,65 @@ commands['TB.BLOCK'] = function(keys, args)
   return { int(c.remaining), int(c.retry_after_ms), int(c.reset_after_ms) }
 end
 
-local function dispatch(keys, argv)
-  local name = argv[1] and string.upper(argv[1])
-  local command = name and commands[name]
-  if not command then
-    return redis.error_reply('ERR unknown redis-tb command: ' .. tostring(argv[1]))
+-- Reads an optional leading `@<µs>` at argv[first]; returns the index of the argument after it.
+local function take_clock(argv, first)
+  local text = argv[first]
+  if text and string.byte(text, 1) == 64 then -- '@'
+    caller_now_us = parse_ranged_integer(string.sub(text, 2), 0, MAX_EXACT_INTEGER, ERR_CLOCK)
+    return first + 1
   end
+  caller_now_us = nil
+  return first
+end
+
+local function rest_of(argv, first)
+  if first == 1 then return argv end
   local args = {}
-  for i = 2, #argv do args[i - 1] = argv[i] end
-  local ok, result = pcall(command, keys, args)
+  for i = first, #argv do args[i - first + 1] = argv[i] end
+  return args
+end
+
+-- A refusal's table becomes its error reply; any other error (a redis.call that failed) propagates.
+local function answer(ok, result)
   if ok then return result end
   if type(result) == 'table' and result.tb_error then return redis.error_reply(result.tb_error) end
   error(result)
 end
 
-return dispatch(KEYS, ARGV)
+-- The EVAL form: [@<µs>] <command> <arguments>.
+local function eval_form(keys, argv)
+  local at = take_clock(argv, 1)
+  local name = argv[at] and string.upper(argv[at])
+  local command = name and commands[name]
+  if not command then refuse('ERR unknown redis-tb command: ' .. tostring(argv[at])) end
+  return command(keys, rest_of(argv, at + 1))
+end
+
+-- The function form: FCALL <LIB>_<command> with [@<µs>] <arguments>.
+local function function_form(command, keys, argv)
+  return command(keys, rest_of(argv, take_clock(argv, 1)))
+end
+
+if AS_LIBRARY then
+  -- name, command, flags: the module's TB.REFUND is not deny-oom, every other command is.
+  local functions = {
+    { 'acquire', commands['TB.ACQUIRE'], {} },
+    { 'acquireall', commands['TB.ACQUIREALL'], {} },
+    { 'acquireeach', commands['TB.ACQUIREEACH'], {} },
+    { 'acquireatmost', commands['TB.ACQUIREATMOST'], {} },
+    { 'reserve', commands['TB.RESERVE'], {} },
+    { 'refund', commands['TB.REFUND'], { 'allow-oom' } },
+    { 'charge', commands['TB.CHARGE'], {} },
+    { 'block', commands['TB.BLOCK'], {} },
+  }
+  for i = 1, #functions do
+    local command = functions[i][2]
+    redis.register_function {
+      function_name = TB_LIBRARY .. '_' .. functions[i][1],
+      callback = function(keys, argv) return answer(pcall(function_form, command, keys, argv)) end,
+      flags = functions[i][3],
+    }
+  end
+else
+  return answer(pcall(eval_form, KEYS, ARGV))
+end

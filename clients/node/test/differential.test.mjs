@@ -2,7 +2,11 @@
 // sequences of calls at the same frozen instants, on a server with the module (the command) and one without it
 // (the shared lua/tb.lua, called with the keys and arguments this package's script backend derives from the
 // command's own arguments), must give identical replies (errors included), identical hashes and identical expiries.
-// Both servers run under one controlled clock (tests/clock/).
+// Both servers run under one controlled clock (tests/clock/). The script runs in each of its forms, each on its own
+// keys of one server: EVALSHA, and where the server has FUNCTION the library generated from the same file (FCALL),
+// each on the server's clock (TIME) and on the caller's (`@<µs>`, the frozen instant; there the clock never steps
+// back: the module rebases a bucket on a step back, the caller's clock stands still). Valkey's clock in a script
+// cannot see the frozen instant: the comparison is skipped there.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
@@ -20,6 +24,9 @@ const BURSTS = ["20", "1", "5.5", "100", "2", "0.5", "1e3", "33.3"];
 const COSTS = ["1", "0", "2.5", "0.1", "5", "20", "1e-3", "7", "100"];
 const BAD_NUMBERS = ["abc", "0", "-1", "inf", "nan", "1e400", "0x10", " 1", "1 ", "", "-0", "+2.5e-3", ".5", "5.", "1E2"];
 const COMMANDS = script.commands();
+// Any name will do for the test; the packages name it after their version (lua/tb.lua's header).
+const LIBRARY = "tb_test";
+const librarySource = (name) => `#!lua name=${name}\nlocal TB_LIBRARY = '${name}'\n${script.source()}`;
 
 /** mulberry32: a small seeded generator, so that a failing seed replays. */
 function generator(seed) {
@@ -88,12 +95,26 @@ async function outcome(promise) {
   }
 }
 
+const functionName = (command) => `${LIBRARY}_${command.toLowerCase().replace("tb.", "")}`;
+
+/** Each key's hash and expiry (PEXPIRETIME, or PTTL on Redis 6.2: exact under a frozen clock), in one round trip. */
+async function snapshot(conn, prefix, keyOf, exact) {
+  const pipeline = conn.pipeline();
+  for (const key of KEYS) {
+    pipeline.hgetall(prefix + keyOf(key));
+    if (exact) pipeline.call("PEXPIRETIME", prefix + keyOf(key));
+    else pipeline.pttl(prefix + keyOf(key));
+  }
+  return (await pipeline.exec()).map(([error, reply]) => error?.message ?? reply);
+}
+
 describe("module and script backends agree", () => {
   let clock;
   let servers = [];
   let moduleConn;
   let scriptConn;
   let skip;
+  let forms;
   before(async () => {
     const preload = await clockPreload();
     if (preload === undefined) {
@@ -108,7 +129,14 @@ describe("module and script backends agree", () => {
     await moduleConn.call("TB.ACQUIRE", "probe", "1", "1");
     const info = await scriptConn.info("server");
     if ((await moduleConn.hget("probe", "ts")) !== String(CLOCK_2030_US)) skip = "the module does not follow the controlled clock here";
+    // Valkey's clock in a script is not exact under the controlled clock (tests/clock/README.md), and on the
+    // caller's clock the script sets expiries relative to it (PEXPIRE).
     else if (info.includes("valkey_version")) skip = "Valkey's TIME is not exact under the controlled clock (tests/clock/README.md)";
+    forms = ["eval", "eval@"];
+    if ((await outcome(scriptConn.call("FUNCTION", "LIST")))[0] !== "error") {
+      await scriptConn.call("FUNCTION", "LOAD", "REPLACE", librarySource(LIBRARY));
+      forms.push("fcall", "fcall@");
+    }
     await moduleConn.del("probe");
   });
   after(async () => {
@@ -119,27 +147,39 @@ describe("module and script backends agree", () => {
   });
 
   for (let seed = 0; seed < SEEDS; seed++) {
-    test(`seed ${seed}: identical replies, hashes and expiries`, async (t) => {
-      if (skip) return t.skip(skip);
-      const rng = generator(seed);
-      const sha = await scriptConn.script("LOAD", script.source());
-      const exact = Number((await scriptConn.info("server")).match(/redis_version:(\d+)/)[1]) >= 7;
-      const keyOf = (key) => `{d${seed}}:${key}`;
-      const params = Object.fromEntries(KEYS.map((key) => [key, [rng.pick(RATES), rng.pick(BURSTS)]]));
-      let nowUs = CLOCK_2030_US + BigInt(seed) * 10n ** 12n;
-      for (let step = 0; step < STEPS; step++) {
-        nowUs += advanceUs(rng);
-        clock.setUs(nowUs);
-        const [name, args] = randomCall(rng, params, keyOf);
-        const { keys, argv } = script.arguments(name, args);
-        const fromModule = await outcome(moduleConn.call(name, ...args));
-        const fromScript = await outcome(scriptConn.evalsha(sha, keys.length, ...keys, ...argv));
-        const context = `seed ${seed} step ${step} at ${nowUs}: ${name} ${JSON.stringify(args)}`;
-        assert.deepEqual(fromScript, fromModule, context);
-        const snapshot = (conn) =>
-          Promise.all(KEYS.map(async (key) => [await conn.hgetall(keyOf(key)), exact ? await conn.call("PEXPIRETIME", keyOf(key)) : await conn.pttl(keyOf(key))]));
-        assert.deepEqual(await snapshot(scriptConn), await snapshot(moduleConn), context);
-      }
-    });
+    for (const callerClock of [false, true]) {
+      test(`seed ${seed}, ${callerClock ? "caller" : "server"} clock: identical replies, hashes and expiries`, async (t) => {
+        if (skip) return t.skip(skip);
+        const formsHere = forms.filter((form) => form.endsWith("@") === callerClock);
+        const rng = generator(seed);
+        const sha = await scriptConn.script("LOAD", script.source());
+        const exact = Number((await scriptConn.info("server")).match(/redis_version:(\d+)/)[1]) >= 7;
+        const keyOf = (key) => `{d${seed}${callerClock ? "c" : ""}}:${key}`;
+        const params = Object.fromEntries(KEYS.map((key) => [key, [rng.pick(RATES), rng.pick(BURSTS)]]));
+        // Every seed and clock starts on its own day, far from the others' buckets (and has its own keys).
+        let nowUs = CLOCK_2030_US + BigInt(seed) * 10n ** 12n + (callerClock ? 10n ** 11n : 0n);
+        for (let step = 0; step < STEPS; step++) {
+          const stepUs = advanceUs(rng);
+          // The module rebases a bucket on a step back; on the caller's clock the bucket's time stands still.
+          nowUs += callerClock && stepUs < 0n ? 0n : stepUs;
+          clock.setUs(nowUs);
+          const [name, args] = randomCall(rng, params, keyOf);
+          const { keys, argv } = script.arguments(name, args);
+          const fromModule = await outcome(moduleConn.call(name, ...args));
+          const moduleState = await snapshot(moduleConn, "", keyOf, exact);
+          for (const form of formsHere) {
+            // Each form on its own keys, in the same slot: the form's name before the hash tag.
+            const formKeys = keys.map((key) => form + key);
+            const clockArg = form.endsWith("@") ? [`@${nowUs}`] : [];
+            const fromForm = form.startsWith("eval")
+              ? await outcome(scriptConn.evalsha(sha, keys.length, ...formKeys, ...clockArg, ...argv))
+              : await outcome(scriptConn.call("FCALL", functionName(name), keys.length, ...formKeys, ...clockArg, ...argv.slice(1)));
+            const context = `${form}: seed ${seed} step ${step} at ${nowUs}: ${name} ${JSON.stringify(args)}`;
+            assert.deepEqual(fromForm, fromModule, context);
+            assert.deepEqual(await snapshot(scriptConn, form, keyOf, exact), moduleState, context);
+          }
+        }
+      });
+    }
   }
 });

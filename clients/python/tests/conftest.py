@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import redis
 
+from redis_tb import SCRIPT
+
 REPO = Path(__file__).resolve().parents[3]
 SERVER = os.environ.get("REDIS_SERVER", "/usr/bin/redis-server")
 CLI = os.environ.get("REDIS_CLI", "/usr/bin/redis-cli")
@@ -206,3 +208,17 @@ class Clock:
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# The function library in tests: any name will do (the packages name it after their version), generated from the
+# one script by the rule in lua/tb.lua's header.
+LIBRARY = "tb_test"
+
+
+def library_source(name: str = LIBRARY) -> str:
+    return f"#!lua name={name}\nlocal TB_LIBRARY = '{name}'\n" + SCRIPT
+
+
+def function_name(command: str) -> str:
+    """The library's function for a command: TB.ACQUIRE -> tb_test_acquire."""
+    return f"{LIBRARY}_{command.lower().removeprefix('tb.')}"

@@ -2,7 +2,11 @@
 instants must give identical replies (errors included), identical stored hashes and identical expiries.
 
 Both servers run under one controlled clock (tests/clock/), so every call of a step sees the same microsecond
-on both. Commands the module under test does not have yet are left out of the comparison.
+on both. Commands the module under test does not have yet are left out of the comparison. The script runs in each
+of its forms, each on its own keys of one server: EVALSHA, and where the server has FUNCTION the library generated
+from the same file (FCALL), each on the server's clock (TIME) and on the caller's (`@<µs>`, the frozen instant;
+there the clock never steps back: the module rebases a bucket on a step back, the caller's clock stands still).
+Valkey's clock in a script cannot see the frozen instant: the comparison is skipped there.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import CLOCK_2030_US, Clock, Server, clock_preload
+from conftest import CLOCK_2030_US, Clock, Server, clock_preload, function_name, library_source
 
 from redis_tb import SCRIPT
 
@@ -54,7 +58,7 @@ COMMANDS = [
 
 
 @pytest.fixture(scope="module")
-def clocked() -> Iterator[tuple[Clock, Server, Server, list[str]]]:
+def clocked() -> Iterator[tuple[Clock, Server, Server, list[str], list[str]]]:
     preload = clock_preload()
     if preload is None:
         pytest.skip("no controlled clock (tests/clock/build.sh)")
@@ -66,13 +70,18 @@ def clocked() -> Iterator[tuple[Clock, Server, Server, list[str]]]:
         probe.execute_command("TB.ACQUIRE", "probe", "1", "1")  # type: ignore[no-untyped-call]
         if probe.hget("probe", "ts") != str(CLOCK_2030_US).encode():
             pytest.skip("the module on this server does not follow the controlled clock")
+        forms = ["eval", "eval@"]
+        if command_known(probe, "FUNCTION"):
+            script_server.client().execute_command("FUNCTION", "LOAD", "REPLACE", library_source())  # type: ignore[no-untyped-call]
+            forms += ["fcall", "fcall@"]
         if "valkey_version" in probe.info("server"):
             # Valkey's own clock (TIME in a script) re-reads the wall clock at most once per millisecond and
-            # adds monotonic time in between (tests/clock/README.md): the script cannot see the frozen instant.
+            # adds monotonic time in between (tests/clock/README.md): the script cannot see the frozen instant,
+            # and on the caller's clock its expiries are set relative to that clock (PEXPIRE).
             pytest.skip("Valkey's TIME is not exact under the controlled clock")
         probe.delete("probe")
         commands = [name for name in COMMANDS if command_known(probe, name)]
-        yield clock, module_server, script_server, commands
+        yield clock, module_server, script_server, commands, forms
     finally:
         module_server.stop()
         script_server.stop()
@@ -88,16 +97,16 @@ def command_known(conn: redis.Redis, name: str) -> bool:
     return True
 
 
-def run(conn: redis.Redis, sha: str, on_module: bool, name: str, keys: list[str], args: list[str]) -> Any:
-    """One call: the module's command, or the script with the same keys and arguments. Errors are results."""
-    if on_module:
-        module_args = module_arguments(name, keys, args)
-        try:
-            return conn.execute_command(name, *module_args)  # type: ignore[no-untyped-call]
-        except redis.ResponseError as error:
-            return ("error", str(error))
+def run(conn: redis.Redis, sha: str, form: str, name: str, keys: list[str], args: list[str], now_us: int) -> Any:
+    """One call: the module's command ("module"), or the script in one of its forms with the same keys and
+    arguments. Errors are results."""
+    clock = [f"@{now_us}"] if form.endswith("@") else []
     try:
-        return conn.evalsha(sha, len(keys), *keys, name, *args)
+        if form == "module":
+            return conn.execute_command(name, *module_arguments(name, keys, args))  # type: ignore[no-untyped-call]
+        if form.startswith("eval"):
+            return conn.evalsha(sha, len(keys), *keys, *clock, name, *args)
+        return conn.execute_command("FCALL", function_name(name), len(keys), *keys, *clock, *args)  # type: ignore[no-untyped-call]
     except redis.ResponseError as error:
         return ("error", str(error))
 
@@ -186,30 +195,47 @@ def advance_us(rng: random.Random) -> int:
 
 def snapshot(conn: redis.Redis, keys: list[str], exact_expiry: bool) -> list[Any]:
     """Each key's hash and expiry: PEXPIRETIME, or on Redis 6.2 (which lacks it) PTTL, exact under a frozen
-    clock."""
-    if exact_expiry:
-        return [(conn.hgetall(key), conn.pexpiretime(key)) for key in keys]
-    return [(conn.hgetall(key), conn.pttl(key)) for key in keys]
+    clock. One round trip."""
+    pipe = conn.pipeline(transaction=False)
+    for key in keys:
+        pipe.hgetall(key)
+        if exact_expiry:
+            pipe.pexpiretime(key)
+        else:
+            pipe.pttl(key)
+    replies = pipe.execute()
+    return [(replies[i], replies[i + 1]) for i in range(0, len(replies), 2)]
 
 
+@pytest.mark.parametrize("caller_clock", [False, True], ids=["server-clock", "caller-clock"])
 @pytest.mark.parametrize("seed", SEEDS)
-def test_script_matches_module_on_random_sequences(clocked: tuple[Clock, Server, Server, list[str]], seed: int) -> None:
-    clock, module_server, script_server, commands = clocked
+def test_script_matches_module_on_random_sequences(
+    clocked: tuple[Clock, Server, Server, list[str], list[str]], seed: int, caller_clock: bool
+) -> None:
+    clock, module_server, script_server, commands, all_forms = clocked
+    forms = [form for form in all_forms if form.endswith("@") == caller_clock]
     rng = random.Random(seed)
     module_conn, script_conn = module_server.client(), script_server.client()
     sha = script_conn.script_load(SCRIPT)
     exact = int(script_conn.info("server")["redis_version"].split(".")[0]) >= 7
-    keys = [key.format(d=seed) for key in KEYS]
+    keys = [key.format(d=f"{seed}{'c' * caller_clock}") for key in KEYS]
     params = {key: (rng.choice(RATES), rng.choice(BURSTS)) for key in KEYS}
-    now_us = CLOCK_2030_US + seed * 10**12  # every seed starts on its own day, far from the others' buckets
+    # Every seed and clock starts on its own day, far from the others' buckets (and has its own keys).
+    now_us = CLOCK_2030_US + seed * 10**12 + caller_clock * 10**11
     clock.set_us(now_us)
     for step in range(STEPS):
-        now_us += advance_us(rng)
+        step_us = advance_us(rng)
+        if caller_clock and step_us < 0:
+            step_us = 0  # the module rebases a bucket on a step back; on the caller's clock its time stands still
+        now_us += step_us
         clock.set_us(now_us)
         name, call_keys, args = random_call(rng, commands, params)
-        call_keys = [key.format(d=seed) for key in call_keys]
-        from_module = run(module_conn, sha, True, name, call_keys, args)
-        from_script = run(script_conn, sha, False, name, call_keys, args)
-        context = f"seed {seed} step {step} at {now_us}: {name} {call_keys} {args}"
-        assert from_script == from_module, context
-        assert snapshot(script_conn, keys, exact) == snapshot(module_conn, keys, exact), context
+        call_keys = [key.format(d=f"{seed}{'c' * caller_clock}") for key in call_keys]
+        from_module = run(module_conn, sha, "module", name, call_keys, args, now_us)
+        module_state = snapshot(module_conn, keys, exact)
+        for form in forms:
+            # Each form on its own keys, in the same slot: the form's name before the hash tag.
+            from_form = run(script_conn, sha, form, name, [form + key for key in call_keys], args, now_us)
+            context = f"{form}: seed {seed} step {step} at {now_us}: {name} {call_keys} {args}"
+            assert from_form == from_module, context
+            assert snapshot(script_conn, [form + key for key in keys], exact) == module_state, context

@@ -15,7 +15,7 @@ from conftest import Server
 
 from redis_tb import SCRIPT
 
-ENCODER = SCRIPT.replace("return dispatch(KEYS, ARGV)", "return encode_tokens(tonumber(ARGV[1]))")
+ENCODER = SCRIPT.replace("return answer(pcall(eval_form, KEYS, ARGV))", "return encode_tokens(tonumber(ARGV[1]))")
 
 
 def ryu_layout(value: float) -> str:
