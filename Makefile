@@ -25,7 +25,7 @@ PYTHON := $(CURDIR)/$(VENV)/bin/python
 # changes nothing).
 export PATH := $(CURDIR)/$(VENV)/node-bin:$(PATH)
 
-.PHONY: help deps module dist deb venv envoy-venv bench-gateway py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
+.PHONY: help deps module dist deb dist-venv venv envoy-venv bench-gateway py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -52,11 +52,14 @@ run: module ## Build only the module and start redis-server in the foreground wi
 	$(if $(filter-out 127.0.0.1 localhost ::1,$(BIND)),@echo "redis-tb: BIND=$(BIND) listens beyond this machine and the server has no password: set one (requirepass or ACL) or keep the default BIND=127.0.0.1")
 	exec $(PDEATHSIG) $(REDIS_SERVER) --port $(PORT) --bind $(BIND) --save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
 
-dist: build ## The release tarball dist/redis-tb-<version>-x86_64-linux-gnu.tar.gz (stripped module, docs, SHA256SUMS)
+dist: build dist-venv node-deps ## Everything a release ships, in dist/: the module's and tb-rls's tarballs, the Python sdist and wheel, the npm tarball, SHA256SUMS
 	@bash scripts/dist.sh dist
 
-deb: build ## The Debian package dist/redis-tb_<version>_amd64.deb (module in /usr/lib/redis/modules, a loadmodule snippet)
+deb: build ## The Debian packages dist/redis-tb_<version>_amd64.deb (the module and a loadmodule snippet) and dist/tb-rls_<version>_amd64.deb (the service, its user, config and systemd unit)
 	@bash scripts/dist.sh deb
+
+dist-venv: venv ## What make dist builds the Python package with, in .venv: build, hatchling (no build isolation: no network), twine
+	@$(PYTHON) -c 'import build, hatchling, twine' 2>/dev/null || $(PYTHON) -m pip install -q build hatchling twine
 
 venv: ## A project-local Python environment with redis-py and pyflakes, for the client examples and docs tests
 	@$(PYTHON) -c "import redis, pyflakes" 2>/dev/null || (python3 -m venv $(VENV) && $(PYTHON) -m pip install -q redis pyflakes)

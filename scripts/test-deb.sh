@@ -14,33 +14,9 @@ cli="${REDIS_CLI:-/usr/bin/redis-cli}"
 module=/usr/lib/redis/modules/redis-tb.so
 snippet=/etc/redis/modules.d/redis-tb.conf
 
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  sudo -n true 2>/dev/null || { echo "test-deb: needs root or passwordless sudo to run dpkg" >&2; exit 1; }
-  sudo="sudo -n"
-fi
-
-fail() {
-  echo "test-deb: FAILED: $*" >&2
-  exit 1
-}
-
-# dpkg refuses to run while apt or another dpkg holds its lock: wait for it (a minute at most).
-dpkg_retry() {
-  local tries=0 out
-  while true; do
-    if out="$($sudo dpkg "$@" 2>&1)"; then
-      printf '%s\n' "$out"
-      return 0
-    fi
-    if ! grep -q 'lock' <<<"$out" || [ "$tries" -ge 60 ]; then
-      printf '%s\n' "$out" >&2
-      return 1
-    fi
-    tries=$((tries + 1))
-    sleep 1
-  done
-}
+me=test-deb
+# shellcheck source=scripts/deb-common.sh
+. "$(dirname "$0")/deb-common.sh"
 
 installed() {
   [ "$(dpkg-query -W -f='${db:Status-Abbrev}' redis-tb 2>/dev/null | tr -d ' ')" = "$1" ]

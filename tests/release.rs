@@ -39,6 +39,19 @@ fn make(target: &str) -> String {
     text
 }
 
+/// `make dist`, once per test binary: the tests share its artifacts (a second, concurrent run would pack the npm and
+/// Python packages from the same tree at the same time).
+fn make_dist() -> &'static str {
+    static DIST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    DIST.get_or_init(|| make("dist"))
+}
+
+/// `make deb`, once per test binary.
+fn make_deb() -> &'static str {
+    static DEB: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    DEB.get_or_init(|| make("deb"))
+}
+
 fn run(command: &mut Command) -> String {
     let output = command.output().expect("run a command");
     let text = format!(
@@ -113,6 +126,49 @@ fn check_contract(server: &Server, name: &str) {
     common::ping(&mut conn);
 }
 
+/// Checks that a shipped binary is stripped, needs nothing but glibc and libgcc, and no glibc newer than bookworm's;
+/// returns the glibc it needs.
+fn check_binary(binary: &Path) -> (u32, u32) {
+    let sections = run(Command::new("readelf").arg("-S").arg(binary));
+    assert!(
+        !sections.contains(".symtab") && !sections.contains(".debug"),
+        "{} is stripped",
+        binary.display()
+    );
+    // Nothing but glibc and libgcc, which every glibc Linux has: no Rust toolchain or other library needed.
+    let dynamic = run(Command::new("readelf").arg("-d").arg(binary));
+    let needed: Vec<&str> = dynamic
+        .lines()
+        .filter(|line| line.contains("(NEEDED)"))
+        .filter_map(|line| {
+            line.split_once('[')?
+                .1
+                .split_once(']')
+                .map(|(name, _)| name)
+        })
+        .collect();
+    assert!(
+        needed.iter().all(|name| [
+            "libc.so.6",
+            "libgcc_s.so.1",
+            "libm.so.6",
+            "libpthread.so.0",
+            "libdl.so.2",
+            "ld-linux-x86-64.so.2"
+        ]
+        .contains(name)),
+        "{} needs only glibc and libgcc: {needed:?}",
+        binary.display()
+    );
+    let glibc = newest_glibc(binary);
+    assert!(
+        glibc <= GLIBC_MAX,
+        "{} needs glibc {glibc:?}, newer than Debian bookworm's {GLIBC_MAX:?}",
+        binary.display()
+    );
+    glibc
+}
+
 /// The newest `GLIBC_x.y` symbol version the library imports.
 fn newest_glibc(library: &Path) -> (u32, u32) {
     let symbols = run(Command::new("objdump").arg("-T").arg(library));
@@ -131,7 +187,7 @@ fn newest_glibc(library: &Path) -> (u32, u32) {
 }
 
 fn unpack_dist() -> (PathBuf, PathBuf) {
-    let output = make("dist");
+    let output = make_dist();
     let name = format!("redis-tb-{VERSION}-x86_64-linux-gnu");
     assert!(
         output.contains("needs glibc 2."),
@@ -170,6 +226,7 @@ fn release_artifacts_dist_tarball_verifies_and_loads_on_every_server() {
             "README.md",
             "SHA256SUMS",
             "libredis_tb.so",
+            "lua/tb.lua",
             "redis.conf.example"
         ]
     );
@@ -182,41 +239,13 @@ fn release_artifacts_dist_tarball_verifies_and_loads_on_every_server() {
         .current_dir(&unpacked));
     assert!(verified.contains("libredis_tb.so: OK"), "{verified}");
 
+    assert_eq!(
+        std::fs::read(unpacked.join("lua/tb.lua")).ok(),
+        std::fs::read(root().join("lua/tb.lua")).ok(),
+        "the tarball's script is the repository's"
+    );
     let module = unpacked.join("libredis_tb.so");
-    let sections = run(Command::new("readelf").arg("-S").arg(&module));
-    assert!(
-        !sections.contains(".symtab") && !sections.contains(".debug"),
-        "the module is stripped"
-    );
-    // Nothing but glibc and libgcc, which every glibc Linux has: no Rust toolchain or other library needed.
-    let dynamic = run(Command::new("readelf").arg("-d").arg(&module));
-    let needed: Vec<&str> = dynamic
-        .lines()
-        .filter(|line| line.contains("(NEEDED)"))
-        .filter_map(|line| {
-            line.split_once('[')?
-                .1
-                .split_once(']')
-                .map(|(name, _)| name)
-        })
-        .collect();
-    assert!(
-        needed.iter().all(|name| [
-            "libc.so.6",
-            "libgcc_s.so.1",
-            "libm.so.6",
-            "libpthread.so.0",
-            "libdl.so.2",
-            "ld-linux-x86-64.so.2"
-        ]
-        .contains(name)),
-        "the module needs only glibc and libgcc: {needed:?}"
-    );
-    let glibc = newest_glibc(&module);
-    assert!(
-        glibc <= GLIBC_MAX,
-        "the module needs glibc {glibc:?}, newer than Debian bookworm's {GLIBC_MAX:?}"
-    );
+    let glibc = check_binary(&module);
     let readme = std::fs::read_to_string(root().join("README.md")).expect("read README.md");
     let stated = format!("glibc {}.{} or newer", glibc.0, glibc.1);
     assert!(
@@ -249,7 +278,7 @@ fn release_artifacts_readme_tarball_commands_run_as_pasted() {
         .find(|body| body.starts_with(&format!("tar xzf {tarball_name}")))
         .expect("README.md has a ```sh block that unpacks the tarball")
         .to_string();
-    make("dist");
+    make_dist();
 
     let dir = common::fresh_dir();
     let bin = dir.join("bin");
@@ -332,6 +361,28 @@ fn release_artifacts_readme_tarball_commands_run_as_pasted() {
     );
 }
 
+/// Runs scripts/<script>.sh on the package under the lock that concurrent runs share; fails unless it says ok.
+fn test_deb(script: &str, deb: &Path) {
+    let output = Command::new("flock")
+        .args(["-w", "900", DEB_LOCK, "bash"])
+        .arg(root().join(format!("scripts/{script}.sh")))
+        .arg(deb)
+        .env("REDIS_SERVER", common::server_binary())
+        .env("REDIS_CLI", common::cli_binary())
+        .env("TB_MODULE", common::module_path())
+        .output()
+        .expect("run the package's test script");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success() && text.contains(&format!("{script}: ok")),
+        "{text}"
+    );
+}
+
 #[test]
 fn release_artifacts_deb_installs_loads_and_purges_cleanly() {
     // The README's steps are these, with the include line that scripts/test-deb.sh adds to a copy of Debian's
@@ -344,26 +395,344 @@ fn release_artifacts_deb_installs_loads_and_purges_cleanly() {
     ] {
         assert!(readme.contains(&step), "README.md says: {step}");
     }
-    make("deb");
+    make_deb();
     let deb = root()
         .join("dist")
         .join(format!("redis-tb_{VERSION}_amd64.deb"));
     assert!(deb.exists(), "make deb made {}", deb.display());
-    let output = Command::new("flock")
-        .args(["-w", "900", DEB_LOCK, "bash"])
-        .arg(root().join("scripts/test-deb.sh"))
-        .arg(&deb)
-        .env("REDIS_SERVER", common::server_binary())
-        .env("REDIS_CLI", common::cli_binary())
+    test_deb("test-deb", &deb);
+}
+
+/// Unpacks a tarball into a fresh scratch directory, returned.
+fn unpack(tarball: &Path) -> PathBuf {
+    assert!(tarball.exists(), "make dist made {}", tarball.display());
+    let dir = common::fresh_dir();
+    std::fs::create_dir_all(&dir).expect("create a scratch directory");
+    run(Command::new("tar")
+        .arg("xzf")
+        .arg(tarball)
+        .arg("-C")
+        .arg(&dir));
+    dir
+}
+
+/// The files under `dir`, relative and sorted.
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut files: Vec<String> = run(Command::new("find")
+        .arg(".")
+        .args(["-type", "f"])
+        .current_dir(dir))
+    .lines()
+    .map(|line| line.trim_start_matches("./").to_string())
+    .collect();
+    files.sort();
+    files
+}
+
+/// A process stopped (and reaped) when dropped, so that a failing assertion leaves nothing running.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One ShouldRateLimit call through scripts/rls_call.py: "OK", "OVER_LIMIT", or "" when nothing answered.
+fn rls_call(port: u16, hits: u32, descriptor: &str) -> String {
+    Command::new("python3")
+        .arg(root().join("scripts/rls_call.py"))
+        .args(["--port", &port.to_string(), "--domain", "edge"])
+        .args(["--hits", &hits.to_string(), descriptor])
         .output()
-        .expect("run scripts/test-deb.sh");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn release_artifacts_tb_rls_tarball_verifies_and_serves_its_example() {
+    make_dist();
+    let name = format!("tb-rls-{VERSION}-x86_64-linux-gnu");
+    let scratch = unpack(&root().join("dist").join(format!("{name}.tar.gz")));
+    let unpacked = scratch.join(&name);
+    assert_eq!(
+        files_under(&unpacked),
+        [
+            "LICENSE",
+            "README.md",
+            "SHA256SUMS",
+            "examples/envoy.yaml",
+            "examples/ratelimit.yaml",
+            "examples/tb-rls.default",
+            "examples/tb-rls.service",
+            "gateway.md",
+            "tb-rls"
+        ]
     );
+    let verified = run(Command::new("sha256sum")
+        .args(["-c", "SHA256SUMS"])
+        .current_dir(&unpacked));
+    assert!(verified.contains("tb-rls: OK"), "{verified}");
+    let binary = unpacked.join("tb-rls");
+    let glibc = check_binary(&binary);
+    let readme = std::fs::read_to_string(unpacked.join("README.md")).expect("read README.md");
+    let stated = format!("glibc {}.{} or newer", glibc.0, glibc.1);
     assert!(
-        output.status.success() && text.contains("test-deb: ok"),
-        "{text}"
+        readme.contains(&stated),
+        "the tarball's README.md says: {stated}"
     );
+    let unit =
+        std::fs::read_to_string(unpacked.join("examples/tb-rls.service")).expect("read the unit");
+    assert!(
+        unit.contains("ExecStart=/usr/local/bin/tb-rls ") && unit.contains("User=tb-rls"),
+        "the tarball's unit runs the binary where its README installs it, as the tb-rls user:\n{unit}"
+    );
+    let version = run(Command::new(&binary).arg("--version"));
+    assert!(version.contains(VERSION), "tb-rls --version: {version}");
+
+    // The binary serves the example configuration from the tarball alone.
+    let server = Server::start();
+    let grpc_port = common::free_port();
+    let _service = Child(
+        Command::new(&binary)
+            .arg("--config")
+            .arg(unpacked.join("examples/ratelimit.yaml"))
+            .args(["--redis-url", &format!("127.0.0.1:{}", server.port)])
+            .args([
+                "--grpc-port",
+                &grpc_port.to_string(),
+                "--prometheus-addr",
+                "off",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start tb-rls"),
+    );
+    let answered = common::wait_until(Duration::from_secs(20), || {
+        rls_call(grpc_port, 0, "user=tarball") == "OK"
+    });
+    assert!(answered, "tb-rls from the tarball answered OK");
+    // The example's per-user burst is 20: 25 at once is over it.
+    assert_eq!(rls_call(grpc_port, 25, "user=tarball"), "OVER_LIMIT");
+    let _ = std::fs::remove_dir_all(scratch);
+}
+
+#[test]
+fn release_artifacts_sha256sums_cover_every_artifact() {
+    make_dist();
+    let sums =
+        std::fs::read_to_string(root().join("dist/SHA256SUMS")).expect("read dist/SHA256SUMS");
+    for file in [
+        format!("redis-tb-{VERSION}-x86_64-linux-gnu.tar.gz"),
+        format!("tb-rls-{VERSION}-x86_64-linux-gnu.tar.gz"),
+        format!("redis_tb-{VERSION}.tar.gz"),
+        format!("redis_tb-{VERSION}-py3-none-any.whl"),
+        format!("redis-tb-{VERSION}.tgz"),
+    ] {
+        assert!(
+            sums.lines()
+                .any(|line| line.ends_with(&format!("  {file}"))),
+            "dist/SHA256SUMS lists {file}:\n{sums}"
+        );
+    }
+    let verified = run(Command::new("sha256sum")
+        .args(["-c", "SHA256SUMS"])
+        .current_dir(root().join("dist")));
+    assert!(!verified.contains("FAILED"), "{verified}");
+}
+
+/// The Python sdist and wheel: twine accepts them, both carry LICENSE and the README, the wheel installs into a
+/// fresh virtual environment (redis-py from PyPI, as for a user) and its WSGI middleware limits requests on a
+/// server with the module, and the unpacked sdist alone, away from the repository, builds a wheel with the script.
+#[test]
+fn release_artifacts_python_packages_install_from_the_files_alone() {
+    make_dist();
+    let dist = root().join("dist");
+    let sdist = dist.join(format!("redis_tb-{VERSION}.tar.gz"));
+    let wheel = dist.join(format!("redis_tb-{VERSION}-py3-none-any.whl"));
+    let python = common::python_binary();
+    let checked = run(Command::new(&python)
+        .args(["-m", "twine", "check", "--strict"])
+        .arg(&sdist)
+        .arg(&wheel));
+    assert_eq!(checked.matches("PASSED").count(), 2, "{checked}");
+    let listed = run(Command::new(&python)
+        .args(["-m", "zipfile", "-l"])
+        .arg(&wheel));
+    for inside in [
+        format!("redis_tb-{VERSION}.dist-info/licenses/LICENSE"),
+        "redis_tb/tb.lua".to_string(),
+    ] {
+        assert!(
+            listed.contains(&inside),
+            "the wheel has {inside}:\n{listed}"
+        );
+    }
+    let scratch = unpack(&sdist);
+    let unpacked = scratch.join(format!("redis_tb-{VERSION}"));
+    for inside in ["LICENSE", "README.md", "PKG-INFO", "src/redis_tb/tb.lua"] {
+        assert!(unpacked.join(inside).is_file(), "the sdist has {inside}");
+    }
+    let readme =
+        std::fs::read_to_string(root().join("clients/python/README.md")).expect("read the README");
+    let metadata = std::fs::read_to_string(unpacked.join("PKG-INFO")).expect("read PKG-INFO");
+    assert!(
+        metadata.contains(readme.trim()),
+        "the README is the package's description"
+    );
+
+    // A wheel from the unpacked sdist alone (no repository around it: the scratch directory is outside it).
+    let built = scratch.join("built");
+    run(Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+        ])
+        .arg(&built)
+        .arg(&unpacked));
+    let rebuilt = built.join(format!("redis_tb-{VERSION}-py3-none-any.whl"));
+    let script = run(Command::new(&python)
+        .args(["-c", "import sys, zipfile; sys.stdout.write(zipfile.ZipFile(sys.argv[1]).read('redis_tb/tb.lua').decode())"])
+        .arg(&rebuilt));
+    assert_eq!(
+        script,
+        std::fs::read_to_string(root().join("lua/tb.lua")).expect("read lua/tb.lua"),
+        "the wheel built from the sdist carries the repository's script"
+    );
+
+    // The released wheel in a fresh virtual environment; its middleware on a server with the module.
+    let venv = scratch.join("venv");
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv));
+    let venv_python = venv.join("bin/python");
+    run(Command::new(&venv_python)
+        .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+        .arg(&wheel));
+    let server = Server::start();
+    let app = r#"
+import sys
+import redis
+import redis_tb
+from redis_tb import Limit, TokenBucket
+from redis_tb.wsgi import RateLimitMiddleware
+
+assert redis_tb.__file__.startswith(sys.prefix), redis_tb.__file__
+def app(environ, start_response):
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"hello"]
+limited = RateLimitMiddleware(app, limiter=TokenBucket(redis.Redis.from_url(sys.argv[1])),
+                              limits=[Limit("api", rate=1, burst=2)])
+for _ in range(3):
+    seen = {}
+    def start_response(status, headers, exc_info=None):
+        seen["status"], seen["headers"] = status, dict(headers)
+    b"".join(limited({"REQUEST_METHOD": "GET", "PATH_INFO": "/", "REMOTE_ADDR": "192.0.2.1"}, start_response))
+    print(seen["status"].split()[0], "Retry-After" in seen["headers"])
+"#;
+    let output = run(Command::new(&venv_python).args(["-c", app, &server.url()]));
+    assert_eq!(
+        output, "200 False\n200 False\n429 True\n",
+        "the middleware from the wheel"
+    );
+    let _ = std::fs::remove_dir_all(scratch);
+}
+
+/// The npm tarball: LICENSE, README and the script inside; `npm publish --dry-run` accepts it; installed into a
+/// fresh project from the file (no clone: the project is in a scratch directory), its client talks to a server with
+/// the module from both module systems.
+#[test]
+fn release_artifacts_npm_tarball_installs_into_a_fresh_project() {
+    make_dist();
+    let tarball = root().join("dist").join(format!("redis-tb-{VERSION}.tgz"));
+    let scratch = unpack(&tarball);
+    for inside in [
+        "LICENSE",
+        "README.md",
+        "lua/tb.lua",
+        "package.json",
+        "src/index.cjs",
+        "types/index.d.ts",
+    ] {
+        assert!(
+            scratch.join("package").join(inside).is_file(),
+            "the npm tarball has {inside}"
+        );
+    }
+    let published = run(Command::new("npm")
+        .args(["publish", "--dry-run", "--ignore-scripts"])
+        .arg(&tarball)
+        .current_dir(&scratch));
+    assert!(
+        published.contains(&format!("redis-tb@{VERSION}")),
+        "{published}"
+    );
+
+    let project = scratch.join("app");
+    std::fs::create_dir_all(&project).expect("create the project");
+    std::fs::write(
+        project.join("package.json"),
+        r#"{"name": "app", "private": true}"#,
+    )
+    .expect("package.json");
+    run(Command::new("npm")
+        .args([
+            "install",
+            "--prefer-offline",
+            "--no-audit",
+            "--no-fund",
+            "ioredis@5",
+        ])
+        .arg(&tarball)
+        .current_dir(&project));
+    let installed = project.join("node_modules/redis-tb");
+    assert!(
+        installed.is_dir() && !installed.is_symlink(),
+        "the package is installed as files, not a link into a clone"
+    );
+    let server = Server::start();
+    let probe = "const reply = await new tb.TbClient(redis).acquire('npm:fresh', 0.001, 20); \
+                 console.log(reply.allowed, reply.remaining); redis.disconnect();";
+    let via_require = run(Command::new("node")
+        .args([
+            "-e",
+            &format!(
+                "const tb = require('redis-tb'); const {{ Redis }} = require('ioredis'); \
+                 const redis = new Redis(process.argv[1]); (async () => {{ {probe} }})();"
+            ),
+            &server.url(),
+        ])
+        .current_dir(&project));
+    assert_eq!(via_require.trim(), "true 19");
+    let via_import = run(Command::new("node")
+        .args([
+            "--input-type=module",
+            "-e",
+            &format!(
+                "import * as tb from 'redis-tb'; import {{ Redis }} from 'ioredis'; \
+                 const redis = new Redis(process.argv[1]); {probe}"
+            ),
+            &server.url(),
+        ])
+        .current_dir(&project));
+    assert_eq!(via_import.trim(), "true 18");
+    let _ = std::fs::remove_dir_all(scratch);
+}
+
+#[test]
+fn release_artifacts_tb_rls_deb_installs_serves_as_its_user_and_purges_cleanly() {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("read README.md");
+    let step = format!("sudo dpkg -i tb-rls_{VERSION}_amd64.deb");
+    assert!(readme.contains(&step), "README.md says: {step}");
+    make_deb();
+    let deb = root()
+        .join("dist")
+        .join(format!("tb-rls_{VERSION}_amd64.deb"));
+    assert!(deb.exists(), "make deb made {}", deb.display());
+    test_deb("test-deb-rls", &deb);
 }

@@ -105,7 +105,15 @@ fn every_part_has_the_module_version() {
 
 #[test]
 fn docs_and_packages_name_the_module_version() {
-    let mut texts = vec![("README.md".to_string(), read("README.md"))];
+    let mut texts: Vec<(String, String)> = [
+        "README.md",
+        "clients/python/README.md",
+        "clients/node/README.md",
+        "packaging/tb-rls/README.md",
+    ]
+    .iter()
+    .map(|path| (path.to_string(), read(path)))
+    .collect();
     for dir in [
         "docs",
         "lua",
