@@ -59,7 +59,17 @@ WHERE IT DIFFERS FROM THE MODULE
 
   - Integers above 2^53 are not exact in Lua. Replies that the module saturates at 2^63-1 (absurd parameters,
     e.g. a bucket that takes millennia to refill) come back as 9223372036854774784, the largest double below
-    2^63; stored `ts` values above 2^53 µs (after the year 2255) are read to the nearest double.
+    2^63; stored `ts` values above 2^53 µs (after the year 2255) are read to the nearest double, and an instant
+    computed beyond 2^53 µs (a bucket full again only after the year 2255) is rounded to a double, so its reset
+    or wait may come back 1 ms low.
+  - Out of memory (above maxmemory), in the EVAL form only: the module refuses every command but TB.REFUND before
+    it runs (they are `deny-oom`), and so does the function form (its flags). Redis cannot refuse an EVAL that way
+    (a flag in the script's first line is an error on Redis 6.2), so there a call that writes nothing (a peek at
+    cost 0, a refusal, a full bucket) is answered, a call that writes is refused with the module's OOM reply
+    (Redis refuses the script's first write), and a partial TB.REFUND is refused too, where the module performs it
+    (a refund that fills the bucket deletes the key and succeeds in both).
+  - On the caller's clock (`@<µs>`), a reading earlier than a bucket's last one leaves the bucket's time where it
+    is (see CALLING IT); the module, on its server's clock, rebases the bucket to the earlier reading.
   - Redis 6.2 has no PEXPIRETIME: there the current expiry is read as TIME + PTTL, which may read a millisecond
     low, so an expiry may be kept up to 1 ms past the window's end (never before its start).
   - Redis 6.2 replicates a script's effects only after redis.replicate_commands(), which this script calls first;
@@ -456,8 +466,10 @@ end
 -- A finite decimal: [+-] (digits [. digits] | . digits) [e [+-] digits]. No hex, spaces, inf or nan.
 local function parse_f64(text)
   if type(text) ~= 'string' then return nil end
-  -- Most arguments and stored values are plain digits (`10`, `1`): no pattern beyond this one.
-  if string.find(text, '^%d+$') then return tonumber(text) end
+  -- Most arguments and stored values are a few plain digits (`10`, `1`): no pattern beyond this one. Up to 15
+  -- digits the value is below 2^53 and exact; longer runs go the general way, where one too large for a double
+  -- (`1` and 309 zeros) is refused.
+  if #text <= 15 and string.find(text, '^%d+$') then return tonumber(text) end
   local body = text:match('^[+-]?(.*)$')
   local mantissa, exponent = body:match('^([^eE]*)[eE](.*)$')
   if mantissa then
@@ -655,8 +667,14 @@ local function write_state(key, write, existed, now_us)
       keep = at_ms >= write.expire_at_ms and at_ms <= sat_add(write.expire_at_ms, write.expire_slack_ms)
     end
   end
-  redis.call('HSET', key, FIELD_TOKENS, encode_tokens(write.state.tokens),
+  -- Above maxmemory Redis refuses a script's first write (this HSET) in the EVAL form: that refusal is
+  -- the module's reply, OOM without the script's error wrapping. Nothing is written before it.
+  local written = redis.pcall('HSET', key, FIELD_TOKENS, encode_tokens(write.state.tokens),
     FIELD_UPDATED_US, encode_integer(write.state.ts))
+  if type(written) == 'table' and written.err then
+    -- Redis 6.2 puts where the script called it before the reply: '@user_script: 662: -OOM ...'.
+    refuse(string.match(written.err, '^@[^:]*: %d+: %-(.*)$') or written.err)
+  end
   if not keep then
     local at_ms = sat_add(write.expire_at_ms, write.expire_slack_ms)
     if caller_now_us then

@@ -49,11 +49,13 @@ def no_time() -> Iterator[redis.Redis]:
         server.stop()
 
 
-def call(conn: redis.Redis, form: str, name: str, keys: list[str], args: list[str]) -> Any:
+def call(conn: redis.Redis, form: str, name: str, keys: list[str], args: list[str], at: str | None = None) -> Any:
+    """One call in the EVAL or the function form, on the caller's clock `at` (`@<µs>`) if given."""
+    clock = [at] if at else []
     try:
         if form == "eval":
-            return conn.eval(SCRIPT, len(keys), *keys, *args[:1], name, *args[1:])
-        return conn.execute_command("FCALL", function_name(name), len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+            return conn.eval(SCRIPT, len(keys), *keys, *clock, name, *args)
+        return conn.execute_command("FCALL", function_name(name), len(keys), *keys, *clock, *args)  # type: ignore[no-untyped-call]
     except redis.ResponseError as error:
         return ("error", str(error))
 
@@ -65,7 +67,7 @@ def test_both_forms_answer_alike_on_the_callers_clock(no_time: redis.Redis) -> N
         at = f"@{T0 + step * 150_000}"
         for form in forms:
             form_keys = [form + key for key in keys]
-            reply = call(no_time, form, name, form_keys, [at, *args])
+            reply = call(no_time, form, name, form_keys, args, at)
             assert not isinstance(reply, tuple), (form, name, reply)
             state[form].append((reply, [no_time.hgetall(key) for key in form_keys]))
     assert state.get("fcall", state["eval"]) == state["eval"]
@@ -73,8 +75,8 @@ def test_both_forms_answer_alike_on_the_callers_clock(no_time: redis.Redis) -> N
 
 def test_an_earlier_reading_refills_nothing_and_keeps_ts(no_time: redis.Redis) -> None:
     key = "{t}:back"
-    assert call(no_time, "eval", "TB.ACQUIRE", [key], [f"@{T0}", "10", "20", "15"])[:2] == [1, 5]
-    assert call(no_time, "eval", "TB.ACQUIRE", [key], [f"@{T0 - 3_600_000_000}", "10", "20", "2"])[:2] == [1, 3]
+    assert call(no_time, "eval", "TB.ACQUIRE", [key], ["10", "20", "15"], f"@{T0}")[:2] == [1, 5]
+    assert call(no_time, "eval", "TB.ACQUIRE", [key], ["10", "20", "2"], f"@{T0 - 3_600_000_000}")[:2] == [1, 3]
     assert no_time.hgetall(key) == {b"tokens": b"3", b"ts": str(T0).encode()}
     # Full at T0 + 1.7 s, then up to 1 s of slack: relative to the bucket's time, whatever the caller's clock.
     assert 1_600 < no_time.pttl(key) <= 2_700
@@ -95,7 +97,7 @@ def test_a_bad_callers_clock_is_refused(no_time: redis.Redis, clock: str) -> Non
         "the caller clock must be @ then integer microseconds since the epoch, up to 9007199254740992",
     )
     for form in ["eval", "fcall"] if has_functions(no_time) else ["eval"]:
-        assert call(no_time, form, "TB.ACQUIRE", ["{t}:bad"], [clock, "10", "20"]) == want
+        assert call(no_time, form, "TB.ACQUIRE", ["{t}:bad"], ["10", "20"], clock) == want
 
 
 def test_callers_whose_clocks_differ_stay_within_the_bound(no_time: redis.Redis) -> None:
@@ -107,6 +109,119 @@ def test_callers_whose_clocks_differ_stay_within_the_bound(no_time: redis.Redis)
     for step in range(seconds * 20):
         now = T0 + step * 50_000
         for at in (now, now - skew_us):
-            reply = call(no_time, "eval", "TB.ACQUIRE", ["{t}:skew"], [f"@{at}", str(rate), str(burst)])
+            reply = call(no_time, "eval", "TB.ACQUIRE", ["{t}:skew"], [str(rate), str(burst)], f"@{at}")
             granted += reply[0]
     assert burst + rate * (seconds - 1) <= granted <= burst + rate * (seconds + skew_us / 1e6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the module refuses, the script refuses with the same text; under maxmemory, the forms against the module.
+# ---------------------------------------------------------------------------------------------------------------
+
+BIG = "1" + "0" * 309  # all digits, beyond the largest double
+NUMBERS = [BIG, "-" + BIG, "+" + BIG, BIG + ".0", "1e309", "0." + "0" * 400 + "1", "9" * 400, "1" * 16, "1" * 19]
+# Each command's arguments after its keys (one key), every one of them a number.
+VALID = {
+    "TB.ACQUIRE": ["10", "20", "1"],
+    "TB.ACQUIREALL": ["1", "10", "20"],
+    "TB.ACQUIREEACH": ["10", "20", "1"],
+    "TB.ACQUIREATMOST": ["10", "20", "5"],
+    "TB.RESERVE": ["10", "20", "1", "100"],
+    "TB.REFUND": ["10", "20", "1"],
+    "TB.CHARGE": ["10", "20", "1"],
+    "TB.BLOCK": ["10", "20", "100"],
+}
+
+
+def module_call(conn: redis.Redis, name: str, key: str, args: list[str]) -> Any:
+    """The module's command for the EVAL form's layout with one key."""
+    layout = [args[0], key, *args[1:]] if name == "TB.ACQUIREALL" else [key, *args]
+    try:
+        return conn.execute_command(name, *layout)  # type: ignore[no-untyped-call]
+    except redis.ResponseError as error:
+        return ("error", str(error))
+
+
+def saturated(reply: Any) -> Any:
+    """A reply the module saturates at 2^63-1 as the script sends it (documented: Lua's doubles cannot hold it)."""
+    if isinstance(reply, list):
+        return [9223372036854774784 if value == 2**63 - 1 else value for value in reply]
+    return reply
+
+
+def script_forms(conn: redis.Redis) -> list[str]:
+    if not has_functions(conn):
+        return ["eval"]
+    conn.execute_command("FUNCTION", "LOAD", "REPLACE", library_source())  # type: ignore[no-untyped-call]
+    return ["eval", "fcall"]
+
+
+def test_numbers_are_refused_as_the_module_refuses_them(module_server: Server, plain_server: Server) -> None:
+    """Every argument of every command, with texts at the edges of a double: the same reply or error text."""
+    module, plain = module_server.client(), plain_server.client()
+    forms = script_forms(plain)
+    mismatches = []
+    for name, valid in VALID.items():
+        for position in range(len(valid)):
+            for number in NUMBERS:
+                args = [*valid[:position], number, *valid[position + 1 :]]
+                key = f"{{num}}:{name}:{position}:{number[:20]}:{len(number)}"
+                want = saturated(module_call(module, name, key, args))
+                for form in forms:
+                    got = call(plain, form, name, [form + key], args)
+                    if got != want:
+                        mismatches.append((form, name, position, number[:12], len(number), got, want))
+    assert mismatches == []
+
+
+@pytest.mark.parametrize("tokens, ts", [(BIG, "1"), ("-" + BIG, "1"), ("1e309", "1"), ("1", BIG), ("1", "-1")])
+def test_stored_fields_are_read_as_the_module_reads_them(
+    module_server: Server, plain_server: Server, tokens: str, ts: str
+) -> None:
+    module, plain = module_server.client(), plain_server.client()
+    key = f"{{stored}}:{tokens[:4]}:{len(tokens)}:{ts[:4]}:{len(ts)}"
+    module.hset(key, mapping={"tokens": tokens, "ts": ts})
+    want = module_call(module, "TB.ACQUIRE", key, ["10", "20", "1"])
+    assert want == ("error", "key is not a valid token bucket (expected a hash with only the fields tokens and ts)")
+    for form in script_forms(plain):
+        plain.hset(form + key, mapping={"tokens": tokens, "ts": ts})
+        assert call(plain, form, "TB.ACQUIRE", [form + key], ["10", "20", "1"]) == want, form
+
+
+def test_out_of_memory_as_the_module_where_the_form_allows(plain_server: Server) -> None:
+    """Above maxmemory the module refuses every command but TB.REFUND before it runs (they are deny-oom); the
+    function form does the same through its flags. The EVAL form cannot: it answers calls that write nothing, and
+    Redis refuses its first write with the module's OOM text, so a partial refund fails there."""
+    module_server = Server(module=True)
+    oom = ("error", "command not allowed when used memory > 'maxmemory'.")
+    try:
+        module, plain = module_server.client(), plain_server.client()
+        forms = script_forms(plain)
+        servers = [("module", module), *[(form, plain) for form in forms]]
+        for form, conn in servers:
+            assert run_form(conn, form, "TB.ACQUIRE", ["10", "20", "5"]) == [1, 15, 0, 500]
+        peek, take = ["10", "20", "0"], ["10", "20", "1"]
+        for form, conn in servers:
+            conn.config_set("maxmemory", "1")
+            try:
+                assert run_form(conn, form, "TB.ACQUIRE", take) == oom, form
+                refunded = run_form(conn, form, "TB.REFUND", ["10", "20", "1"])
+                if form == "eval":
+                    assert run_form(conn, form, "TB.ACQUIRE", peek)[0] == 1  # answered: it writes nothing
+                    assert refunded == oom
+                else:
+                    assert run_form(conn, form, "TB.ACQUIRE", peek) == oom, form
+                    assert refunded[0] == 1, form
+                assert run_form(conn, form, "TB.REFUND", ["10", "20", "20"])[0] == 1, form  # full: the key goes
+                assert conn.exists(form + "{oom}") == 0, form
+            finally:
+                conn.config_set("maxmemory", "0")
+    finally:
+        module_server.stop()
+
+
+def run_form(conn: redis.Redis, form: str, name: str, args: list[str]) -> Any:
+    key = form + "{oom}"
+    if form == "module":
+        return module_call(conn, name, key, args)
+    return call(conn, form, name, [key], args)
