@@ -7,15 +7,19 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Iterator
+from typing import Any
 
+import httpx
 import pytest
 import redis
 from conftest import CLI, Server
+from fastapi import FastAPI
+from flask import Flask
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 import redis_tb
-from redis_tb import AsyncTokenBucket, TokenBucket
+from redis_tb import AsyncTokenBucket, Limit, TokenBucket, asgi, wsgi
 
 
 class Cluster:
@@ -89,3 +93,79 @@ async def test_async_cluster_client(cluster: Cluster) -> None:
             await tb.acquire("async:0", 1, 0)
     finally:
         await client.aclose()
+
+
+# The middleware on a cluster: every bucket of a request in one slot whatever the identity, and a cluster that
+# cannot be reached answered by the fail mode.
+
+AWKWARD = ["}x", "{}", "", "{", "}{", "a b", "x}"]
+TWO_LIMITS = [Limit("a", rate=1, burst=2), Limit("b", rate=1, burst=3)]
+
+
+def wsgi_app(limiter: TokenBucket, identity: str | None, prefix: str, **options: Any) -> Flask:
+    app = Flask(__name__)
+    app.get("/")(lambda: "hello")
+    app.wsgi_app = wsgi.RateLimitMiddleware(  # type: ignore[method-assign]
+        app.wsgi_app, limiter=limiter, limits=TWO_LIMITS, key=lambda request: identity, prefix=prefix, **options
+    )
+    return app
+
+
+def fastapi_app(limiter: AsyncTokenBucket, identity: str | None, prefix: str, **options: Any) -> FastAPI:
+    app = FastAPI()
+    app.get("/")(lambda: "hello")
+    key = lambda scope: identity  # noqa: E731
+    app.add_middleware(asgi.RateLimitMiddleware, limiter=limiter, limits=TWO_LIMITS, key=key, prefix=prefix, **options)
+    return app
+
+
+def test_wsgi_limits_any_identity_on_a_cluster(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    """0.3.0 built `ratelimit:{}x}:a`: an empty hash tag, buckets in two slots, CROSSSLOT, a 500."""
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    for identity in AWKWARD:
+        http = wsgi_app(TokenBucket(client), identity, prefix="wsgi:", fail="closed").test_client()
+        assert [http.get("/").status_code for _ in range(3)] == [200, 200, 429], identity
+    assert "CROSSSLOT" not in caplog.text and "slot" not in caplog.text
+    client.close()
+
+
+async def test_asgi_limits_any_identity_on_a_cluster(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    client = AsyncRedisCluster(host="127.0.0.1", port=cluster.nodes[1].port)
+    for identity in AWKWARD:
+        app = fastapi_app(AsyncTokenBucket(client), identity, prefix="asgi:", fail="closed")
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            assert [(await http.get("/")).status_code for _ in range(3)] == [200, 200, 429], identity
+    assert "CROSSSLOT" not in caplog.text and "slot" not in caplog.text
+    await client.aclose()
+
+
+def lone_node() -> Server:
+    """A one-node cluster serving every slot (it reports cluster_state:ok two seconds after it starts)."""
+    cluster_args = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+    node = Server(module=True, args=cluster_args, cluster_bus=True)
+    node.client().cluster("addslots", *range(16384))
+    deadline = time.monotonic() + 20
+    while node.client().cluster("info")["cluster_state"] != "ok":
+        assert time.monotonic() < deadline, "the node never reached cluster_state:ok"
+        time.sleep(0.02)
+    return node
+
+
+async def test_the_fail_mode_answers_when_the_cluster_is_gone() -> None:
+    """0.3.0 answered 500 ("Redis Cluster cannot be connected") whatever the fail mode, in ASGI and WSGI."""
+    node = lone_node()
+    sync_client = RedisCluster(host="127.0.0.1", port=node.port)
+    flask = wsgi_app(TokenBucket(sync_client), "user", prefix="gone:", fail="closed", timeout=0.5).test_client()
+    async_client = AsyncRedisCluster(host="127.0.0.1", port=node.port)
+    app = fastapi_app(AsyncTokenBucket(async_client), "user", prefix="gone:", fail="closed", timeout=0.5)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        assert flask.get("/").status_code == 200 and (await http.get("/")).status_code == 200
+        node.stop()
+        assert flask.get("/").status_code == 503 and (await http.get("/")).status_code == 503
+    sync_client.close()
+    await async_client.aclose()
+    never = AsyncRedisCluster(host="127.0.0.1", port=node.port)  # not reachable even at the first call
+    app = fastapi_app(AsyncTokenBucket(never), "user", prefix="gone:", timeout=0.5)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        assert [(await http.get("/")).status_code for _ in range(3)] == [200, 200, 429]  # fail="local"
+    await never.aclose()

@@ -10,10 +10,12 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,32 +56,70 @@ def test_classifier_follows_the_fixture(case: dict[str, Any]) -> None:
     assert failure.config_error == (case["action"] == "error-fail-mode"), failure
 
 
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    #: The RateLimit-Remaining field: None when no limiter answered (fail open).
+    remaining: int | None
+
+
+class Served:
+    """An app of `kind` ("asgi": FastAPI, "wsgi": Flask) with the middleware, over a client built with
+    `client_kwargs`; `get()` sends a request, `pause(s)` lets time pass (and the app's background work run)."""
+
+    def __init__(self, kind: str, client_kwargs: dict[str, Any], options: dict[str, Any]) -> None:
+        limits = options.pop("limits", LIMITS)
+        self.kind = kind
+        self.loop = asyncio.new_event_loop()
+        if kind == "wsgi":
+            self.conn: Any = redis.Redis(**client_kwargs)
+            flask = Flask(__name__)
+            flask.get("/")(lambda: "hello")
+            flask.wsgi_app = wsgi.RateLimitMiddleware(  # type: ignore[method-assign]
+                flask.wsgi_app, limiter=TokenBucket(self.conn), limits=limits, **options
+            )
+            self.flask = flask.test_client()
+        else:
+            self.conn = redis.asyncio.Redis(**client_kwargs)
+            app = FastAPI()
+            app.get("/")(lambda: "hello")
+            app.add_middleware(asgi.RateLimitMiddleware, limiter=AsyncTokenBucket(self.conn), limits=limits, **options)
+            self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+    def get(self) -> Answer:
+        if self.kind == "wsgi":
+            response = self.flask.get("/")
+            status, remaining = response.status_code, response.headers.get("RateLimit-Remaining")
+        else:
+            answer = self.loop.run_until_complete(self.http.get("/"))
+            status, remaining = answer.status_code, answer.headers.get("RateLimit-Remaining")
+        return Answer(status, None if remaining is None else int(remaining))
+
+    def pause(self, seconds: float) -> None:
+        self.loop.run_until_complete(asyncio.sleep(seconds))
+
+    def close(self) -> None:
+        if self.kind == "wsgi":
+            self.conn.close()
+        else:
+            self.loop.run_until_complete(self.http.aclose())
+            self.loop.run_until_complete(self.conn.aclose())
+        self.loop.close()
+
+
+@contextlib.contextmanager
+def served(kind: str, client_kwargs: dict[str, Any], **options: Any) -> Iterator[Served]:
+    app = Served(kind, client_kwargs, options)
+    try:
+        yield app
+    finally:
+        app.close()
+
+
 def request(kind: str, client_kwargs: dict[str, Any], n: int = 1, **options: Any) -> list[int]:
     """`n` requests through a fresh app of `kind` over a client built with `client_kwargs`: their statuses."""
-    if kind == "asgi":
-        return asyncio.run(_asgi_requests(client_kwargs, n, options))
-    conn = redis.Redis(**client_kwargs)
-    app = Flask(__name__)
-    app.get("/")(lambda: "hello")
-    app.wsgi_app = wsgi.RateLimitMiddleware(  # type: ignore[method-assign]
-        app.wsgi_app, limiter=TokenBucket(conn), limits=options.pop("limits", LIMITS), **options
-    )
-    http = app.test_client()
-    statuses = [http.get("/").status_code for _ in range(n)]
-    conn.close()
-    return statuses
-
-
-async def _asgi_requests(client_kwargs: dict[str, Any], n: int, options: dict[str, Any]) -> list[int]:
-    conn = redis.asyncio.Redis(**client_kwargs)
-    app = FastAPI()
-    app.get("/")(lambda: "hello")
-    limits = options.pop("limits", LIMITS)
-    app.add_middleware(asgi.RateLimitMiddleware, limiter=AsyncTokenBucket(conn), limits=limits, **options)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
-        statuses = [(await http.get("/")).status_code for _ in range(n)]
-    await conn.aclose()
-    return statuses
+    with served(kind, client_kwargs, **options) as app:
+        return [app.get().status for _ in range(n)]
 
 
 @pytest.fixture
@@ -239,3 +279,34 @@ def test_fail_mode_and_timeout_are_checked() -> None:
         with pytest.raises(ValueError, match=next(iter(options))):
             wsgi.RateLimitMiddleware(lambda e, s: [], limiter=TokenBucket(conn), limits=LIMITS, **options)
     assert redis_tb.SKIP is not None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_calls_during_a_stall_are_not_charged_when_redis_resumes(kind: str, fresh: Server) -> None:
+    """A stalled Redis (SIGSTOP) runs, when it resumes, what was written to it meanwhile. 0.3.0 let redis-py retry
+    each timed-out call, and sent every request's call: each was charged later. Now only the call in flight when
+    the stall began may be; the others get the fail mode at once and send nothing."""
+    key = f"stall:{kind}"
+    # Timeouts as docs/python.md advised for 0.3.0, with redis-py's default retries.
+    client = address(fresh, socket_timeout=0.3, socket_connect_timeout=0.3)
+    limits = [Limit("stall", rate=0.001, burst=100)]  # no refill to speak of during the test
+    with served(kind, client, limits=limits, prefix=key, fail="open", timeout=0.3) as app:
+        assert app.get().status == 200
+        fresh.process.send_signal(signal.SIGSTOP)
+        try:
+            begin = time.monotonic()
+            during = [app.get() for _ in range(20)]
+            elapsed = time.monotonic() - begin
+        finally:
+            fresh.process.send_signal(signal.SIGCONT)
+        assert [response.status for response in during] == [200] * 20
+        assert not any(response.remaining is not None for response in during)
+        assert elapsed < 0.3 + 0.5, elapsed  # one deadline, then the fail mode answers at once
+        deadline = time.monotonic() + 10
+        while (answered := app.get()).remaining is None:  # until the gate reopens and Redis answers
+            assert time.monotonic() < deadline, "the middleware never sent a call again"
+            app.pause(0.02)
+    tokens = float(fresh.client().hget(f"{key}{{127.0.0.1}}:stall", "tokens") or 0)
+    late = round(100 - 2 - tokens)
+    assert 0 <= late <= 1, late
+    assert answered.remaining == 100 - 2 - late
