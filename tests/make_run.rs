@@ -13,25 +13,6 @@ use std::time::Duration;
 const START_DEADLINE: Duration = Duration::from_secs(300);
 const STOP_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Whether process `pid` is gone (or a zombie nobody has reaped yet: it no longer runs or holds the port).
-fn process_gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        // The state is the first field after the parenthesised command name.
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
-    }
-}
-
-fn port_answers(port: u16) -> bool {
-    std::net::TcpStream::connect_timeout(
-        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
-        Duration::from_millis(200),
-    )
-    .is_ok()
-}
-
 /// The pid of the server answering on `port`, once it answers PING.
 fn server_pid(port: u16) -> Option<u32> {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
@@ -88,7 +69,7 @@ fn stops_with_make(signal: &str) {
     assert!(status.success(), "kill {signal} make");
     let make_gone = common::wait_until(STOP_DEADLINE, || !matches!(make.try_wait(), Ok(None)));
     let server_gone = common::wait_until(STOP_DEADLINE, || {
-        process_gone(server) && !port_answers(port)
+        common::process_gone(server) && !common::port_answers(port)
     });
     if !server_gone {
         // Do not leave it behind for the next test.
