@@ -39,6 +39,8 @@ STRATEGY_NAME = "token-bucket"
 EPSILON = 1e-9
 #: The in-memory buckets drop the expired entries of their storage once per this many writes.
 SWEEP_EVERY = 4096
+#: A reset this close before a whole second is reported at that second (see `window_stats`).
+SECOND_SLACK = 0.001
 
 T = TypeVar("T")
 
@@ -101,12 +103,23 @@ def shape(item: RateLimitItem) -> tuple[float, float]:
 
 def window_stats(peek: Acquired, rate: float, burst: float) -> WindowStats:
     """`remaining` whole tokens; `reset_time` when the bucket is full again, or, when no token is left, when the
-    next one arrives (what a refused client should wait for). Rounded up to a whole second, so that a client told
-    to come back then (Flask-Limiter's and slowapi's `Retry-After`, `X-RateLimit-Reset`) is admitted."""
+    next one arrives (what a refused client should wait for), now for a full bucket.
+
+    The wait is rounded up to whole seconds, so that a client told to come back then is admitted: Flask-Limiter
+    and slowapi compute `Retry-After` as `int(int(reset_time + 1) - time.time())` (and `int(1 + reset_time -
+    time.time())`), which gives exactly the rounded-up wait. A reset that would fall within `SECOND_SLACK` before
+    a whole second is reported at that second, so that their second clock reading, a moment after ours, cannot
+    cross the second and make the answer one short."""
     seconds = peek.reset_after_ms / 1000
     if peek.remaining == 0:
         seconds = max(0.0, seconds - (burst - 1) / rate)
-    return WindowStats(float(math.ceil(time.time() + seconds)), peek.remaining)
+    now = time.time()
+    if seconds <= 0:
+        return WindowStats(now, peek.remaining)
+    reset = now + math.ceil(seconds)
+    if math.ceil(reset) - reset < SECOND_SLACK:
+        reset = float(math.ceil(reset))
+    return WindowStats(reset, peek.remaining)
 
 
 def redis_key(storage: Any, item: RateLimitItem, identifiers: tuple[str, ...]) -> str:
