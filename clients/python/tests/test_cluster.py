@@ -169,3 +169,48 @@ async def test_the_fail_mode_answers_when_the_cluster_is_gone() -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
         assert [(await http.get("/")).status_code for _ in range(3)] == [200, 200, 429]  # fail="local"
     await never.aclose()
+
+
+def tenant_limits(prefix: str) -> list[Limit]:
+    """A per-user limit next to a per-tenant one: two identities, two slots."""
+    return [Limit("user", rate=0.001, burst=5), Limit("tenant", rate=0.001, burst=2, key=lambda request: "acme")]
+
+
+def assert_tenant_limited(cluster: Cluster, prefix: str, statuses: list[int], caplog: pytest.LogCaptureFixture) -> None:
+    assert statuses == [200, 200, 429]
+    # The refused request took nothing: what its user bucket gave was given back.
+    user_key = f"{prefix}{{u1}}:user"
+    assert round(float(owner(cluster, user_key).client().hget(user_key, "tokens") or 0), 2) == 3
+    assert "slot" not in caplog.text
+
+
+def test_wsgi_limits_of_several_identities_on_a_cluster(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    """One call cannot reach buckets in two slots: the middleware makes one per identity, refunding on refusal."""
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    app = Flask(__name__)
+    app.get("/")(lambda: "hello")
+    app.wsgi_app = wsgi.RateLimitMiddleware(  # type: ignore[method-assign]
+        app.wsgi_app, limiter=TokenBucket(client), limits=tenant_limits("w:"), key=lambda r: "u1", prefix="w:"
+    )
+    http = app.test_client()
+    assert_tenant_limited(cluster, "w:", [http.get("/").status_code for _ in range(3)], caplog)
+    client.close()
+
+
+async def test_asgi_limits_of_several_identities_on_a_cluster(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = AsyncRedisCluster(host="127.0.0.1", port=cluster.nodes[2].port)
+    app = FastAPI()
+    app.get("/")(lambda: "hello")
+    limits = tenant_limits("a:")
+    app.add_middleware(
+        asgi.RateLimitMiddleware, limiter=AsyncTokenBucket(client), limits=limits, key=lambda s: "u1", prefix="a:"
+    )
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        statuses = [(await http.get("/")).status_code for _ in range(3)]
+        refused = await http.get("/")
+    assert_tenant_limited(cluster, "a:", statuses, caplog)
+    assert refused.json()["limit"] == "tenant"
+    assert refused.headers["ratelimit-policy"] == '"user";q=5;w=5000, "tenant";q=2;w=2000'
+    await client.aclose()

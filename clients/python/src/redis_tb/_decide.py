@@ -10,15 +10,26 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+
 from . import _protocol as protocol
 from ._guard import Guard, configure
-from ._local import LocalBuckets
+from ._local import LocalBuckets, limiting_index
 from .aio import AsyncTokenBucket
 from .client import TokenBucket
 from .headers import Standard, headers_for
-from .identity import DEFAULT_IPV6_SUBNET, SKIP, bucket_key, check_ipv6_subnet, check_prefix, ip_identity
+from .identity import (
+    DEFAULT_IPV6_SUBNET,
+    SKIP,
+    bucket_key,
+    check_ipv6_subnet,
+    check_prefix,
+    ip_identity,
+    tag_of,
+)
 from .limit import KeyFunction, Limit
-from .replies import Acquired, AcquiredEach
+from .replies import Acquired, AcquiredEach, BucketResult
 
 FailMode = Literal["local", "open", "closed"]
 logger = logging.getLogger("redis_tb")
@@ -43,10 +54,11 @@ def by_path(routes: Mapping[str, Sequence[Limit]]) -> Callable[[Mapping[str, Any
 
 @dataclass(frozen=True)
 class Plan:
-    """The limits that apply to one request, each with its bucket key."""
+    """The limits that apply to one request, each with its bucket key and the identity's tag in that key."""
 
     limits: tuple[Limit, ...]
     keys: tuple[str, ...]
+    tags: tuple[str, ...]
 
     def call(self) -> protocol.Call[Acquired | AcquiredEach]:
         """`TB.ACQUIRE` for one limit; `TB.ACQUIREEACH` for several (one result per limit, for the headers)."""
@@ -57,6 +69,48 @@ class Plan:
             [(key, limit.rate, limit.burst, limit.cost) for key, limit in zip(self.keys, self.limits, strict=True)]
         )
 
+    def parts(self) -> tuple[Plan, ...]:
+        """The plan split by identity, for a cluster: limits with their own key function (per tenant next to per
+        user) have buckets in other slots, which no single call can reach. Each part is one atomic call."""
+        indexes: dict[str, list[int]] = {}
+        for index, tag in enumerate(self.tags):
+            indexes.setdefault(tag, []).append(index)
+        if len(indexes) == 1:
+            return (self,)
+        return tuple(
+            Plan(
+                tuple(self.limits[i] for i in chosen),
+                tuple(self.keys[i] for i in chosen),
+                tuple(self.tags[i] for i in chosen),
+            )
+            for chosen in indexes.values()
+        )
+
+    def combined(self, parts: Sequence[Plan], replies: Sequence[Acquired | AcquiredEach]) -> AcquiredEach:
+        """The replies of `parts` as the one `TB.ACQUIREEACH` reply of the whole plan, buckets in plan order."""
+        found: dict[str, BucketResult] = {}
+        for part, reply in zip(parts, replies, strict=True):
+            results = reply.buckets if isinstance(reply, AcquiredEach) else (_bucket_result(reply),)
+            found.update(zip(part.keys, results, strict=True))
+        buckets = tuple(found[key] for key in self.keys)
+        allowed = all(reply.allowed for reply in replies)
+        return AcquiredEach(allowed, limiting_index(buckets, allowed), buckets)
+
+    def refunds(self, parts: Sequence[Plan], replies: Sequence[Acquired | AcquiredEach]) -> list[protocol.Call[Any]]:
+        """When some part was refused: `TB.REFUND` of what the allowed parts took, so the request takes nothing."""
+        if all(reply.allowed for reply in replies):
+            return []
+        return [
+            protocol.refund(key, limit.rate, limit.burst, limit.cost)
+            for part, reply in zip(parts, replies, strict=True)
+            if reply.allowed
+            for key, limit in zip(part.keys, part.limits, strict=True)
+        ]
+
+
+def _bucket_result(reply: Acquired) -> BucketResult:
+    return BucketResult(reply.allowed, reply.remaining, reply.retry_after_ms, reply.reset_after_ms)
+
 
 def plan(request: Mapping[str, Any], limits: LimitsSpec, key: KeyFunction, prefix: str) -> Plan | None:
     """The limits for `request` and their keys; None when nothing applies. Keys are
@@ -66,6 +120,7 @@ def plan(request: Mapping[str, Any], limits: LimitsSpec, key: KeyFunction, prefi
     chosen = limits(request) if callable(limits) else limits
     applied: list[Limit] = []
     keys: list[str] = []
+    tags: list[str] = []
     for limit in chosen:
         identity = (limit.key or key)(request)
         if identity is SKIP:
@@ -74,10 +129,12 @@ def plan(request: Mapping[str, Any], limits: LimitsSpec, key: KeyFunction, prefi
             _warn_anonymous(limit)
             identity = None
         applied.append(limit)
-        keys.append(bucket_key(prefix, None if identity is None else str(identity), limit.name))
+        identity = None if identity is None else str(identity)
+        tags.append(tag_of(identity))
+        keys.append(bucket_key(prefix, identity, limit.name))
     if not applied:
         return None
-    return Plan(tuple(applied), tuple(keys))
+    return Plan(tuple(applied), tuple(keys), tuple(tags))
 
 
 _anonymous_warned = False
@@ -178,6 +235,8 @@ class Middleware(Generic[App, Limiter]):
         self.guard = Guard(fail)
         self.local = LocalBuckets()
         configure(limiter.redis, self.timeout)
+        # A cluster client cannot send one call for buckets in several slots: such plans go in parts.
+        self.in_parts = isinstance(limiter.redis, (RedisCluster, AsyncRedisCluster))
 
     def peer_identity(self, request: Mapping[str, Any]) -> str | None:
         """The default key function: the peer address, IPv6 grouped by the `ipv6_subnet` prefix."""
@@ -185,6 +244,9 @@ class Middleware(Generic[App, Limiter]):
 
     def plan(self, request: Mapping[str, Any]) -> Plan | None:
         return plan(request, self.limits, self.key, self.prefix)
+
+    def parts(self, plan: Plan) -> tuple[Plan, ...]:
+        return plan.parts() if self.in_parts else (plan,)
 
     def answered(self, plan: Plan, reply: Acquired | AcquiredEach) -> Verdict:
         if self.guard.answered():

@@ -50,10 +50,8 @@ class LocalBuckets:
                 self._buckets.move_to_end(key)
             while len(self._buckets) > self.capacity:
                 self._buckets.popitem(last=False)
-        results = tuple(
-            _result(limit, held, fit or allowed) for limit, held, fit in zip(limits, tokens, fits, strict=True)
-        )
-        return AcquiredEach(allowed, _limiting(results, allowed), results)
+        results = tuple(_result(limit, held, fit) for limit, held, fit in zip(limits, tokens, fits, strict=True))
+        return AcquiredEach(allowed, limiting_index(results, allowed), results)
 
     def _tokens(self, key: str, limit: Limit, now: float) -> float:
         stored = self._buckets.get(key)
@@ -74,7 +72,7 @@ def _result(limit: Limit, held: float, fits: bool) -> BucketResult:
     return BucketResult(fits, max(0, math.floor(held)), retry_after_ms, reset_after_ms)
 
 
-def _limiting(results: Sequence[BucketResult], allowed: bool) -> int:
+def limiting_index(results: Sequence[BucketResult], allowed: bool) -> int:
     """As the module chooses it: refused, the first bucket whose cost exceeds its burst, else the first with the
     longest wait; allowed, the first with the fewest tokens left."""
     if allowed:

@@ -18,6 +18,7 @@ from .aio import AsyncTokenBucket
 from .headers import Standard
 from .identity import DEFAULT_IPV6_SUBNET
 from .limit import KeyFunction
+from .replies import Acquired, AcquiredEach
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -62,7 +63,7 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
             verdict = self.fallback(plan)
         else:
             try:
-                reply = await asyncio.wait_for(self.limiter._run(plan.call()), self.timeout)
+                reply = await asyncio.wait_for(self._ask(plan), self.timeout)
             except Exception as error:  # every failure is a row of the failure table, none a 500
                 verdict = self.failed(plan, error)
             else:
@@ -73,6 +74,15 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
             await _respond(send, verdict)
         else:
             await self.app(scope, receive, _with_headers(send, verdict.headers))
+
+    async def _ask(self, plan: _decide.Plan) -> Acquired | AcquiredEach:
+        parts = self.parts(plan)
+        if len(parts) == 1:
+            return await self.limiter._run(plan.call())
+        replies = [await self.limiter._run(part.call()) for part in parts]
+        for refund in plan.refunds(parts, replies):
+            await self.limiter._run(refund)
+        return plan.combined(parts, replies)
 
     async def _probe(self) -> None:
         try:

@@ -13,6 +13,7 @@ from typing import Any
 from . import _decide
 from ._decide import by_path, client_address
 from .client import TokenBucket
+from .replies import Acquired, AcquiredEach
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -37,7 +38,7 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
             verdict = self.fallback(plan)
         else:
             try:
-                reply = self.limiter._run(plan.call())
+                reply = self._ask(plan)
             except Exception as error:  # every failure is a row of the failure table, none a 500
                 verdict = self.failed(plan, error)
             else:
@@ -52,6 +53,15 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
             return start_response(status, [*own, *headers], exc_info)
 
         return self.app(environ, start_with_headers)
+
+    def _ask(self, plan: _decide.Plan) -> Acquired | AcquiredEach:
+        parts = self.parts(plan)
+        if len(parts) == 1:
+            return self.limiter._run(plan.call())
+        replies = [self.limiter._run(part.call()) for part in parts]
+        for refund in plan.refunds(parts, replies):
+            self.limiter._run(refund)
+        return plan.combined(parts, replies)
 
     def _probe(self) -> None:
         try:
