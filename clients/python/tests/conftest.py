@@ -9,6 +9,7 @@ the repository's `tests/clock/` tool.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -29,6 +30,19 @@ SERVER = os.environ.get("REDIS_SERVER", "/usr/bin/redis-server")
 CLI = os.environ.get("REDIS_CLI", "/usr/bin/redis-cli")
 MODULE = os.environ.get("TB_MODULE", str(REPO / "target/release/libredis_tb.so"))
 STARTUP_DEADLINE_S = 20.0
+
+
+def server_version(binary: str = SERVER) -> tuple[int, int]:
+    """`(major, minor)` of a redis-server or valkey-server binary."""
+    text = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"v=(\d+)\.(\d+)", text)
+    assert found, f"no version in {text!r}"
+    return int(found.group(1)), int(found.group(2))
+
+
+#: What serves the calls on a server without the module: the Redis Functions library where the server has
+#: functions (Redis 7.0+, Valkey), else the script (Redis 6.2).
+WITHOUT_MODULE = "function" if server_version() >= (7, 0) else "script"
 
 
 def free_port(with_bus: bool = False) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import redis
-from conftest import Server
+from conftest import WITHOUT_MODULE, Server
 
 import redis_tb
 from redis_tb import AsyncTokenBucket, TokenBucket
@@ -15,7 +15,7 @@ def test_acquire_takes_and_refuses(server: Server, key: str) -> None:
     tb = TokenBucket(server.client())
     first = tb.acquire(key, 10, 20)
     assert first == redis_tb.Acquired(True, 19, 0, 100)
-    assert tb.backend_in_use == ("module" if server.module else "script")
+    assert tb.backend_in_use == ("module" if server.module else WITHOUT_MODULE)
     drained = tb.acquire(key, 10, 20, 19)
     assert drained.allowed and drained.remaining == 0
     refused = tb.acquire(key, 10, 20, 5)
@@ -112,7 +112,7 @@ def test_errors_name_the_problem(server: Server, key: str) -> None:
 
 
 def test_buckets_move_between_backends(module_server: Server, key: str) -> None:
-    """The module and the script share the bucket: a script call continues where the module left off."""
+    """The module, the library and the script share the bucket: each call continues where the other left off."""
     conn = module_server.client()
     by_module = TokenBucket(conn, backend="module")
     by_script = TokenBucket(conn, backend="script")
@@ -120,6 +120,10 @@ def test_buckets_move_between_backends(module_server: Server, key: str) -> None:
     assert by_script.acquire(key, 1, 10, 4).remaining == 2
     assert by_module.acquire(key, 1, 10, 4).allowed is False
     assert by_script.backend_in_use == "script" and by_module.backend_in_use == "module"
+    if WITHOUT_MODULE == "function":
+        by_function = TokenBucket(conn, backend="function")
+        assert by_function.acquire(key, 1, 10, 0).remaining == 2
+        assert by_function.backend_in_use == "function"
 
 
 def test_backend_module_refuses_to_fall_back(plain_server: Server, key: str) -> None:
@@ -131,7 +135,7 @@ def test_detect_asks_once_and_writes_nothing(server: Server) -> None:
     conn = server.client()
     tb = TokenBucket(conn)
     assert tb.backend_in_use is None
-    assert tb.detect() == ("module" if server.module else "script")
+    assert tb.detect() == ("module" if server.module else WITHOUT_MODULE)
     assert tb.backend_in_use == tb.detect()
     assert conn.exists("redis-tb:detect") == 0
 
@@ -139,7 +143,7 @@ def test_detect_asks_once_and_writes_nothing(server: Server) -> None:
 def test_script_is_loaded_again_after_a_flush(plain_server: Server, key: str) -> None:
     """NOSCRIPT (a restart, a failover, SCRIPT FLUSH) costs one EVAL, which caches the script again."""
     conn = plain_server.client()
-    tb = TokenBucket(conn)
+    tb = TokenBucket(conn, backend="script")
     tb.acquire(key, 1, 5)
     conn.script_flush()
     assert tb.acquire(key, 1, 5).allowed
@@ -156,12 +160,12 @@ def test_happy_path_is_one_round_trip(server: Server, key: str) -> None:
     conn = server.client()
     tb = TokenBucket(conn)
     tb.acquire(key, 1, 5)
-    counted = ["tb.acquire", "evalsha", "eval", "script", "command"]
+    counted = ["tb.acquire", "fcall", "function|load", "evalsha", "eval", "script", "command"]
     before = {name: calls(conn, name) for name in counted}
     for _ in range(3):
         tb.acquire(key, 1, 5)
     after = {name: calls(conn, name) for name in counted}
-    used = "tb.acquire" if server.module else "evalsha"
+    used = "tb.acquire" if server.module else {"function": "fcall", "script": "evalsha"}[WITHOUT_MODULE]
     assert {name: after[name] - before[name] for name in counted} == {
         name: (3 if name == used else 0) for name in counted
     }
@@ -179,7 +183,7 @@ async def test_async_client_has_the_same_methods(server: Server, key: str) -> No
     tb = AsyncTokenBucket(conn)
     try:
         assert (await tb.acquire(key, 10, 20)).remaining == 19
-        assert tb.backend_in_use == ("module" if server.module else "script")
+        assert tb.backend_in_use == ("module" if server.module else WITHOUT_MODULE)
         assert (await tb.acquire_all([(f"{key}:a", 1, 2)], 2)).allowed
         each = await tb.acquire_each([(f"{{{key}}}:x", 1, 2, 1), (f"{{{key}}}:y", 1, 2, 3)])
         assert not each.allowed and each.buckets[1].retry_after_ms == -1
@@ -191,7 +195,7 @@ async def test_async_client_has_the_same_methods(server: Server, key: str) -> No
         with pytest.raises(redis_tb.InvalidArgument):
             await tb.acquire(key, -1, 1)
         assert await tb.reset(key) == 1
-        assert await AsyncTokenBucket(conn).detect() == ("module" if server.module else "script")
+        assert await AsyncTokenBucket(conn).detect() == ("module" if server.module else WITHOUT_MODULE)
     finally:
         await conn.aclose()
 

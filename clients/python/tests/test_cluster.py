@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from conftest import CLI, Server
+from conftest import CLI, WITHOUT_MODULE, Server
 from fastapi import FastAPI
 from flask import Flask
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -67,7 +67,7 @@ def test_sync_cluster_client(cluster: Cluster) -> None:
     keys = [f"user:{n}" for n in range(12)]  # spread over the three shards
     for key in keys:
         assert tb.acquire(key, 10, 20, 5).remaining == 15
-    assert tb.backend_in_use == ("module" if cluster.nodes[0].module else "script")
+    assert tb.backend_in_use == ("module" if cluster.nodes[0].module else WITHOUT_MODULE)
     for key in keys:
         stored = owner(cluster, key).client().hgetall(key)
         assert stored[b"tokens"] == b"15"

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -39,11 +40,24 @@ def _load_script() -> str:
     return checkout.read_text(encoding="utf-8")
 
 
+def _package_version() -> str:
+    try:
+        return metadata.version("redis-tb")
+    except metadata.PackageNotFoundError:  # imported from a checkout's src/ without an install
+        return "0.0.0"
+
+
 SCRIPT: str = _load_script()
 SCRIPT_SHA: str = hashlib.sha1(SCRIPT.encode("utf-8")).hexdigest()
 
-#: The two ways a command can run.
+#: The Redis Functions library built from the same script: versioned (`tb_0_4_0`), so that two versions of the
+#: package can share a server, each calling its own functions.
+LIBRARY_NAME: str = "tb_" + re.sub(r"[^0-9A-Za-z]", "_", _package_version())
+LIBRARY: str = f"#!lua name={LIBRARY_NAME}\nlocal TB_LIBRARY = '{LIBRARY_NAME}'\n{SCRIPT}"
+
+#: The three ways a command can run, in the order the client tries them.
 MODULE = "module"
+FUNCTION = "function"
 SCRIPT_BACKEND = "script"
 
 
@@ -68,9 +82,19 @@ class Call(Generic[T_co]):
     script_args: tuple[str, ...]
     parse: Callable[[Any], T_co]
 
-    def eval_args(self) -> tuple[str, ...]:
-        """`key... command arg...` for EVAL/EVALSHA, after `numkeys` (`len(keys)`)."""
-        return (*self.keys, self.name, *self.script_args)
+    def eval_args(self, caller_us: int | None = None) -> tuple[str, ...]:
+        """`key... [@caller_us] command arg...` for EVAL/EVALSHA, after `numkeys` (`len(keys)`)."""
+        return (*self.keys, *_caller_time(caller_us), self.name, *self.script_args)
+
+    def fcall_args(self, caller_us: int | None = None) -> tuple[str | int, ...]:
+        """`FCALL <function> numkeys key... [@caller_us] arg...`: the library's function for this command."""
+        function = f"{LIBRARY_NAME}_{self.name[len('TB.') :].lower()}"
+        return ("FCALL", function, len(self.keys), *self.keys, *_caller_time(caller_us), *self.script_args)
+
+
+def _caller_time(caller_us: int | None) -> tuple[str, ...]:
+    """The first script argument that replaces the server's TIME with the caller's clock, where TIME is refused."""
+    return () if caller_us is None else (f"@{caller_us}",)
 
 
 def _flag(value: Any) -> bool:
@@ -176,9 +200,52 @@ def block(key: str, rate: Number, burst: Number, ms: int) -> Call[Charged]:
 
 
 def is_unknown_command(error: Exception) -> bool:
-    """Whether the server (or a cluster client's command table) does not know the command: no module."""
+    """Whether the server (or a cluster client's command table) does not know the command sent: no module, or no
+    FCALL (Redis 6.2). A command unknown to a script's `redis.call` is not this: see `is_time_refused`."""
     text = str(error).lower()
+    if "from script" in text or "from lua script" in text:
+        return False
     return "unknown command" in text or "doesn't exist in redis commands" in text
+
+
+def is_function_missing(error: Exception) -> bool:
+    """FCALL of a function the server does not hold: the library was never loaded, or was lost (FUNCTION FLUSH,
+    a restart without persistence, a failover to a primary that never had it)."""
+    return "function not found" in str(error).lower()
+
+
+def is_library_loaded(error: Exception) -> bool:
+    """FUNCTION LOAD refused because another client loaded the same library first."""
+    return "already exists" in str(error).lower()
+
+
+def is_functions_unavailable(error: Exception) -> bool:
+    """Whether Redis Functions cannot serve this client: the server has no FCALL/FUNCTION (Redis 6.2), or its
+    ACL user may not run them (`NOPERM ... 'fcall'`, `NOPERM ... 'function|load'`)."""
+    text = str(error).lower()  # redis-py drops the NOPERM prefix (NoPermissionError); other clients keep it
+    refused = "permissions to run the 'fcall'" in text or "permissions to run the 'function" in text
+    return refused or is_unknown_command(error)
+
+
+# What a script's `redis.call('TIME')` meets where TIME is refused, by server:
+#   a provider that forbids it (ElastiCache Serverless)    ERR This Redis command is not allowed from script
+#   TIME renamed (rename-command), Redis 6.2                ... Unknown Redis command called from Lua script
+#   TIME renamed, Redis 7.0+                                ERR Unknown Redis command called from script ...
+#   TIME renamed, Valkey                                    ERR Unknown command called from script ...
+#   an ACL user without TIME, Redis 6.2 and 7.0             ERR The user executing the script can't run this command
+#   an ACL user without TIME, Redis 7.2+ and Valkey         ERR ACL failure in script: ... the 'time' command ...
+_TIME_REFUSED = re.compile(
+    r"not allowed from script|unknown (redis )?command called from|user executing the script can't run"
+    r"|acl failure in script",
+    re.IGNORECASE,
+)
+
+
+def is_time_refused(error: Exception) -> bool:
+    """Whether a script or function call failed on a command the server refuses inside scripts. The script calls
+    TIME before any write, so such a call wrote nothing, and the client retries it once with its own
+    clock; if that fails the same way, the refused command was another one (an ACL that is too narrow)."""
+    return _TIME_REFUSED.search(str(error)) is not None
 
 
 def translate(error: ResponseError) -> Exception:

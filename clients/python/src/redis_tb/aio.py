@@ -3,15 +3,15 @@ backends as `TokenBucket`, awaited."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from . import _protocol as protocol
-from .client import DETECT_KEY, Backend, Backends, _translated
+from .client import DETECT_KEY, Backend, Backends, Send, wall_clock_us
 from .replies import Acquired, AcquiredAll, AcquiredEach, Charged, PartialGrant, Refunded, Reservation
 
 T = TypeVar("T")
@@ -19,53 +19,43 @@ AsyncRedis = Redis | RedisCluster
 
 
 class AsyncTokenBucket:
-    """Token buckets in Redis for asyncio code: see `TokenBucket` for the backends."""
+    """Token buckets in Redis for asyncio code: see `TokenBucket` for the backends and `now_us`."""
 
-    def __init__(self, redis: AsyncRedis, *, backend: Backend = "auto") -> None:
+    def __init__(
+        self, redis: AsyncRedis, *, backend: Backend = "auto", now_us: Callable[[], int] = wall_clock_us
+    ) -> None:
         self.redis = redis
-        self._backends = Backends(backend)
+        self._backends = Backends(backend, now_us)
 
     @property
     def backend_in_use(self) -> str | None:
         return self._backends.in_use
 
     async def detect(self) -> str:
-        """Asks the server once which backend applies, and keeps the answer. The question is a peek
-        (`TB.ACQUIRE` with cost 0 on the key `redis-tb:detect`), which writes nothing."""
-        if self._backends.mode == "auto":
-            try:
-                await self.redis.execute_command("TB.ACQUIRE", DETECT_KEY, "1", "1", "0")
-            except RedisError as error:  # a cluster client's own command table raises a plain RedisError
-                if not protocol.is_unknown_command(error):
-                    raise _translated(error) from None
-                self._backends.in_use = protocol.SCRIPT_BACKEND
-            else:
-                self._backends.in_use = protocol.MODULE
+        """Finds the backend now rather than on the first call (loading the library if need be), and returns it.
+        The question is a peek (`TB.ACQUIRE` with cost 0 on the key `redis-tb:detect`), which writes nothing."""
+        await self._run(protocol.acquire(DETECT_KEY, 1, 1, 0))
         return self._backends.in_use or protocol.MODULE
 
-    async def _run(self, call: protocol.Call[T]) -> T:
-        if self._backends.uses_module(call.name):
-            try:
-                reply = await self.redis.execute_command(call.name, *call.module_args)
-            except RedisError as error:  # a cluster client's own command table raises a plain RedisError
-                if not protocol.is_unknown_command(error):
-                    raise _translated(error) from None
-                self._backends.module_missing(call.name, error)
-            else:
-                self._backends.module_answered()
-                return call.parse(reply)
-        return call.parse(await self._eval(call))
+    async def _send(self, send: Send) -> Any:
+        if send.routed and isinstance(self.redis, RedisCluster):
+            node = self.redis.get_node_from_key(send.key)
+            return await self.redis.execute_command(*send.args, target_nodes=node)
+        return await self.redis.execute_command(*send.args)
 
-    async def _eval(self, call: protocol.Call[T]) -> Any:
-        args = call.eval_args()
-        redis: Any = self.redis
+    async def _run(self, call: protocol.Call[T]) -> T:
+        steps = self._backends.steps(call)
         try:
-            try:
-                return await redis.evalsha(protocol.SCRIPT_SHA, len(call.keys), *args)
-            except NoScriptError:
-                return await redis.eval(protocol.SCRIPT, len(call.keys), *args)
-        except ResponseError as error:
-            raise _translated(error) from None
+            send = next(steps)
+            while True:
+                try:
+                    reply = await self._send(send)
+                except RedisError as error:  # a cluster client's own command table raises a plain RedisError
+                    send = steps.throw(error)
+                else:
+                    send = steps.send(reply)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     async def acquire(self, key: str, rate: float, burst: float, cost: float = 1) -> Acquired:
         """`TB.ACQUIRE`: takes `cost` tokens if the bucket holds them."""

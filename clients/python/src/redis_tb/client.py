@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from redis import Redis
@@ -14,94 +17,198 @@ from .errors import ModuleNotLoaded
 from .replies import Acquired, AcquiredAll, AcquiredEach, Charged, PartialGrant, Refunded, Reservation
 
 T = TypeVar("T")
-Backend = Literal["auto", "module", "script"]
+Backend = Literal["auto", "module", "function", "script"]
 SyncRedis = Redis | RedisCluster
 #: The key `detect()` peeks at (cost 0: nothing is written).
 DETECT_KEY = "redis-tb:detect"
+#: Where backend switches are logged, once each, with their reason.
+log = logging.getLogger("redis_tb")
+
+
+def wall_clock_us() -> int:
+    """The caller's clock, integer microseconds since the Unix epoch."""
+    return time.time_ns() // 1000
+
+
+@dataclass(frozen=True)
+class Send:
+    """One command for the client to send; `key` routes it on a cluster where the Redis client cannot (FCALL and
+    FUNCTION LOAD: redis-py would ask a node for FCALL's keys on every call, and send FUNCTION LOAD to every
+    primary at once)."""
+
+    args: tuple[str | int, ...]
+    key: str
+    routed: bool = False
+
+
+#: A command's run, step by step: yields each command to send, is sent its reply (or thrown its error), and
+#: returns the parsed result. The sync and asyncio clients differ only in how they send.
+Steps = Generator[Send, Any, T]
 
 
 class Backends:
-    """Which backend runs each command: the module where the server has it, else the Lua script. Shared by the
-    sync and asyncio clients; holds no connection."""
+    """Which backend runs the commands, and the switches between them. Shared by the sync and asyncio clients;
+    holds no connection.
 
-    def __init__(self, backend: Backend) -> None:
-        if backend not in ("auto", "module", "script"):
-            raise ValueError(f"backend must be 'auto', 'module' or 'script', not {backend!r}")
+    In auto mode the order is: the module while its commands answer; else the Redis Functions library
+    (`FCALL`, loaded with `FUNCTION LOAD` where a server lacks it); else the script (`EVALSHA`) where functions
+    are unavailable (Redis 6.2, an ACL user without FCALL or FUNCTION). A switch only moves down that order, and
+    the call that met it is retried once on the next backend: a failover to a primary without the module costs
+    no call. Where TIME is refused inside scripts, the library and the script take the caller's clock instead.
+    """
+
+    ORDER: tuple[str, ...] = (protocol.MODULE, protocol.FUNCTION, protocol.SCRIPT_BACKEND)
+
+    def __init__(self, backend: Backend, now_us: Callable[[], int]) -> None:
+        if backend not in ("auto", *self.ORDER):
+            raise ValueError(f"backend must be 'auto', 'module', 'function' or 'script', not {backend!r}")
         self.mode: Backend = backend
         self.in_use: str | None = None if backend == "auto" else backend
-        # Commands an older module lacks: those run on the script while the rest stay on the module.
-        self.missing: set[str] = set()
+        self.answered = False
+        self.caller_time = False
+        self.now_us = now_us
 
-    def uses_module(self, name: str) -> bool:
-        return self.mode == "module" or (self.in_use != protocol.SCRIPT_BACKEND and name not in self.missing)
+    def _switch(self, to: str, reason: str) -> None:
+        """Moves to `to` and says why, once: a warning if the backend left had been answering, else a notice."""
+        left = self.in_use or protocol.MODULE
+        if self.ORDER.index(to) <= self.ORDER.index(left):
+            return  # another call switched first
+        level = logging.WARNING if self.answered else logging.INFO
+        log.log(level, "redis-tb: %s; calls now go to %s (was %s)", reason, _describe(to), left)
+        self.in_use = to
+        self.answered = False
 
-    def module_answered(self) -> None:
-        if self.in_use is None:
-            self.in_use = protocol.MODULE
+    def _fall_back(self, backend: str, call: protocol.Call[Any], error: RedisError) -> bool:
+        """Whether `error` means `backend` cannot run here and the call goes to the next backend."""
+        if self.mode != "auto":
+            if self.mode == protocol.MODULE and protocol.is_unknown_command(error):
+                message = f"{call.name} is unknown to the server: the redis-tb module is not loaded"
+                raise ModuleNotLoaded(message) from error
+            return False
+        if backend == protocol.MODULE and protocol.is_unknown_command(error):
+            self._switch(protocol.FUNCTION, f"the server does not know {call.name} ({error})")
+            return True
+        if backend == protocol.FUNCTION and protocol.is_functions_unavailable(error):
+            self._switch(protocol.SCRIPT_BACKEND, f"Redis Functions are unavailable ({error})")
+            return True
+        return False
 
-    def module_missing(self, name: str, error: Exception) -> None:
-        """The server did not know `name`: fall back to the script (auto), or say the module is missing."""
-        if self.mode == "module":
-            raise ModuleNotLoaded(f"{name} is unknown to the server: the redis-tb module is not loaded") from error
-        if self.in_use == protocol.MODULE:
-            self.missing.add(name)
-        else:
-            self.in_use = protocol.SCRIPT_BACKEND
+    def steps(self, call: protocol.Call[T]) -> Steps[T]:
+        caller_time = self.caller_time
+        while True:
+            backend = self.in_use or protocol.MODULE
+            caller_us = self.now_us() if caller_time else None
+            try:
+                if backend == protocol.MODULE:
+                    reply = yield Send((call.name, *call.module_args), call.keys[0])
+                elif backend == protocol.FUNCTION:
+                    reply = yield from _fcall(call, caller_us)
+                else:
+                    reply = yield from _eval(call, caller_us)
+            except RedisError as error:
+                if backend != protocol.MODULE and not caller_time and protocol.is_time_refused(error):
+                    caller_time = True  # retried once with the caller's clock; kept if that answers
+                    continue
+                if self._fall_back(backend, call, error):
+                    continue
+                raise _translated(error) from None
+            if caller_time and not self.caller_time:
+                self.caller_time = True
+                log.warning(
+                    "redis-tb: the server refuses TIME inside scripts; calls now send this process's clock, so the "
+                    "bound is burst + rate * (t + skew), skew the largest clock difference between the callers"
+                )
+            if self.in_use is None:
+                log.info("redis-tb: calls go to %s", _describe(backend))
+                self.in_use = backend
+            self.answered = True
+            return call.parse(reply)
+
+
+def _describe(backend: str) -> str:
+    if backend == protocol.FUNCTION:
+        return f"the Redis Functions library {protocol.LIBRARY_NAME} (FCALL)"
+    if backend == protocol.SCRIPT_BACKEND:
+        return "the Lua script (EVALSHA)"
+    return "the redis-tb module"
+
+
+def _fcall(call: protocol.Call[Any], caller_us: int | None) -> Generator[Send, Any, Any]:
+    """FCALL, loading the library first where the server lacks it (first use, FUNCTION FLUSH, a restart or a
+    failover): one load and one retry."""
+    fcall = Send(call.fcall_args(caller_us), call.keys[0], routed=True)
+    try:
+        return (yield fcall)
+    except ResponseError as error:
+        if not protocol.is_function_missing(error):
+            raise
+    try:
+        yield Send(("FUNCTION", "LOAD", protocol.LIBRARY), call.keys[0], routed=True)
+    except ResponseError as error:
+        if not protocol.is_library_loaded(error):  # another client loaded it first
+            raise
+    return (yield fcall)
+
+
+def _eval(call: protocol.Call[Any], caller_us: int | None) -> Generator[Send, Any, Any]:
+    """EVALSHA; on NOSCRIPT (a restart, a failover, SCRIPT FLUSH), EVAL, which runs the script and caches it."""
+    args = call.eval_args(caller_us)
+    try:
+        return (yield Send(("EVALSHA", protocol.SCRIPT_SHA, len(call.keys), *args), call.keys[0]))
+    except NoScriptError:
+        return (yield Send(("EVAL", protocol.SCRIPT, len(call.keys), *args), call.keys[0]))
 
 
 class TokenBucket:
     """Token buckets in Redis, one method per command.
 
-    `backend="auto"` (the default) sends the module's command and, if the server answers that it does not know
-    it, switches to the Lua script for good (`EVALSHA`, loading the script on `NOSCRIPT`): no extra round trip in
-    the steady state either way. `backend="module"` never falls back; `backend="script"` never tries the module.
-    `backend_in_use` says which one runs ("module" or "script"; None before the first call in auto mode).
+    `backend="auto"` (the default) sends the module's command; where the server does not know it, the calls go to
+    the Redis Functions library (`FCALL`, loaded by the client where missing), and where functions are
+    unavailable (Redis 6.2, an ACL user without them) to the Lua script (`EVALSHA`). Each switch is logged once
+    (logger "redis_tb") with its reason, and the call that met it is retried on the next backend: no extra round
+    trip in the steady state. `backend="module"`, `"function"` or `"script"` forces one. `backend_in_use` says
+    which one runs ("module", "function" or "script"; None before the first call in auto mode).
+
+    `now_us` is the caller's clock (integer Unix microseconds), sent only where the server refuses TIME inside
+    scripts: then the bound over any window `t` becomes `burst + rate * (t + skew)`, skew being the largest
+    difference between the callers' clocks.
     """
 
-    def __init__(self, redis: SyncRedis, *, backend: Backend = "auto") -> None:
+    def __init__(
+        self, redis: SyncRedis, *, backend: Backend = "auto", now_us: Callable[[], int] = wall_clock_us
+    ) -> None:
         self.redis = redis
-        self._backends = Backends(backend)
+        self._backends = Backends(backend, now_us)
 
     @property
     def backend_in_use(self) -> str | None:
         return self._backends.in_use
 
     def detect(self) -> str:
-        """Asks the server once which backend applies, and keeps the answer. The question is a peek
-        (`TB.ACQUIRE` with cost 0 on the key `redis-tb:detect`), which writes nothing."""
-        if self._backends.mode == "auto":
-            try:
-                self.redis.execute_command("TB.ACQUIRE", DETECT_KEY, "1", "1", "0")  # type: ignore[no-untyped-call]
-            except RedisError as error:  # a cluster client's own command table raises a plain RedisError
-                if not protocol.is_unknown_command(error):
-                    raise _translated(error) from None
-                self._backends.in_use = protocol.SCRIPT_BACKEND
-            else:
-                self._backends.in_use = protocol.MODULE
+        """Finds the backend now rather than on the first call (loading the library if need be), and returns it.
+        The question is a peek (`TB.ACQUIRE` with cost 0 on the key `redis-tb:detect`), which writes nothing."""
+        self._run(protocol.acquire(DETECT_KEY, 1, 1, 0))
         return self._backends.in_use or protocol.MODULE
 
-    def _run(self, call: protocol.Call[T]) -> T:
-        if self._backends.uses_module(call.name):
-            try:
-                reply = self.redis.execute_command(call.name, *call.module_args)  # type: ignore[no-untyped-call]
-            except RedisError as error:  # a cluster client's own command table raises a plain RedisError
-                if not protocol.is_unknown_command(error):
-                    raise _translated(error) from None
-                self._backends.module_missing(call.name, error)
-            else:
-                self._backends.module_answered()
-                return call.parse(reply)
-        return call.parse(self._eval(call))
+    def _send(self, send: Send) -> Any:
+        if send.routed and isinstance(self.redis, RedisCluster):
+            node = self.redis.get_node_from_key(send.key)  # type: ignore[no-untyped-call]
+            return self.redis.execute_command(*send.args, target_nodes=node)  # type: ignore[no-untyped-call]
+        return self.redis.execute_command(*send.args)  # type: ignore[no-untyped-call]
 
-    def _eval(self, call: protocol.Call[T]) -> Any:
-        args = call.eval_args()
+    def _run(self, call: protocol.Call[T]) -> T:
+        steps = self._backends.steps(call)
         try:
-            try:
-                return self.redis.evalsha(protocol.SCRIPT_SHA, len(call.keys), *args)
-            except NoScriptError:
-                return self.redis.eval(protocol.SCRIPT, len(call.keys), *args)
-        except ResponseError as error:
-            raise _translated(error) from None
+            send = next(steps)
+            while True:
+                try:
+                    reply = self._send(send)
+                except RedisError as error:  # a cluster client's own command table raises a plain RedisError
+                    send = steps.throw(error)
+                else:
+                    send = steps.send(reply)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     def acquire(self, key: str, rate: float, burst: float, cost: float = 1) -> Acquired:
         """`TB.ACQUIRE`: takes `cost` tokens if the bucket holds them."""
