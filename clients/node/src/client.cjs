@@ -1,14 +1,35 @@
 "use strict";
 // The typed client: one method per module command, each one round trip, each reply turned into an object with
-// named fields (the README's command reference documents every field). Where the module is not loaded, the
-// commands the shared Lua script implements run as EVALSHA instead; which one a server has is found out from the
-// first call's reply, never by an extra round trip (see `backend`).
+// named fields (the README's command reference documents every field). Which backend serves the calls is found
+// out from the replies, never by an extra round trip (see `backendInUse`): the module while its commands answer;
+// else the Redis Functions library built from the shared Lua script (FCALL, loaded with FUNCTION LOAD where a
+// server lacks it); else the script itself (EVALSHA) where functions are unavailable (Redis 6.2, an ACL user
+// without FCALL or FUNCTION). A switch only moves down that order, is reported once with its reason, and the call
+// that met it is retried once on the next backend, so a failover to a primary without the module costs no call.
+// Where the server refuses TIME inside scripts, the library and the script take the caller's clock instead.
 
 const { connect } = require("./connection.cjs");
 const { TbReplyError, TbArgumentError, TbProtocolError, isReplyError } = require("./errors.cjs");
 const script = require("./script.cjs");
 
-const BACKENDS = ["auto", "module", "script"];
+/** The backends in the order they are tried. */
+const ORDER = ["module", "function", "script"];
+const BACKENDS = ["auto", ...ORDER];
+const DESCRIBED = {
+  module: () => "the redis-tb module",
+  function: () => `the Redis Functions library ${script.libraryName()} (FCALL)`,
+  script: () => "the Lua script (EVALSHA)",
+};
+
+/** The caller's clock: integer microseconds since the Unix epoch. */
+function wallClockUs() {
+  return Date.now() * 1000;
+}
+
+/** Warnings go to process.emitWarning (code REDIS_TB_BACKEND); notices are dropped unless a `log` hook takes them. */
+function defaultLog(level, message) {
+  if (level === "warn") process.emitWarning(message, { code: "REDIS_TB_BACKEND" });
+}
 
 function number(name, value) {
   if (typeof value !== "number" || !Number.isFinite(value)) {
@@ -52,24 +73,70 @@ function bucketList(name, buckets, withCost) {
   return args;
 }
 
+/**
+ * The server (or its ACL) does not know the command sent: no module, or no FCALL (Redis 6.2). A command unknown
+ * to a script's `redis.call` is not this: see `isTimeRefused`.
+ */
 function isUnknownCommand(error) {
-  return isReplyError(error) && /unknown command/i.test(error.message);
+  return /unknown command|doesn't exist in redis commands/i.test(error.message) && !/from (lua )?script/i.test(error.message);
+}
+
+/** FCALL of a function the server does not hold: never loaded, or lost (FUNCTION FLUSH, a restart, a failover). */
+function isFunctionMissing(error) {
+  return /function not found/i.test(error.message);
+}
+
+/** FUNCTION LOAD refused because another client loaded the same library first. */
+function isLibraryLoaded(error) {
+  return /already exists/i.test(error.message);
+}
+
+/** Redis Functions cannot serve this client: no FCALL/FUNCTION, or its ACL user may not run them. */
+function isFunctionsUnavailable(error) {
+  return isUnknownCommand(error) || /permissions to run the '(fcall|function)/i.test(error.message);
+}
+
+// What a script's `redis.call('TIME')` meets where TIME is refused, by server (the same table as the Python
+// package's `_protocol.py`, both checked against fixtures/backends.json):
+//   a provider that forbids it (ElastiCache Serverless)    ERR This Redis command is not allowed from script
+//   TIME renamed (rename-command), Redis 6.2                ... Unknown Redis command called from Lua script
+//   TIME renamed, Redis 7.0+                                ERR Unknown Redis command called from script ...
+//   TIME renamed, Valkey                                    ERR Unknown command called from script ...
+//   an ACL user without TIME, Redis 6.2 and 7.0             ERR The user executing the script can't run this command
+//   an ACL user without TIME, Redis 7.2+ and Valkey         ERR ACL failure in script: ... the 'time' command ...
+// The script calls TIME before any write, so such a call wrote nothing and is retried once with the caller's
+// clock; if that fails the same way, the refused command was another one (an ACL that is too narrow).
+function isTimeRefused(error) {
+  return /not allowed from script|unknown (redis )?command called from|user executing the script can't run|acl failure in script/i.test(
+    error.message,
+  );
 }
 
 class TbClient {
   /**
    * @param redis an ioredis `Redis` or `Cluster`, or a node-redis client or cluster (already connecting).
-   * @param options.backend "auto" (default): the module, or the Lua script if the server answers "unknown command";
-   *   "module" or "script" to choose.
+   * @param options.backend "auto" (default): the module, else the function library, else the Lua script, each
+   *   where the server answers that the one before is unavailable; "module", "function" or "script" to choose.
+   * @param options.nowUs the caller's clock, integer Unix microseconds (default from Date.now()), sent only where
+   *   the server refuses TIME inside scripts: the bound over a window t becomes burst + rate * (t + skew), skew
+   *   being the largest difference between the callers' clocks.
+   * @param options.log (level, message) => void, level "info" or "warn": each backend switch, once, with its
+   *   reason (default: warnings through process.emitWarning with code REDIS_TB_BACKEND, notices dropped).
    */
-  constructor(redis, { backend = "auto" } = {}) {
+  constructor(redis, { backend = "auto", nowUs = wallClockUs, log = defaultLog } = {}) {
     if (!BACKENDS.includes(backend)) {
       throw new TbArgumentError(`backend must be one of ${BACKENDS.join(", ")}, got ${describe(backend)}`);
     }
+    if (typeof nowUs !== "function") throw new TbArgumentError(`nowUs must be a function, got ${describe(nowUs)}`);
+    if (typeof log !== "function") throw new TbArgumentError(`log must be a function, got ${describe(log)}`);
     this.redis = redis;
     this._connection = connect(redis);
-    this._backend = backend;
-    this._detect = backend === "auto";
+    this._mode = backend;
+    this._inUse = backend === "auto" ? undefined : backend;
+    this._answered = false;
+    this._callerTime = false;
+    this._nowUs = nowUs;
+    this._log = log;
   }
 
   /**
@@ -80,9 +147,14 @@ class TbClient {
     return client instanceof TbClient ? client : new TbClient(client);
   }
 
-  /** "module" or "script" once known; "auto" until the first call has answered. */
+  /** "module", "function" or "script": which backend serves the calls; undefined before the first call (auto). */
+  get backendInUse() {
+    return this._inUse;
+  }
+
+  /** backendInUse, or "auto" before the first call. */
   get backend() {
-    return this._backend;
+    return this._inUse ?? "auto";
   }
 
   /** Which Redis client this wraps: "ioredis", "ioredis-cluster", "node-redis" or "node-redis-cluster". */
@@ -91,43 +163,88 @@ class TbClient {
   }
 
   async _call(command, key, args) {
-    if (this._backend === "script") return this._script(command, key, args);
-    try {
-      const reply = await this._connection.send(key, [command, ...args]);
-      if (this._detect) {
-        this._detect = false;
-        this._backend = "module";
+    let callerTime = this._callerTime;
+    for (;;) {
+      const backend = this._inUse ?? "module";
+      const callerUs = callerTime ? this._nowUs() : undefined;
+      let reply;
+      try {
+        if (backend === "module") reply = await this._connection.send(key, [command, ...args]);
+        else if (backend === "function") reply = await this._fcall(command, key, args, callerUs);
+        else reply = await this._eval(command, key, args, callerUs);
+      } catch (error) {
+        if (!isReplyError(error)) throw error;
+        if (backend !== "module" && !callerTime && isTimeRefused(error)) {
+          callerTime = true; // retried once with the caller's clock; kept if that answers
+          continue;
+        }
+        if (this._fallBack(backend, command, error)) continue;
+        throw new TbReplyError(command, key, error);
       }
+      if (callerTime && !this._callerTime) {
+        this._callerTime = true;
+        this._log(
+          "warn",
+          "redis-tb: the server refuses TIME inside scripts; calls now send this process's clock, so the bound is " +
+            "burst + rate * (t + skew), skew the largest clock difference between the callers",
+        );
+      }
+      if (this._inUse === undefined) {
+        this._log("info", `redis-tb: calls go to ${DESCRIBED[backend]()}`);
+        this._inUse = backend;
+      }
+      this._answered = true;
       return reply;
-    } catch (error) {
-      // Calls sent before the first answer all meet "unknown command": each of them moves to the script. Once the
-      // module has answered, an unknown command is an older module build's, and is reported as such.
-      if (this._detect && isUnknownCommand(error) && script.supports(command)) {
-        this._backend = "script";
-        return this._script(command, key, args);
-      }
-      throw isReplyError(error) ? new TbReplyError(command, key, error) : error;
     }
   }
 
-  async _script(command, key, args) {
-    if (!script.supports(command)) {
-      throw new TbArgumentError(
-        `${command} needs the redis-tb module: the Lua script serves only ${script.commands().join(", ")}`,
-      );
+  /** Whether `error` means `backend` cannot run here; if so, moves to the next backend (auto mode only). */
+  _fallBack(backend, command, error) {
+    if (this._mode !== "auto") return false;
+    if (backend === "module" && isUnknownCommand(error) && script.supports(command)) {
+      this._switch("function", `the server does not know ${command} (${error.message})`);
+      return true;
     }
-    const { keys, argv } = script.arguments(command, args);
-    const evalArgs = [String(keys.length), ...keys, ...argv];
+    if (backend === "function" && isFunctionsUnavailable(error)) {
+      this._switch("script", `Redis Functions are unavailable (${error.message})`);
+      return true;
+    }
+    return false;
+  }
+
+  /** Moves to `to` and says why, once: a warning if the backend left had been answering, else a notice. */
+  _switch(to, reason) {
+    const left = this._inUse ?? "module";
+    if (ORDER.indexOf(to) <= ORDER.indexOf(left)) return; // another call switched first
+    this._log(this._answered ? "warn" : "info", `redis-tb: ${reason}; calls now go to ${DESCRIBED[to]()} (was ${left})`);
+    this._inUse = to;
+    this._answered = false;
+  }
+
+  /** FCALL, loading the library first where the server lacks it: one load and one retry. */
+  async _fcall(command, key, args, callerUs) {
+    const fcall = script.fcallArguments(command, args, callerUs);
     try {
-      try {
-        return await this._connection.send(key, ["EVALSHA", script.sha1(), ...evalArgs]);
-      } catch (error) {
-        // A restarted or failed-over server has forgotten the script: EVAL sends it and caches it again.
-        if (!(isReplyError(error) && /^NOSCRIPT/.test(error.message))) throw error;
-        return await this._connection.send(key, ["EVAL", script.source(), ...evalArgs]);
-      }
+      return await this._connection.send(key, fcall);
     } catch (error) {
-      throw isReplyError(error) ? new TbReplyError(command, key, error) : error;
+      if (!(isReplyError(error) && isFunctionMissing(error))) throw error;
+    }
+    try {
+      await this._connection.send(key, ["FUNCTION", "LOAD", script.library()]);
+    } catch (error) {
+      if (!(isReplyError(error) && isLibraryLoaded(error))) throw error; // another client loaded it first
+    }
+    return this._connection.send(key, fcall);
+  }
+
+  /** EVALSHA; on NOSCRIPT (a restart, a failover, SCRIPT FLUSH), EVAL, which runs the script and caches it. */
+  async _eval(command, key, args, callerUs) {
+    const evalArgs = script.evalArguments(command, args, callerUs);
+    try {
+      return await this._connection.send(key, ["EVALSHA", script.sha1(), ...evalArgs]);
+    } catch (error) {
+      if (!(isReplyError(error) && /^NOSCRIPT/.test(error.message))) throw error;
+      return this._connection.send(key, ["EVAL", script.source(), ...evalArgs]);
     }
   }
 
@@ -215,4 +332,4 @@ class TbClient {
   }
 }
 
-module.exports = { TbClient };
+module.exports = { TbClient, isUnknownCommand, isFunctionMissing, isFunctionsUnavailable, isTimeRefused };

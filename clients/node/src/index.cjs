@@ -16,7 +16,13 @@ const { RateLimiterTB, RateLimiterRes } = require("./flexible.cjs");
 const { TbThrottlerStorage } = require("./nest.cjs");
 const script = require("./script.cjs");
 
-const luaScript = { source: script.source, sha1: script.sha1, file: script.file };
+const luaScript = {
+  source: script.source,
+  sha1: script.sha1,
+  file: script.file,
+  libraryName: script.libraryName,
+  library: script.library,
+};
 
 module.exports = {
   TbClient,

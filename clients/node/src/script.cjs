@@ -3,7 +3,9 @@
 // carries it as `lua/tb.lua` inside the package (`npm pack` copies it in its prepack step and removes it after);
 // an install from the repository path (`npm install ./clients/node`, a link) reads it from the repository root.
 // Its header documents the calling convention: KEYS are the buckets, ARGV[1] the command it emulates, then that
-// command's arguments without its keys.
+// command's arguments without its keys. The Redis Functions library is built from the same text (a header naming
+// the library, then the script), under a name carrying the package version (`tb_0_4_0`), so that two versions of
+// the package can share a server.
 
 const crypto = require("node:crypto");
 const fs = require("node:fs");
@@ -41,6 +43,32 @@ function range(start, end, step) {
 }
 
 let cached;
+let cachedName;
+
+/** `tb_` and the package version, dots (and anything else a library name may not hold) as underscores. */
+function libraryName() {
+  cachedName ??= "tb_" + require("../package.json").version.replace(/[^0-9A-Za-z]/g, "_");
+  return cachedName;
+}
+
+/** The library's name for FCALL: `tb_0_4_0_acquire` for TB.ACQUIRE. */
+function functionName(command) {
+  return `${libraryName()}_${command.slice("TB.".length).toLowerCase()}`;
+}
+
+/** The first script argument that replaces the server's TIME with the caller's clock, where TIME is refused. */
+function callerTime(callerUs) {
+  return callerUs === undefined ? [] : [`@${callerUs}`];
+}
+
+/** A module call's arguments (keys in place, command name left out) split into the keys and the rest. */
+function split(command, args) {
+  const positions = new Set(KEY_POSITIONS[command](args.length));
+  const keys = [];
+  const rest = [];
+  args.forEach((arg, index) => (positions.has(index) ? keys : rest).push(arg));
+  return { keys, rest };
+}
 
 function load() {
   if (cached === undefined) {
@@ -63,12 +91,23 @@ module.exports = {
   source: () => load().text,
   sha1: () => load().sha1,
   file: () => load().file,
+  /** The function library's name, its text for FUNCTION LOAD, and the function serving `command`. */
+  libraryName,
+  library: () => `#!lua name=${libraryName()}\nlocal TB_LIBRARY = '${libraryName()}'\n${load().text}`,
+  functionName,
   /** A module call's arguments (keys in place, command name left out) as EVALSHA's KEYS and ARGV. */
   arguments(command, args) {
-    const positions = new Set(KEY_POSITIONS[command](args.length));
-    const keys = [];
-    const argv = [command];
-    args.forEach((arg, index) => (positions.has(index) ? keys : argv).push(arg));
-    return { keys, argv };
+    const { keys, rest } = split(command, args);
+    return { keys, argv: [command, ...rest] };
+  },
+  /** A module call's arguments as EVALSHA's `numkeys key... [@callerUs] command arg...`. */
+  evalArguments(command, args, callerUs) {
+    const { keys, rest } = split(command, args);
+    return [String(keys.length), ...keys, ...callerTime(callerUs), command, ...rest];
+  },
+  /** A module call's arguments as `FCALL <function> numkeys key... [@callerUs] arg...`. */
+  fcallArguments(command, args, callerUs) {
+    const { keys, rest } = split(command, args);
+    return ["FCALL", functionName(command), String(keys.length), ...keys, ...callerTime(callerUs), ...rest];
   },
 };

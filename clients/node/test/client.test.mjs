@@ -5,11 +5,11 @@ import { after, before, describe, test } from "node:test";
 
 import { TbClient, TbReplyError, TbArgumentError, luaScript } from "../src/index.mjs";
 import { connect, CLIENT_KINDS } from "./clients.mjs";
-import { Server, freshKey } from "./harness.mjs";
+import { Server, freshKey, WITHOUT_MODULE } from "./harness.mjs";
 
 const BACKENDS = [
   { name: "module", module: true },
-  { name: "script", module: false },
+  { name: WITHOUT_MODULE, module: false },
 ];
 
 for (const backend of BACKENDS) {
@@ -31,8 +31,10 @@ for (const backend of BACKENDS) {
       test("the backend is found from the first call's reply", async () => {
         const fresh = new TbClient(conn.redis);
         assert.equal(fresh.backend, "auto");
+        assert.equal(fresh.backendInUse, undefined);
         await fresh.acquire(freshKey("detect"), 10, 20);
         assert.equal(fresh.backend, backend.name);
+        assert.equal(fresh.backendInUse, backend.name);
         assert.equal(fresh.clientKind, kind);
       });
 
@@ -166,11 +168,13 @@ for (const backend of BACKENDS) {
         await assert.rejects(tb.acquireAll(1, []), /buckets must be a non-empty array/);
       });
 
-      if (backend.name === "script") {
+      if (!backend.module) {
         test("a server that forgot the script (SCRIPT FLUSH) gets it again through EVAL", async () => {
+          const scripted = new TbClient(conn.redis, { backend: "script" });
+          await scripted.acquire(freshKey("flush"), 1, 5);
           if (kind === "ioredis") await conn.redis.call("SCRIPT", "FLUSH");
           else await conn.redis.sendCommand(["SCRIPT", "FLUSH"]);
-          assert.equal((await tb.acquire(freshKey("flush"), 1, 5)).remaining, 4);
+          assert.equal((await scripted.acquire(freshKey("flush"), 1, 5)).remaining, 4);
           const loaded = kind === "ioredis"
             ? await conn.redis.call("SCRIPT", "EXISTS", luaScript.sha1())
             : await conn.redis.sendCommand(["SCRIPT", "EXISTS", luaScript.sha1()]);
@@ -193,5 +197,5 @@ for (const backend of BACKENDS) {
 test("an object that is no Redis client is refused with what was expected", () => {
   assert.throws(() => new TbClient({}), /expected an ioredis or node-redis client/);
   assert.throws(() => new TbClient(null), /expected an ioredis or node-redis client/);
-  assert.throws(() => new TbClient({ call() {}, sendCommand() {} }, { backend: "lua" }), /backend must be one of auto, module, script/);
+  assert.throws(() => new TbClient({ call() {}, sendCommand() {} }, { backend: "lua" }), /backend must be one of auto, module, function, script/);
 });

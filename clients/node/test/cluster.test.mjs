@@ -11,7 +11,7 @@ import express from "express";
 import { rateLimit, TbClient } from "../src/index.mjs";
 import { keySlot } from "../src/connection.cjs";
 import { connectCluster, CLIENT_KINDS } from "./clients.mjs";
-import { Cluster, rawCommand, freshKey } from "./harness.mjs";
+import { Cluster, rawCommand, freshKey, WITHOUT_MODULE } from "./harness.mjs";
 import { closeServer, listen } from "./http-helpers.mjs";
 
 /** MOVED and ASK replies the nodes have sent so far (INFO errorstats). */
@@ -24,7 +24,7 @@ async function redirects(cluster) {
   return total;
 }
 
-for (const backend of [{ name: "module", module: true }, { name: "script", module: false }]) {
+for (const backend of [{ name: "module", module: true }, { name: WITHOUT_MODULE, module: false }]) {
   describe(`cluster, ${backend.name}`, () => {
     let cluster;
     before(async () => {

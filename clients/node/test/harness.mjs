@@ -3,7 +3,7 @@
 //   REDIS_SERVER  default /usr/bin/redis-server       REDIS_CLI  default /usr/bin/redis-cli
 //   TB_MODULE     default <repository>/target/release/libredis_tb.so (what `make test` builds)
 // Tests never touch port 6379 or a server they did not start.
-import { spawn, execFile } from "node:child_process";
+import { spawn, execFile, execFileSync } from "node:child_process";
 import fs from "node:fs";
 import net from "node:net";
 import os from "node:os";
@@ -15,6 +15,12 @@ export const REPOSITORY = path.resolve(path.dirname(fileURLToPath(import.meta.ur
 export const SERVER = process.env.REDIS_SERVER || "/usr/bin/redis-server";
 export const CLI = process.env.REDIS_CLI || "/usr/bin/redis-cli";
 export const MODULE = process.env.TB_MODULE || path.join(REPOSITORY, "target", "release", "libredis_tb.so");
+
+/** [major, minor] of the server binary. */
+export const SERVER_VERSION = execFileSync(SERVER, ["--version"], { encoding: "utf8" }).match(/v=(\d+)\.(\d+)/).slice(1, 3).map(Number);
+/** What serves the calls on a server without the module: the function library where the server has Redis Functions
+ * (Redis 7.0+, Valkey), else the script (Redis 6.2). */
+export const WITHOUT_MODULE = SERVER_VERSION[0] >= 7 ? "function" : "script";
 
 const STARTUP_DEADLINE_MS = 20_000;
 const STARTUP_ATTEMPTS = 5;

@@ -19,7 +19,8 @@ import tbDefault, {
   type AcquireResult,
 } from "redis-tb";
 
-const tb = new TbClient(new Redis(), { backend: "auto" });
+const tb = new TbClient(new Redis(), { backend: "auto", nowUs: () => Date.now() * 1000, log: (level, message) => console.log(level, message) });
+const inUse: "module" | "function" | "script" | undefined = tb.backendInUse;
 const viaNodeRedis = new TbClient(createClient());
 const result: AcquireResult = await tb.acquire("user:42", 10, 20);
 const allowed: boolean = result.allowed;

@@ -3,7 +3,9 @@
 /** Any Redis client the package accepts: an ioredis `Redis` or `Cluster`, a node-redis client or cluster. */
 export type RedisLike = object;
 
-export type Backend = "auto" | "module" | "script";
+export type Backend = "auto" | "module" | "function" | "script";
+/** Which backend serves the calls: the module, the Redis Functions library (FCALL) or the Lua script (EVALSHA). */
+export type BackendInUse = "module" | "function" | "script";
 export type ClientKind = "ioredis" | "ioredis-cluster" | "node-redis" | "node-redis-cluster";
 
 /** TB.ACQUIRE's reply. `retryAfterMs` is -1 when the cost exceeds the burst (never succeeds). */
@@ -77,8 +79,21 @@ export interface CostedBucket extends Bucket {
 }
 
 export interface TbClientOptions {
-  /** "auto" (default): the module, or the Lua script if the server does not know the command. */
+  /**
+   * "auto" (default): the module; else the Redis Functions library, loaded by the client where missing; else the
+   * Lua script where functions are unavailable (Redis 6.2, an ACL user without FCALL or FUNCTION).
+   */
   backend?: Backend;
+  /**
+   * The caller's clock, integer Unix microseconds (default Date.now() * 1000), sent only where the server refuses
+   * TIME inside scripts; the bound then becomes burst + rate * (t + skew).
+   */
+  nowUs?: () => number;
+  /**
+   * Each backend switch, once, with its reason (default: warnings through process.emitWarning with code
+   * REDIS_TB_BACKEND; notices dropped).
+   */
+  log?: (level: "info" | "warn", message: string) => void;
 }
 
 export class TbClient {
@@ -86,7 +101,9 @@ export class TbClient {
   /** `client` itself if it is a TbClient, else a new TbClient (default options) wrapping it. */
   static from(client: TbClient | RedisLike): TbClient;
   readonly redis: RedisLike;
-  /** "module" or "script" once the first call has answered; "auto" before. */
+  /** Which backend serves the calls; undefined before the first call in auto mode. */
+  readonly backendInUse: BackendInUse | undefined;
+  /** backendInUse, or "auto" before the first call. */
   readonly backend: Backend;
   readonly clientKind: ClientKind;
   acquire(key: string, rate: number, burst: number, cost?: number): Promise<AcquireResult>;
@@ -350,9 +367,13 @@ export class TbThrottlerStorage {
   increment(key: string, ttl: number, limit: number, blockDuration: number, throttlerName: string): Promise<ThrottlerStorageRecord>;
 }
 
-/** The shared Lua script the package runs where the module is not loaded. */
+/** The shared Lua script the package runs where the module is not loaded, and the function library built from it. */
 export const luaScript: {
   source(): string;
   sha1(): string;
   file(): string;
+  /** `tb_` and the package version with underscores (`tb_0_4_0`). */
+  libraryName(): string;
+  /** The text FUNCTION LOAD takes: a header naming the library, then the script. */
+  library(): string;
 };

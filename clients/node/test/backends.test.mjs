@@ -1,0 +1,287 @@
+// Which backend serves the calls, and the switches between them, on real servers through both Redis clients: the
+// module while it answers, else the Redis Functions library (loaded by the client, reloaded after a FUNCTION
+// FLUSH, a failover or a restart), else the script where functions are unavailable (Redis 6.2, an ACL user
+// without them); the caller's clock where the server refuses TIME inside scripts. Each switch is reported once,
+// with its reason, through the `log` hook. The Python package's tests/test_backends.py checks the same.
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import net from "node:net";
+import path from "node:path";
+import { after, describe, test } from "node:test";
+
+import { TbClient, luaScript } from "../src/index.mjs";
+import { isFunctionMissing, isFunctionsUnavailable, isTimeRefused, isUnknownCommand } from "../src/client.cjs";
+import { connect, connectCluster, CLIENT_KINDS } from "./clients.mjs";
+import { Cluster, REPOSITORY, Server, WITHOUT_MODULE, freshKey, rawCommand, waitUntil } from "./harness.mjs";
+
+const FUNCTIONS = WITHOUT_MODULE === "function";
+const LIBRARY = luaScript.libraryName();
+
+/** A `log` hook that keeps what it is told. */
+function recorder() {
+  const lines = [];
+  const log = (level, message) => lines.push({ level, message });
+  return { lines, log };
+}
+
+/** One command through either client kind. */
+function send(conn, args) {
+  return conn.redis.call ? conn.redis.call(...args) : conn.redis.sendCommand(args);
+}
+
+/** `INFO commandstats` calls of `command` (e.g. "function|load") on a server. */
+async function calls(port, command) {
+  const info = await rawCommand(port, "INFO commandstats");
+  const found = info.match(new RegExp(`cmdstat_${command.replace("|", "\\|")}:calls=(\\d+)`));
+  return found ? Number(found[1]) : 0;
+}
+
+async function libraries(port) {
+  return [...(await rawCommand(port, "FUNCTION LIST")).matchAll(/library_name\r\n\$\d+\r\n([^\r]+)\r\n/g)].map((m) => m[1]);
+}
+
+/**
+ * A TCP forwarder standing for the address clients know a primary by (Sentinel, a DNS name, a cloud endpoint):
+ * `moveTo` points it at another server and cuts the open connections, as a failover does.
+ */
+class Forwarder {
+  static async start(targetPort) {
+    const forwarder = new Forwarder(targetPort);
+    await new Promise((resolve) => forwarder.server.listen(0, "127.0.0.1", resolve));
+    forwarder.port = forwarder.server.address().port;
+    return forwarder;
+  }
+
+  constructor(targetPort) {
+    this.targetPort = targetPort;
+    this.sockets = new Set();
+    this.server = net.createServer((client) => {
+      const upstream = net.connect(this.targetPort, "127.0.0.1");
+      for (const socket of [client, upstream]) {
+        this.sockets.add(socket);
+        socket.on("error", () => {});
+        socket.on("close", () => {
+          this.sockets.delete(socket);
+          client.destroy();
+          upstream.destroy();
+        });
+      }
+      client.pipe(upstream).pipe(client);
+    });
+  }
+
+  moveTo(port) {
+    this.targetPort = port;
+    for (const socket of this.sockets) socket.destroy();
+  }
+
+  async stop() {
+    for (const socket of this.sockets) socket.destroy();
+    await new Promise((resolve) => this.server.close(resolve));
+  }
+}
+
+const FAST_SYNC = ["--repl-diskless-sync-delay", "0"];
+
+async function replicaOf(primary) {
+  const replica = await Server.start({ module: false, args: ["--replicaof", "127.0.0.1", String(primary.port)] });
+  await waitUntil(async () => (await rawCommand(replica.port, "INFO replication")).includes("master_link_status:up"), 20_000, "the replica's sync");
+  return replica;
+}
+
+const replOffset = async (port) => Number((await rawCommand(port, "INFO replication")).match(/master_repl_offset:(\d+)/)[1]);
+
+/**
+ * Once the replica has everything the primary wrote (WAIT on another connection would not wait for the client's
+ * writes), the replica becomes the primary, the old one stops, and the address clients use moves to the new one.
+ */
+async function failOver(primary, replica, forwarder, conn) {
+  const written = await replOffset(primary.port);
+  await waitUntil(async () => (await replOffset(replica.port)) >= written, 5000, "the replica to catch up");
+  assert.equal(await rawCommand(replica.port, "REPLICAOF NO ONE"), "+OK\r\n");
+  await primary.stop();
+  forwarder.moveTo(replica.port);
+  // A command written before the client sees its socket close fails as a reset (the failure table's row, not
+  // this test's): the limiter call goes once the client has reconnected.
+  const reconnected = () => send(conn, ["PING"]).then(() => true, () => false);
+  await waitUntil(reconnected, 10_000, "the client to reconnect");
+}
+
+for (const kind of CLIENT_KINDS) {
+  describe(`backends through ${kind}`, () => {
+    const cleanups = [];
+    after(async () => {
+      for (const cleanup of cleanups.reverse()) await cleanup();
+    });
+    /** A fresh server without the module (no library, no cached script) and a client on it. */
+    async function fresh({ args = [], user } = {}) {
+      const server = await Server.start({ module: false, args });
+      cleanups.push(() => server.stop());
+      if (user) {
+        assert.equal(await rawCommand(server.port, `ACL SETUSER tb on >pw ~* &* +@all ${user}`), "+OK\r\n");
+      }
+      const conn = await connect(kind, server, user ? { username: "tb", password: "pw" } : {});
+      cleanups.push(() => conn.close());
+      return { server, conn };
+    }
+
+    test("the first call on an empty server loads the library, and says so once", async () => {
+      const { server, conn } = await fresh();
+      const { lines, log } = recorder();
+      const tb = new TbClient(conn.redis, { log });
+      const key = freshKey("first");
+      assert.equal((await tb.acquire(key, 10, 20)).remaining, 19);
+      assert.equal((await tb.acquire(key, 10, 20, 0)).remaining, 19);
+      assert.equal(tb.backendInUse, WITHOUT_MODULE);
+      if (FUNCTIONS) {
+        assert.deepEqual(await libraries(server.port), [LIBRARY]);
+        assert.equal(await calls(server.port, "function|load"), 1);
+      }
+      assert.match(lines[0].message, /does not know TB\.ACQUIRE/);
+      assert.equal(lines.length, FUNCTIONS ? 1 : 2); // 6.2: no FCALL either
+      assert.ok(lines.every((line) => line.level === "info"), "a first detection is no failover");
+    });
+
+    test("FUNCTION FLUSH mid-run costs one reload, and the bucket is kept", { skip: !FUNCTIONS && "no Redis Functions" }, async () => {
+      const { server, conn } = await fresh();
+      const tb = new TbClient(conn.redis);
+      const key = freshKey("flush");
+      await tb.acquire(key, 0.01, 5, 2);
+      await send(conn, ["FUNCTION", "FLUSH"]);
+      assert.equal((await tb.acquire(key, 0.01, 5, 2)).remaining, 1);
+      assert.equal(await calls(server.port, "function|load"), 2);
+      assert.equal(tb.backendInUse, "function");
+    });
+
+    for (const refused of ["-function", "-fcall"]) {
+      test(`an ACL user without ${refused.slice(1).toUpperCase()} falls back to the script`, { skip: !FUNCTIONS && "no Redis Functions" }, async () => {
+        const { conn } = await fresh({ user: refused });
+        const { lines, log } = recorder();
+        const tb = new TbClient(conn.redis, { log });
+        const key = freshKey("acl");
+        assert.equal((await tb.acquire(key, 10, 20)).remaining, 19);
+        assert.equal((await tb.acquire(key, 10, 20)).remaining, 18);
+        assert.equal(tb.backendInUse, "script");
+        assert.ok(lines.some((line) => /Redis Functions are unavailable \(NOPERM .*no permissions to run the/.test(line.message)), JSON.stringify(lines));
+      });
+    }
+
+    test("backend 'function' or 'script' is kept, never switched", async () => {
+      const { conn } = await fresh();
+      for (const backend of ["function", "script"]) {
+        const tb = new TbClient(conn.redis, { backend });
+        if (backend === "function" && !FUNCTIONS) {
+          await assert.rejects(tb.acquire(freshKey("forced"), 1, 5), /unknown command/);
+          continue;
+        }
+        assert.equal((await tb.acquire(freshKey("forced"), 1, 5)).remaining, 4);
+        assert.equal(tb.backendInUse, backend);
+      }
+    });
+
+    test("after a failover to a primary without the module, the client switches, warns once and retries", async () => {
+      const primary = await Server.start({ module: true, args: FAST_SYNC });
+      const replica = await replicaOf(primary);
+      const forwarder = await Forwarder.start(primary.port);
+      cleanups.push(() => replica.stop(), () => primary.stop(), () => forwarder.stop());
+      const conn = await connect(kind, { port: forwarder.port, url: `redis://127.0.0.1:${forwarder.port}` });
+      cleanups.push(() => conn.close());
+      const { lines, log } = recorder();
+      const tb = new TbClient(conn.redis, { log });
+      const key = freshKey("failover");
+      assert.equal((await tb.acquire(key, 0.01, 10, 4)).remaining, 6);
+      assert.equal(tb.backendInUse, "module");
+      await failOver(primary, replica, forwarder, conn);
+      assert.equal((await tb.acquire(key, 0.01, 10, 4)).remaining, 2); // no error, and the replicated bucket went on
+      assert.equal(tb.backendInUse, WITHOUT_MODULE);
+      assert.equal((await tb.acquire(key, 0.01, 10, 4)).allowed, false);
+      const warnings = lines.filter((line) => line.level === "warn");
+      assert.equal(warnings.length, 1, JSON.stringify(lines));
+      assert.match(warnings[0].message, /does not know TB\.ACQUIRE \(.*unknown command.*\).*\(was module\)/);
+    });
+
+    test("a promoted replica without the module serves the next call", async () => {
+      const primary = await Server.start({ module: false, args: FAST_SYNC });
+      const replica = await replicaOf(primary);
+      const forwarder = await Forwarder.start(primary.port);
+      cleanups.push(() => replica.stop(), () => primary.stop(), () => forwarder.stop());
+      const conn = await connect(kind, { port: forwarder.port, url: `redis://127.0.0.1:${forwarder.port}` });
+      cleanups.push(() => conn.close());
+      const tb = new TbClient(conn.redis);
+      const key = freshKey("promoted");
+      assert.equal((await tb.acquire(key, 0.01, 10, 4)).remaining, 6);
+      await failOver(primary, replica, forwarder, conn);
+      assert.equal((await tb.acquire(key, 0.01, 10, 4)).remaining, 2);
+      assert.equal(tb.backendInUse, WITHOUT_MODULE);
+    });
+
+    // TIME refused inside scripts: the caller's clock, and the bound burst + rate * (t + skew).
+    for (const [how, backend] of [["acl", "auto"], ["renamed", "auto"], ["renamed", "script"]]) {
+      test(`TIME refused (${how}), backend ${backend}: two callers 1 s apart stay within burst + rate * (t + skew)`, async () => {
+        const { conn } = how === "acl" ? await fresh({ user: "-time" }) : await fresh({ args: ["--rename-command", "TIME", "TB_TEST_TIME"] });
+        await assert.rejects(send(conn, ["EVAL", "return redis.call('TIME')", "0"]), (error) => isTimeRefused(error) && !isUnknownCommand(error));
+        const [rate, burst, skewUs, stepUs, steps] = [10, 20, 1_000_000, 50_000, 40];
+        let virtualUs = Date.now() * 1000; // near the server's clock, so the bucket's expiry is a real one
+        const { lines, log } = recorder();
+        const early = new TbClient(conn.redis, { backend, log, nowUs: () => virtualUs });
+        const late = new TbClient(conn.redis, { backend, log, nowUs: () => virtualUs + skewUs });
+        const key = freshKey("skew");
+        const startUs = virtualUs;
+        let allowed = 0;
+        for (let step = 0; step <= steps; step++) {
+          for (const caller of [early, late]) {
+            while ((await caller.acquire(key, rate, burst)).allowed) allowed += 1;
+          }
+          virtualUs += stepUs;
+        }
+        const tS = (virtualUs - stepUs - startUs) / 1e6;
+        assert.ok(allowed <= burst + rate * (tS + skewUs / 1e6), `${allowed} allowed`);
+        assert.ok(allowed >= burst + rate * tS, `${allowed} allowed: the callers' clocks drove the refill`);
+        const stored = await send(conn, ["HGET", key, "ts"]);
+        assert.equal(Number(stored), virtualUs - stepUs + skewUs);
+        assert.equal(lines.filter((line) => /refuses TIME/.test(line.message)).length, 2); // once per client
+      });
+    }
+  });
+}
+
+describe("cluster without the module", () => {
+  for (const kind of CLIENT_KINDS) {
+    test(`${kind}: each primary gets the library at its first call; a FUNCTION FLUSH on one costs one reload there`, { skip: !FUNCTIONS && "no Redis Functions" }, async () => {
+      const cluster = await Cluster.start({ module: false });
+      const conn = await connectCluster(kind, cluster);
+      try {
+        const tb = new TbClient(conn.redis);
+        const keys = Array.from({ length: 30 }, (_, i) => `{n${i}}:${freshKey("shard")}`); // tags on all three shards
+        for (const key of keys) assert.equal((await tb.acquire(key, 0.01, 20, 5)).remaining, 15);
+        assert.equal(tb.backendInUse, "function");
+        for (const node of cluster.nodes) {
+          assert.deepEqual(await libraries(node.port), [LIBRARY]);
+          assert.equal(await calls(node.port, "function|load"), 1);
+        }
+        await rawCommand(cluster.nodes[1].port, "FUNCTION FLUSH");
+        for (const key of keys) assert.equal((await tb.acquire(key, 0.01, 20, 5)).remaining, 10);
+        assert.equal(await calls(cluster.nodes[1].port, "function|load"), 2);
+      } finally {
+        await conn.close();
+        await cluster.stop();
+      }
+    });
+  }
+});
+
+test("the classifiers agree with the shared fixture (fixtures/backends.json)", () => {
+  const { cases } = JSON.parse(fs.readFileSync(path.join(REPOSITORY, "fixtures", "backends.json"), "utf8"));
+  const classify = (error) => {
+    if (isTimeRefused(error)) return "time-refused";
+    if (isUnknownCommand(error)) {
+      assert.ok(isFunctionsUnavailable(error));
+      return "unknown-command";
+    }
+    if (isFunctionsUnavailable(error)) return "functions-unavailable";
+    if (isFunctionMissing(error)) return "function-missing";
+    if (/already exists/i.test(error.message)) return "library-loaded";
+    return "other";
+  };
+  for (const entry of cases) assert.equal(classify(new Error(entry.reply)), entry.class, JSON.stringify(entry));
+});
