@@ -92,19 +92,28 @@ async function replicaOf(primary) {
 const replOffset = async (port) => Number((await rawCommand(port, "INFO replication")).match(/master_repl_offset:(\d+)/)[1]);
 
 /**
- * Once the replica has everything the primary wrote (WAIT on another connection would not wait for the client's
- * writes), the replica becomes the primary, the old one stops, and the address clients use moves to the new one.
+ * A primary (with or without the module), its replica without it, and a `kind` client reaching the primary through
+ * a Forwarder; `failOver()` promotes the replica once it has everything the primary wrote (WAIT on another
+ * connection would not wait for the client's writes), stops the primary, moves the address to the new one, and
+ * waits for the client to reconnect (a command written before the client sees its socket close fails as a reset:
+ * the failure table's row, not these tests').
  */
-async function failOver(primary, replica, forwarder, conn) {
-  const written = await replOffset(primary.port);
-  await waitUntil(async () => (await replOffset(replica.port)) >= written, 5000, "the replica to catch up");
-  assert.equal(await rawCommand(replica.port, "REPLICAOF NO ONE"), "+OK\r\n");
-  await primary.stop();
-  forwarder.moveTo(replica.port);
-  // A command written before the client sees its socket close fails as a reset (the failure table's row, not
-  // this test's): the limiter call goes once the client has reconnected.
-  const reconnected = () => send(conn, ["PING"]).then(() => true, () => false);
-  await waitUntil(reconnected, 10_000, "the client to reconnect");
+async function startFailover(kind, module, cleanups) {
+  const primary = await Server.start({ module, args: FAST_SYNC });
+  const replica = await replicaOf(primary);
+  const forwarder = await Forwarder.start(primary.port);
+  cleanups.push(() => replica.stop(), () => primary.stop(), () => forwarder.stop());
+  const conn = await connect(kind, { port: forwarder.port, url: `redis://127.0.0.1:${forwarder.port}` });
+  cleanups.push(() => conn.close());
+  const failOver = async () => {
+    const written = await replOffset(primary.port);
+    await waitUntil(async () => (await replOffset(replica.port)) >= written, 5000, "the replica to catch up");
+    assert.equal(await rawCommand(replica.port, "REPLICAOF NO ONE"), "+OK\r\n");
+    await primary.stop();
+    forwarder.moveTo(replica.port);
+    await waitUntil(() => send(conn, ["PING"]).then(() => true, () => false), 10_000, "the client to reconnect");
+  };
+  return { conn, failOver };
 }
 
 for (const kind of CLIENT_KINDS) {
@@ -180,18 +189,13 @@ for (const kind of CLIENT_KINDS) {
     });
 
     test("after a failover to a primary without the module, the client switches, warns once and retries", async () => {
-      const primary = await Server.start({ module: true, args: FAST_SYNC });
-      const replica = await replicaOf(primary);
-      const forwarder = await Forwarder.start(primary.port);
-      cleanups.push(() => replica.stop(), () => primary.stop(), () => forwarder.stop());
-      const conn = await connect(kind, { port: forwarder.port, url: `redis://127.0.0.1:${forwarder.port}` });
-      cleanups.push(() => conn.close());
+      const { conn, failOver } = await startFailover(kind, true, cleanups);
       const { lines, log } = recorder();
       const tb = new TbClient(conn.redis, { log });
       const key = freshKey("failover");
       assert.equal((await tb.acquire(key, 0.01, 10, 4)).remaining, 6);
       assert.equal(tb.backendInUse, "module");
-      await failOver(primary, replica, forwarder, conn);
+      await failOver();
       assert.equal((await tb.acquire(key, 0.01, 10, 4)).remaining, 2); // no error, and the replicated bucket went on
       assert.equal(tb.backendInUse, WITHOUT_MODULE);
       assert.equal((await tb.acquire(key, 0.01, 10, 4)).allowed, false);
@@ -201,16 +205,11 @@ for (const kind of CLIENT_KINDS) {
     });
 
     test("a promoted replica without the module serves the next call", async () => {
-      const primary = await Server.start({ module: false, args: FAST_SYNC });
-      const replica = await replicaOf(primary);
-      const forwarder = await Forwarder.start(primary.port);
-      cleanups.push(() => replica.stop(), () => primary.stop(), () => forwarder.stop());
-      const conn = await connect(kind, { port: forwarder.port, url: `redis://127.0.0.1:${forwarder.port}` });
-      cleanups.push(() => conn.close());
+      const { conn, failOver } = await startFailover(kind, false, cleanups);
       const tb = new TbClient(conn.redis);
       const key = freshKey("promoted");
       assert.equal((await tb.acquire(key, 0.01, 10, 4)).remaining, 6);
-      await failOver(primary, replica, forwarder, conn);
+      await failOver();
       assert.equal((await tb.acquire(key, 0.01, 10, 4)).remaining, 2);
       assert.equal(tb.backendInUse, WITHOUT_MODULE);
     });

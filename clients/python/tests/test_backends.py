@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -105,77 +105,84 @@ def replica_of(primary: Server) -> Server:
     return replica
 
 
-def fail_over(conn: redis.Redis, primary: Server, replica: Server) -> None:
-    """Once the replica has everything the primary wrote (WAIT on another connection would not wait for the
-    client's writes), it becomes the primary and the client's address moves to it (what Sentinel or a DNS name
-    does)."""
-    written = primary.client().info("replication")["master_repl_offset"]
-    deadline = time.monotonic() + 5
-    while replica.client().info("replication")["master_repl_offset"] < written:
-        assert time.monotonic() < deadline, "the replica never caught up"
-        time.sleep(0.01)
-    replica.client().replicaof("NO", "ONE")
-    primary.stop()
-    conn.connection_pool.disconnect()
-    conn.connection_pool = redis.ConnectionPool(host="127.0.0.1", port=replica.port)
+class Failover:
+    """A primary, with or without the module, its replica without it, and a client of the primary."""
+
+    def __init__(self, module: bool) -> None:
+        self.primary = Server(module=module, args=FAST_SYNC)
+        self.replica = replica_of(self.primary)
+        self.conn = self.primary.client()
+
+    def run(self) -> None:
+        """Once the replica has everything the primary wrote (WAIT on another connection would not wait for the
+        client's writes), it becomes the primary and the client's address moves to it (what Sentinel or a DNS name
+        does)."""
+        written = self.primary.client().info("replication")["master_repl_offset"]
+        deadline = time.monotonic() + 5
+        while self.replica.client().info("replication")["master_repl_offset"] < written:
+            assert time.monotonic() < deadline, "the replica never caught up"
+            time.sleep(0.01)
+        self.replica.client().replicaof("NO", "ONE")
+        self.primary.stop()
+        self.conn.connection_pool.disconnect()
+        self.conn.connection_pool = redis.ConnectionPool(host="127.0.0.1", port=self.replica.port)
+
+    def stop(self) -> None:
+        self.replica.stop()
+        self.primary.stop()
+
+
+@pytest.fixture
+def failover() -> Iterator[Callable[[bool], Failover]]:
+    started: list[Failover] = []
+
+    def start(module: bool) -> Failover:
+        started.append(Failover(module))
+        return started[-1]
+
+    yield start
+    for pair in started:
+        pair.stop()
 
 
 def test_failover_to_a_primary_without_the_module_switches_and_retries(
-    key: str, caplog: pytest.LogCaptureFixture
+    failover: Callable[[bool], Failover], key: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """After the module has answered, `unknown command` from a new primary moves the client to the library (or
     the script) and the call is retried there, on the replicated bucket, without an error."""
     caplog.set_level(logging.INFO, logger="redis_tb")
-    primary = Server(module=True, args=FAST_SYNC)
-    replica = replica_of(primary)
-    try:
-        conn = primary.client()
-        tb = TokenBucket(conn)
-        assert tb.acquire(key, 0.01, 10, 4).remaining == 6
-        assert tb.backend_in_use == "module"
-        fail_over(conn, primary, replica)
-        assert tb.acquire(key, 0.01, 10, 4).remaining == 2  # no error, and the bucket went on
-        assert tb.backend_in_use == WITHOUT_MODULE
-        assert not tb.acquire(key, 0.01, 10, 4).allowed
-        logged = switches(caplog)
-        assert logged[1][0] == logging.WARNING and "does not know TB.ACQUIRE" in logged[1][1]
-        assert "unknown command" in logged[1][1] and "was module" in logged[1][1]
-        assert len([entry for entry in logged if entry[0] == logging.WARNING]) == 1
-    finally:
-        replica.stop()
-        primary.stop()
+    pair = failover(True)
+    tb = TokenBucket(pair.conn)
+    assert tb.acquire(key, 0.01, 10, 4).remaining == 6
+    assert tb.backend_in_use == "module"
+    pair.run()
+    assert tb.acquire(key, 0.01, 10, 4).remaining == 2  # no error, and the bucket went on
+    assert tb.backend_in_use == WITHOUT_MODULE
+    assert not tb.acquire(key, 0.01, 10, 4).allowed
+    logged = switches(caplog)
+    assert logged[1][0] == logging.WARNING and "does not know TB.ACQUIRE" in logged[1][1]
+    assert "unknown command" in logged[1][1] and "was module" in logged[1][1]
+    assert len([entry for entry in logged if entry[0] == logging.WARNING]) == 1
 
 
-def test_a_promoted_replica_serves_without_the_module(key: str) -> None:
+def test_a_promoted_replica_serves_without_the_module(failover: Callable[[bool], Failover], key: str) -> None:
     """Library or script, a promoted replica serves the next call: functions replicate with FUNCTION LOAD, and a
     script the new primary never cached costs one EVAL."""
-    primary = Server(module=False, args=FAST_SYNC)
-    replica = replica_of(primary)
-    try:
-        conn = primary.client()
-        tb = TokenBucket(conn)
-        assert tb.acquire(key, 0.01, 10, 4).remaining == 6
-        fail_over(conn, primary, replica)
-        assert tb.acquire(key, 0.01, 10, 4).remaining == 2
-        assert tb.backend_in_use == WITHOUT_MODULE
-    finally:
-        replica.stop()
-        primary.stop()
+    pair = failover(False)
+    tb = TokenBucket(pair.conn)
+    assert tb.acquire(key, 0.01, 10, 4).remaining == 6
+    pair.run()
+    assert tb.acquire(key, 0.01, 10, 4).remaining == 2
+    assert tb.backend_in_use == WITHOUT_MODULE
 
 
-def test_backend_module_does_not_switch_after_a_failover(key: str) -> None:
-    primary = Server(module=True, args=FAST_SYNC)
-    replica = replica_of(primary)
-    try:
-        conn = primary.client()
-        tb = TokenBucket(conn, backend="module")
+def test_backend_module_does_not_switch_after_a_failover(failover: Callable[[bool], Failover], key: str) -> None:
+    pair = failover(True)
+    tb = TokenBucket(pair.conn, backend="module")
+    tb.acquire(key, 1, 10)
+    pair.run()
+    with pytest.raises(redis_tb.ModuleNotLoaded):
         tb.acquire(key, 1, 10)
-        fail_over(conn, primary, replica)
-        with pytest.raises(redis_tb.ModuleNotLoaded):
-            tb.acquire(key, 1, 10)
-    finally:
-        replica.stop()
-        primary.stop()
 
 
 @needs_functions
