@@ -195,6 +195,9 @@ def _run_forever_script(server: Server) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_loading_while_the_dataset_loads(kind: str, tmp_path: Path) -> None:
     loader = Server(module=True)
+    if not loader.client().config_get("loading-process-events-interval-bytes"):
+        loader.stop()  # Redis 6.2 answers clients only every 2 MB it loads
+        pytest.skip("this server cannot be made to answer often while it loads")
     loader.client().mset({f"k{n}": os.urandom(64).hex() for n in range(800)})  # random: no compression
     loader.client().save()
     dump = loader.dir / "dump.rdb"
