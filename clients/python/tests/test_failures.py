@@ -33,6 +33,8 @@ from redis.retry import Retry
 import redis_tb
 from redis_tb import AsyncTokenBucket, Limit, TokenBucket, asgi, wsgi
 from redis_tb._failures import classify
+from redis_tb._guard import Guard
+from redis_tb._local import LocalBuckets
 
 FIXTURE: dict[str, Any] = json.loads((Path(__file__).resolve().parents[3] / "fixtures/failures.json").read_text())
 LIMITS = [Limit("per-client", rate=1, burst=2)]
@@ -313,3 +315,70 @@ def test_calls_during_a_stall_are_not_charged_when_redis_resumes(kind: str, fres
     late = round(100 - 2 - tokens)
     assert 0 <= late <= 1, late
     assert answered.remaining == 100 - 2 - late
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_gate_probes_a_few_times_a_second_and_warns_once_per_fault(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    guard = Guard("local", clock)
+    refused = redis.exceptions.ConnectionError("Connection refused.")
+    with caplog.at_level(logging.INFO, logger="redis_tb"):
+        guard.failed(refused)
+        assert not guard.admits and not guard.probe_due()
+        clock.now += 0.25
+        assert guard.probe_due() and not guard.probe_due()  # one probe at a time
+        guard.probed(refused)
+        clock.now += 0.25
+        assert not guard.probe_due()  # the interval grows while probes fail
+        clock.now += 0.25
+        assert guard.probe_due()
+        guard.probed(None)
+        assert guard.admits
+        guard.failed(redis.exceptions.OutOfMemoryError("command not allowed"))  # the same fault goes on
+        clock.now += 1
+        assert guard.probe_due()
+        guard.probed(None)
+        assert guard.answered() and not guard.answered()
+    warnings = [record for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "unavailable" in warnings[0].message
+    assert "answers again after 1.8 s" in caplog.text
+
+
+def test_configuration_errors_are_logged_at_most_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    guard = Guard("open", clock)
+    with caplog.at_level(logging.ERROR, logger="redis_tb"):
+        for _ in range(3):
+            guard.failed(redis.exceptions.NoPermissionError("User has no permissions"))
+            clock.now += 20
+        guard.failed(ValueError("a bug"))
+    assert len(caplog.records) == 2  # NOPERM once in 60 s, then the other error
+    assert caplog.records[1].exc_info is not None  # not a Redis error: the traceback helps
+    clock.now += 1
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="redis_tb"):
+        guard.failed(redis.exceptions.NoPermissionError("User has no permissions"))
+    assert len(caplog.records) == 1
+
+
+def test_local_buckets_refill_take_all_or_nothing_and_keep_the_most_recent() -> None:
+    clock = FakeClock()
+    local = LocalBuckets(capacity=3, clock=clock)
+    limits = [Limit("a", rate=10, burst=2), Limit("b", rate=1, burst=1)]
+    assert local.acquire_each(limits, ["a", "b"]).allowed
+    refused = local.acquire_each(limits, ["a", "b"])
+    assert not refused.allowed and refused.limiting_index == 1 and refused.limiting.retry_after_ms == 1000
+    assert refused.buckets[0].remaining == 1  # the refusal took nothing from "a"
+    clock.now += 1
+    assert local.acquire_each(limits, ["a", "b"]).allowed
+    assert local.acquire_each([Limit("c", rate=1, burst=1, cost=2)], ["c"]).limiting.retry_after_ms == -1
+    local.acquire_each(limits[:1], ["d"])
+    assert len(local) == 3  # "a" went: the least recently used
+    assert local.acquire_each(limits[:1], ["a"]).buckets[0].remaining == 1

@@ -37,6 +37,8 @@ class Guard:
         self.clock = clock
         #: The clock reading of the failure that closed the gate; None while it is open.
         self.down_since: float | None = None
+        #: When the fault began (the first failure since a call last answered): its warning is logged once.
+        self._fault_began: float | None = None
         self._failures = 0
         self._next_probe_at = 0.0
         self._probing = False
@@ -57,23 +59,24 @@ class Guard:
             return True
 
     def probed(self, error: BaseException | None) -> None:
-        """A probe ended: it answered (error None), or failed with `error`."""
+        """A probe ended: it answered (error None: the next call goes to Redis), or failed with `error`."""
         with self._lock:
             self._probing = False
             if error is None:
                 self.down_since = None
-                self._failures = 0
-                logger.info("redis-tb: Redis answers a probe again; sending limiter calls")
                 return
         self._closed(classify(error), error)
 
     def answered(self) -> bool:
         """A limiter call answered; True if that ends a fault (the caller forgets what it did meanwhile)."""
         with self._lock:
-            if self.down_since is None and self._failures == 0:
+            if self._failures == 0:
                 return False
             self.down_since = None
             self._failures = 0
+            began, self._fault_began = self._fault_began, None
+        if began is not None:
+            logger.info("redis-tb: Redis answers again after %.1f s; limiter calls go to it", self.clock() - began)
         return True
 
     def failed(self, error: BaseException) -> Failure:
@@ -103,8 +106,10 @@ class Guard:
     def _closed(self, failure: Failure, error: BaseException) -> None:
         with self._lock:
             now = self.clock()
-            starts = self.down_since is None
+            starts = self._fault_began is None
             if starts:
+                self._fault_began = now
+            if self.down_since is None:
                 self.down_since = now
             self._failures += 1
             step = PROBE_INTERVALS_S[min(self._failures, len(PROBE_INTERVALS_S)) - 1]
