@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the release artifacts into dist/, from target/release/ (`make build` first):
-#   dist   dist/redis-tb-<version>-x86_64-linux-gnu.tar.gz: the stripped module, lua/tb.lua (the script fallback),
+#   dist   dist/redis-tb-<version>-x86_64-linux-gnu.tar.gz: the stripped module, lua/tb.lua (the script fallback)
+#            and lua/tb-functions.lua (the same as a function library, for FUNCTION LOAD),
 #            LICENSE, README.md, CHANGELOG.md, redis.conf.example, docs/ and SHA256SUMS, in one top-level folder
 #          dist/tb-rls-<version>-x86_64-linux-gnu.tar.gz: the stripped tb-rls binary, example configurations (the
 #            service's and Envoy's), a systemd unit and its settings file, LICENSE, README.md, gateway.md,
@@ -88,6 +89,13 @@ sums() {
   sed 's/^/  /' dist/SHA256SUMS
 }
 
+# The function library (Redis 7.0+, Valkey) generated from lua/tb.lua as its header says: two lines, then the file.
+functions() {
+  local lib="tb_${version//./_}"
+  printf '#!lua name=%s\nlocal TB_LIBRARY = '"'"'%s'"'"'\n' "$lib" "$lib"
+  cat lua/tb.lua
+}
+
 module_tarball() {
   local name="redis-tb-$version-x86_64-linux-gnu" root
   root="$stage/$name"
@@ -96,6 +104,8 @@ module_tarball() {
   install -m 0644 LICENSE README.md CHANGELOG.md redis.conf.example "$root/"
   install -m 0644 docs/*.md "$root/docs/"
   install -m 0644 lua/tb.lua "$root/lua/tb.lua"
+  functions > "$root/lua/tb-functions.lua"
+  chmod 0644 "$root/lua/tb-functions.lua"
   tarball "$name"
 }
 
@@ -152,6 +162,8 @@ EOF
   install -D -m 0644 LICENSE "$root/usr/share/doc/redis-tb/copyright"
   install -m 0644 README.md "$root/usr/share/doc/redis-tb/README.md"
   install -D -m 0644 lua/tb.lua "$root/usr/share/redis-tb/tb.lua"
+  functions > "$root/usr/share/redis-tb/tb-functions.lua"
+  chmod 0644 "$root/usr/share/redis-tb/tb-functions.lua"
   gzip -n -9 -c CHANGELOG.md > "$root/usr/share/doc/redis-tb/changelog.gz"
   install -d -m 0755 "$root/DEBIAN"
   echo "/etc/redis/modules.d/redis-tb.conf" > "$root/DEBIAN/conffiles"
@@ -173,8 +185,8 @@ Description: native token-bucket rate limiter module for Redis
  .
  The module is installed in /usr/lib/redis/modules/. To load it, add
  "include /etc/redis/modules.d/*.conf" to /etc/redis/redis.conf once.
- /usr/share/redis-tb/tb.lua is the same commands as a Lua script, for servers
- that cannot load modules.
+ /usr/share/redis-tb/tb.lua is the same commands as a Lua script, and
+ tb-functions.lua as a function library, for servers that cannot load modules.
 EOF
   deb_build "redis-tb_${version}_amd64.deb" "$root"
 }

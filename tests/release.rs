@@ -226,6 +226,7 @@ fn release_artifacts_dist_tarball_verifies_and_loads_on_every_server() {
             "README.md",
             "SHA256SUMS",
             "libredis_tb.so",
+            "lua/tb-functions.lua",
             "lua/tb.lua",
             "redis.conf.example"
         ]
@@ -244,6 +245,34 @@ fn release_artifacts_dist_tarball_verifies_and_loads_on_every_server() {
         std::fs::read(root().join("lua/tb.lua")).ok(),
         "the tarball's script is the repository's"
     );
+    // The function library: the script with its two-line header, loaded on a server without the module.
+    let functions =
+        std::fs::read_to_string(unpacked.join("lua/tb-functions.lua")).expect("read the library");
+    let lib = format!("tb_{}", VERSION.replace('.', "_"));
+    assert!(
+        functions.starts_with(&format!(
+            "#!lua name={lib}\nlocal TB_LIBRARY = '{lib}'\n--[["
+        )),
+        "the library's header"
+    );
+    let plain = Server::start_with(Options {
+        without_module: true,
+        ..Options::default()
+    });
+    let mut conn = plain.conn();
+    let loaded: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&functions)
+        .query(&mut conn)
+        .expect("FUNCTION LOAD the tarball's library");
+    assert_eq!(loaded, lib);
+    let reply: Vec<i64> = redis::cmd("FCALL")
+        .arg(format!("{lib}_acquire"))
+        .arg(&["1", "release:function", "10", "20"])
+        .query(&mut conn)
+        .expect("FCALL acquire");
+    assert_eq!(reply, vec![1, 19, 0, 100], "the library's acquire");
+    drop(plain);
     let module = unpacked.join("libredis_tb.so");
     let glibc = check_binary(&module);
     let readme = std::fs::read_to_string(root().join("README.md")).expect("read README.md");
@@ -643,13 +672,29 @@ for _ in range(3):
     let _ = std::fs::remove_dir_all(scratch);
 }
 
-/// The npm tarball: LICENSE, README and the script inside; `npm publish --dry-run` accepts it; installed into a
-/// fresh project from the file (no clone: the project is in a scratch directory), its client talks to a server with
-/// the module from both module systems.
+/// The text between the first "```<lang>\n" after `from` in `text` and its closing fence.
+fn block_after<'a>(text: &'a str, from: &str, lang: &str) -> &'a str {
+    let start = text
+        .find(from)
+        .unwrap_or_else(|| panic!("{from:?} is missing"));
+    let fence = format!("```{lang}\n");
+    let body = &text[start..];
+    let body = &body[body
+        .find(&fence)
+        .unwrap_or_else(|| panic!("no {fence:?} after {from:?}"))
+        + fence.len()..];
+    &body[..body.find("```").expect("a closing fence")]
+}
+
+/// The npm tarball: LICENSE, README and the script inside; `npm publish --dry-run` accepts it; docs/node.md's
+/// "A project from nothing" runs as shown, with the tarball beside the project (no clone: a scratch directory): its
+/// commands, its `server.js` (also the npm README's), and its curl lines, which show a 200 with the headers and
+/// 429s; the installed package loads from `require` too.
 #[test]
-fn release_artifacts_npm_tarball_installs_into_a_fresh_project() {
+fn release_artifacts_npm_tarball_installs_into_a_project_from_nothing_as_docs_show() {
     make_dist();
-    let tarball = root().join("dist").join(format!("redis-tb-{VERSION}.tgz"));
+    let name = format!("redis-tb-{VERSION}.tgz");
+    let tarball = root().join("dist").join(&name);
     let scratch = unpack(&tarball);
     for inside in [
         "LICENSE",
@@ -673,54 +718,86 @@ fn release_artifacts_npm_tarball_installs_into_a_fresh_project() {
         "{published}"
     );
 
-    let project = scratch.join("app");
-    std::fs::create_dir_all(&project).expect("create the project");
-    std::fs::write(
-        project.join("package.json"),
-        r#"{"name": "app", "private": true}"#,
-    )
-    .expect("package.json");
-    run(Command::new("npm")
-        .args([
-            "install",
-            "--prefer-offline",
-            "--no-audit",
-            "--no-fund",
-            "ioredis@5",
-        ])
-        .arg(&tarball)
-        .current_dir(&project));
+    let docs = std::fs::read_to_string(root().join("docs/node.md")).expect("read docs/node.md");
+    let section = "## A project from nothing";
+    let commands = block_after(&docs, section, "sh");
+    let server_js = block_after(&docs, section, "js");
+    let readme = std::fs::read_to_string(scratch.join("package/README.md"))
+        .expect("read the package's README");
+    assert!(
+        readme.contains(server_js),
+        "the npm README shows docs/node.md's server.js"
+    );
+    std::fs::copy(&tarball, scratch.join(&name)).expect("copy the tarball beside the project");
+    run(Command::new("bash")
+        .args(["-euo", "pipefail", "-c", commands])
+        .current_dir(&scratch)
+        .env("npm_config_prefer_offline", "true"));
+    let project = scratch.join(
+        commands
+            .split_whitespace()
+            .skip_while(|word| *word != "mkdir")
+            .nth(1)
+            .expect("the block makes the project's folder"),
+    );
     let installed = project.join("node_modules/redis-tb");
     assert!(
         installed.is_dir() && !installed.is_symlink(),
         "the package is installed as files, not a link into a clone"
     );
+    std::fs::write(project.join("server.js"), server_js).expect("write server.js");
+
     let server = Server::start();
-    let probe = "const reply = await new tb.TbClient(redis).acquire('npm:fresh', 0.001, 20); \
-                 console.log(reply.allowed, reply.remaining); redis.disconnect();";
-    let via_require = run(Command::new("node")
+    let probe = run(Command::new("node")
         .args([
             "-e",
-            &format!(
-                "const tb = require('redis-tb'); const {{ Redis }} = require('ioredis'); \
-                 const redis = new Redis(process.argv[1]); (async () => {{ {probe} }})();"
-            ),
+            "const tb = require('redis-tb'); const { Redis } = require('ioredis'); \
+             const redis = new Redis(process.argv[1]); \
+             new tb.TbClient(redis).acquire('npm:require', 10, 20).then((r) => { console.log(r.allowed, r.remaining); redis.disconnect(); });",
             &server.url(),
         ])
         .current_dir(&project));
-    assert_eq!(via_require.trim(), "true 19");
-    let via_import = run(Command::new("node")
-        .args([
-            "--input-type=module",
-            "-e",
-            &format!(
-                "import * as tb from 'redis-tb'; import {{ Redis }} from 'ioredis'; \
-                 const redis = new Redis(process.argv[1]); {probe}"
-            ),
-            &server.url(),
-        ])
-        .current_dir(&project));
-    assert_eq!(via_import.trim(), "true 18");
+    assert_eq!(probe.trim(), "true 19", "require('redis-tb')");
+    let port = common::free_port();
+    let _app = Child(
+        Command::new("node")
+            .arg("server.js")
+            .env("PORT", port.to_string())
+            .env("REDIS_URL", server.url())
+            .current_dir(&project)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start node server.js"),
+    );
+    assert!(
+        common::wait_until(Duration::from_secs(20), || common::port_answers(port)),
+        "node server.js listens"
+    );
+    let output = block_after(&docs, "Start it with `node server.js`", "");
+    let lines: Vec<String> = output
+        .lines()
+        .filter_map(|line| line.strip_prefix("$ "))
+        .map(|line| line.replace("127.0.0.1:3000", &format!("127.0.0.1:{port}")))
+        .collect();
+    assert_eq!(lines.len(), 2, "two curl lines:\n{output}");
+    let first = run(Command::new("bash").args(["-c", &lines[0]])).replace('\r', "");
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    for header in [
+        "RateLimit-Policy: \"api\";q=20;w=2",
+        "RateLimit: \"api\";r=19;t=1",
+        "RateLimit-Remaining: 19",
+    ] {
+        assert!(
+            first.contains(header),
+            "the first response has {header}:\n{first}"
+        );
+    }
+    let burst = run(Command::new("bash").args(["-c", &lines[1]]));
+    assert!(
+        burst.starts_with("200 ") && burst.contains(" 429"),
+        "50 requests at once: 200s, then 429s: {burst}"
+    );
     let _ = std::fs::remove_dir_all(scratch);
 }
 
