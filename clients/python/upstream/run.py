@@ -33,11 +33,13 @@ class Suite:
     package: str  # the library's source directory in the sdist, removed before the run
     adapter: str  # redis-tb's conftest for it, in this directory
     paths: tuple[str, ...]  # what pytest runs, relative to the sdist's root
+    sdist: bool = True  # False: its sdist has no tests; run only from a checkout given as `name=<directory>`
 
 
 SUITES = (
     Suite("limits", "limits", "conftest_limits.py", ("tests/test_strategy.py", "tests/aio/test_strategy.py")),
     Suite("Flask-Limiter", "flask_limiter", "conftest_flask_limiter.py", ("tests",)),
+    Suite("slowapi", "slowapi", "conftest_slowapi.py", ("tests",), sdist=False),
 )
 
 
@@ -61,26 +63,41 @@ def read_expected() -> dict[str, Listed]:
     return listed
 
 
-def unpack(suite: Suite, version: str) -> Path:
-    """The suite's sdist, unpacked afresh under target/upstream/, with redis-tb's adapter in place."""
+def download(suite: Suite, version: str) -> Path:
+    """The suite's sdist for `version`, unpacked afresh under target/upstream/."""
     downloads = SCRATCH / "sdists"
     downloads.mkdir(parents=True, exist_ok=True)
-    spec = f"{suite.name}=={version}"
-    sdists = [path for path in downloads.glob("*.tar.gz") if path.name.lower().startswith(f"{suite.package}-{version}")]
-    if not sdists:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", downloads, spec],
-            check=True,
-        )
-        sdists = [path for path in downloads.glob("*.tar.gz") if path.name.lower().startswith(f"{suite.package}-")]
-        sdists = [path for path in sdists if path.name[len(suite.package) + 1 :].startswith(version)]
+
+    def found() -> list[Path]:
+        prefix = f"{suite.package}-{version}".lower()
+        return [path for path in downloads.glob("*.tar.gz") if path.name.lower().startswith(prefix)]
+
+    if not found():
+        command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d"]
+        subprocess.run([*command, str(downloads), f"{suite.name}=={version}"], check=True)
     root = SCRATCH / f"{suite.package}-{version}"
     shutil.rmtree(root, ignore_errors=True)
-    with tarfile.open(sdists[0]) as archive:
+    with tarfile.open(found()[0]) as archive:
         archive.extractall(SCRATCH, filter="data")
-    shutil.rmtree(root / suite.package)
+    return root
+
+
+def copied(suite: Suite, checkout: Path) -> Path:
+    """The tests of a checkout of the suite's repository, copied afresh under target/upstream/."""
+    root = SCRATCH / f"{suite.package}-checkout"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(checkout / "tests", root / "tests")
+    return root
+
+
+def prepared(suite: Suite, version: str, checkout: Path | None) -> Path:
+    """The suite's tests in target/upstream/, without the library's source (the installed one is tested), with
+    redis-tb's adapter as their conftest (theirs, if any, kept as tests/upstream_conftest.py)."""
+    root = download(suite, version) if checkout is None else copied(suite, checkout)
+    shutil.rmtree(root / suite.package, ignore_errors=True)
     tests = root / "tests"
-    (tests / "conftest.py").rename(tests / "upstream_conftest.py")
+    if (tests / "conftest.py").exists():
+        (tests / "conftest.py").rename(tests / "upstream_conftest.py")
     shutil.copy(HERE / suite.adapter, tests / "conftest.py")
     return root
 
@@ -105,9 +122,9 @@ def listing(test: str) -> str:
     return test.split("[", 1)[0]
 
 
-def run(suite: Suite, listed: Listed) -> bool:
+def run(suite: Suite, listed: Listed, checkout: Path | None) -> bool:
     version = importlib.metadata.version(suite.name)
-    root = unpack(suite, version)
+    root = prepared(suite, version, checkout)
     report = SCRATCH / f"{suite.package}.xml"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", HERE / "pytest.ini"]
     command += ["--rootdir", root, "--junitxml", report, "-o", "junit_family=xunit1", *suite.paths]
@@ -124,8 +141,9 @@ def run(suite: Suite, listed: Listed) -> bool:
     unexpected = sorted(test for test in failed if listing(test) not in listed.failing)
     fixed = sorted(test for test, outcome in results.items() if outcome == "passed" and listing(test) in listed.failing)
     missing = sorted(set(listed.failing) - {listing(test) for test in results})
+    source = f" (tests of {checkout})" if checkout else ""
     print(
-        f"{suite.name} {version}: ran {len(results)}, passed {passed}, failed {len(failed)}"
+        f"{suite.name} {version}{source}: ran {len(results)}, passed {passed}, failed {len(failed)}"
         f"{f', skipped {skipped}' if skipped else ''}, not run {len(listed.not_run)} (listed); "
         f"{'as listed' if not (unexpected or fixed or missing) else 'NOT as listed'} (log: {log.relative_to(REPO)})"
     )
@@ -139,9 +157,15 @@ def run(suite: Suite, listed: Listed) -> bool:
 
 
 def main() -> None:
+    """`run.py` runs every suite whose sdist ships its tests; `run.py NAME...` those named, and `NAME=<directory>`
+    a suite from a checkout of its repository (slowapi's sdist has no tests)."""
     listed = read_expected()
-    chosen = [suite for suite in SUITES if not sys.argv[1:] or suite.name in sys.argv[1:]]
-    results = [run(suite, listed[suite.name]) for suite in chosen]
+    chosen: dict[str, Path | None] = {}
+    for argument in sys.argv[1:]:
+        name, _, checkout = argument.partition("=")
+        chosen[name] = Path(checkout).resolve() if checkout else None
+    suites = [suite for suite in SUITES if suite.name in chosen or (not chosen and suite.sdist)]
+    results = [run(suite, listed[suite.name], chosen.get(suite.name)) for suite in suites]
     sys.exit(0 if all(results) else 1)
 
 
