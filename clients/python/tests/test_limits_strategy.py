@@ -153,8 +153,10 @@ def test_refuses_other_storages() -> None:
     """Storages the strategy cannot run on are refused when it is built, naming what it needs."""
     with pytest.raises(ConfigurationError, match=r"Redis storage .* not memcached"):
         STRATEGIES["token-bucket"](memcached_storage())
+    with pytest.raises(ConfigurationError, match=r"not a valkey\.client\.Valkey client \(for a Valkey server, use"):
+        STRATEGIES["token-bucket"](storage_from_string("valkey://127.0.0.1:1"))
     valkey = storage_from_string("async+valkey://127.0.0.1:1")
-    with pytest.raises(ConfigurationError, match='implementation="redispy"'):
+    with pytest.raises(ConfigurationError, match=r'implementation="redispy".* not a valkey\.asyncio'):
         AsyncTokenBucketRateLimiter(valkey)
 
 

@@ -20,7 +20,9 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
+import redis
 import redis.asyncio
+import redis.cluster
 from limits.aio import strategies as aio_strategies
 from limits.aio.storage import MemoryStorage as AsyncMemoryStorage
 from limits.errors import ConfigurationError, StorageError
@@ -43,6 +45,8 @@ SWEEP_EVERY = 4096
 SECOND_SLACK = 0.001
 
 T = TypeVar("T")
+#: The clients the strategy runs over (redis-py's, sync and asyncio).
+SUPPORTED_CLIENTS = (redis.Redis, redis.cluster.RedisCluster, redis.asyncio.Redis, redis.asyncio.RedisCluster)
 
 
 class MemoryBuckets:
@@ -130,10 +134,16 @@ def redis_key(storage: Any, item: RateLimitItem, identifiers: tuple[str, ...]) -
 
 
 def refused(storage: Any, what: str) -> ConfigurationError:
-    scheme = getattr(storage, "STORAGE_SCHEME", None) or [type(storage).__name__]
+    """The error for a storage the strategy cannot run on, naming it: its scheme, or the client it holds when
+    that is not redis-py's (`valkey://` storages hold the valkey client)."""
+    client = getattr(storage, "storage", None) or getattr(getattr(storage, "bridge", None), "storage", None)
+    if client is not None and not isinstance(client, SUPPORTED_CLIENTS):
+        used = f"a {type(client).__module__}.{type(client).__name__} client (for a Valkey server, use a redis:// URI)"
+    else:
+        used = (getattr(storage, "STORAGE_SCHEME", None) or [type(storage).__name__])[0]
     return ConfigurationError(
         f"the token-bucket strategy needs a Redis storage (redis://, redis+cluster://, redis+sentinel://{what}) "
-        f"or the in-memory one, not {scheme[0]}"
+        f"or the in-memory one, not {used}"
     )
 
 
@@ -154,7 +164,7 @@ class TokenBucketRateLimiter(RateLimiter):
             self.buckets: TokenBucket | MemoryBuckets = MemoryBuckets(storage)
             return
         client = getattr(storage, "storage", None)
-        if client is None or not hasattr(client, "execute_command"):
+        if not isinstance(client, redis.Redis | redis.cluster.RedisCluster):
             raise refused(storage, "")
         self.buckets = TokenBucket(client)
 
