@@ -4,6 +4,7 @@ different slots are refused before anything is sent."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import time
 from collections.abc import Iterator
@@ -214,3 +215,26 @@ async def test_asgi_limits_of_several_identities_on_a_cluster(
     assert refused.json()["limit"] == "tenant"
     assert refused.headers["ratelimit-policy"] == '"user";q=5;w=5000, "tenant";q=2;w=2000'
     await client.aclose()
+
+
+def test_moved_and_crossslot_from_a_cluster_node_answer_with_the_fail_mode(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that does not follow the cluster (a plain one on a node) meets MOVED, and CROSSSLOT for buckets
+    of two identities in one call: the fail mode, CROSSSLOT logged as an error."""
+    key = "ratelimit:{u1}:user"
+    stranger = next(node for node in cluster.nodes if node is not owner(cluster, key))
+    moved = wsgi_app(TokenBucket(stranger.client()), "u1", prefix="ratelimit:", fail="closed").test_client()
+    assert moved.get("/").status_code == 503
+    limits = tenant_limits("x:")
+    node = stranger.client()
+    app = Flask(__name__)
+    app.get("/")(lambda: "hello")
+    app.wsgi_app = wsgi.RateLimitMiddleware(  # type: ignore[method-assign]
+        app.wsgi_app, limiter=TokenBucket(node), limits=limits, key=lambda r: "u1", prefix="x:", fail="closed"
+    )
+    with caplog.at_level(logging.ERROR, logger="redis_tb"):
+        statuses = {app.test_client().get("/").status_code for _ in range(3)}
+    assert statuses == {503}
+    (error,) = [record for record in caplog.records if record.levelno == logging.ERROR]
+    assert "CROSSSLOT" in error.message

@@ -93,8 +93,8 @@ class Guard:
                 # Not a Redis error: a bug somewhere, so the traceback is worth its lines.
                 trace = None if _from_redis(error) else error
                 logger.error(
-                    "redis-tb: limiter call refused (%s): %s; this does not pass by itself: check the limiter's "
-                    "Redis user, password and keys; meanwhile fail=%r answers",
+                    "redis-tb: limiter call refused (%s): %s; this does not pass by itself (the Redis user's "
+                    "password or permissions, a key of another type, or a bug); meanwhile fail=%r answers",
                     failure.row,
                     error,
                     self.fail,
