@@ -29,7 +29,7 @@ from slowapi import Limiter, _rate_limit_exceeded_handler
 from slowapi.errors import RateLimitExceeded
 from slowapi.util import get_remote_address as starlette_remote_address
 
-import redis_tb  # noqa: F401  (importing the package registers the strategy)
+import redis_tb.limits  # importing the package registers the strategy
 from redis_tb.limits import AsyncTokenBucketRateLimiter
 
 
@@ -62,17 +62,33 @@ def storage_uri(request: pytest.FixtureRequest, module_server: Server, plain_ser
     return (module_server if request.param == "module" else plain_server).url()
 
 
+Build = Callable[..., Any]
+
+
 @pytest.fixture(params=["sync", "async"])
-def limiter(request: pytest.FixtureRequest, storage_uri: str) -> Iterator[Any]:
-    """The token-bucket strategy of `limits` and of `limits.aio`, on each storage."""
+def build(request: pytest.FixtureRequest) -> Iterator[Build]:
+    """Builds the token-bucket strategy of `limits` (sync) or of `limits.aio` (async) over the storage of a URI
+    (`memory://` or `redis://...`), with the storage's options."""
     assert AIO_STRATEGIES["token-bucket"] is AsyncTokenBucketRateLimiter
-    if request.param == "sync":
-        yield STRATEGIES["token-bucket"](storage_from_string(storage_uri))
-        return
-    options = {} if storage_uri == "memory://" else {"implementation": "redispy"}
-    blocking = Blocking(AsyncTokenBucketRateLimiter(storage_from_string(f"async+{storage_uri}", **options)))
-    yield blocking
-    blocking.close()
+    built: list[Blocking] = []
+
+    def strategy(uri: str, **options: Any) -> Any:
+        if request.param == "sync":
+            return STRATEGIES["token-bucket"](storage_from_string(uri, **options))
+        if uri.startswith("redis"):
+            options.setdefault("implementation", "redispy")
+        built.append(Blocking(AsyncTokenBucketRateLimiter(storage_from_string(f"async+{uri}", **options))))
+        return built[-1]
+
+    yield strategy
+    for blocking in built:
+        blocking.close()
+
+
+@pytest.fixture
+def limiter(build: Build, storage_uri: str) -> Any:
+    """The token-bucket strategy of `limits` and of `limits.aio`, on each storage."""
+    return build(storage_uri)
 
 
 def test_hit_takes_until_the_burst_is_spent(limiter: Any, key: str) -> None:
@@ -116,6 +132,28 @@ def test_window_stats_round_the_wait_up(limiter: Any, key: str) -> None:
     assert stats.remaining == 0 and asked + 0.999 <= stats.reset_time <= time.time() + 1.001
 
 
+def test_a_limit_of_zero_admits_nothing(limiter: Any, key: str) -> None:
+    """`0/minute` refuses every hit, as the library's strategies do, and says to come back a window later."""
+    item = parse("0/minute")
+    assert not limiter.hit(item, key) and not limiter.test(item, key)
+    stats = limiter.get_window_stats(item, key)
+    assert stats.remaining == 0 and time.time() + 59 <= stats.reset_time <= time.time() + 60.001
+
+
+def test_memory_buckets_sweep_the_expired(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full buckets (expired entries) leave the in-memory storage even when its own timer does not run."""
+    monkeypatch.setattr(redis_tb.limits, "SWEEP_EVERY", 2)
+    storage = MemoryStorage()
+    storage.timer.cancel()  # the storage's own expiry, which runs only after its own writes
+    limiter = STRATEGIES["token-bucket"](storage)
+    assert limiter.hit(parse("1000/second"), "soon-full")  # full again 1 ms later
+    (expiry,) = storage.expirations.values()
+    while time.time() <= expiry:
+        time.sleep(0.001)
+    assert limiter.hit(parse("1/hour"), "a")  # the second write sweeps
+    assert list(storage.storage) == ["tb/LIMITER/a/1/1/hour"]
+
+
 def test_clear_refills(limiter: Any, key: str) -> None:
     item = parse("1/hour")
     assert limiter.hit(item, key) and not limiter.hit(item, key)
@@ -136,17 +174,16 @@ def test_memory_buckets_expire_when_full_and_go_with_reset() -> None:
     assert limiter.hit(item, "a", cost=2)
 
 
-def test_key_prefix_and_wrap_exceptions(server: Server, key: str) -> None:
+def test_key_prefix_and_wrap_exceptions(build: Build, server: Server, key: str) -> None:
     """The storage's options keep their meaning: `key_prefix` prefixes the bucket's key, `wrap_exceptions`
     turns the storage's errors into `limits.errors.StorageError`."""
-    limiter = STRATEGIES["token-bucket"](storage_from_string(server.url(), key_prefix=key))
-    assert limiter.hit(parse("1/hour"), "a")
+    assert build(server.url(), key_prefix=key).hit(parse("1/hour"), "a")
     assert server.client().exists(f"{key}:tb/LIMITER/a/1/1/hour") == 1
     dead = f"redis://127.0.0.1:{free_port()}"
     with pytest.raises(StorageError):
-        STRATEGIES["token-bucket"](storage_from_string(dead, wrap_exceptions=True)).hit(parse("1/hour"), "a")
+        build(dead, wrap_exceptions=True).hit(parse("1/hour"), "a")
     with pytest.raises(redis.exceptions.ConnectionError):
-        STRATEGIES["token-bucket"](storage_from_string(dead)).hit(parse("1/hour"), "a")
+        build(dead).hit(parse("1/hour"), "a")
 
 
 def test_refuses_other_storages() -> None:

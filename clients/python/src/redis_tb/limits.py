@@ -65,9 +65,9 @@ class MemoryBuckets:
 
     def acquire(self, key: str, rate: float, burst: float, cost: float = 1) -> Acquired:
         """`TB.ACQUIRE` on the bucket `key`: the same reply fields, never a write unless `cost` is taken."""
-        now = time.time()
-        now_us = int(now * 1_000_000)
         with self.lock:
+            now = time.time()
+            now_us = int(now * 1_000_000)
             stored = self.full_at_us.get(key) if self.expirations.get(key, 0.0) > now else None
             full_at_us = max(stored if stored is not None else now_us, now_us)
             tokens = burst - (full_at_us - now_us) * rate / 1_000_000
@@ -105,6 +105,12 @@ def shape(item: RateLimitItem) -> tuple[float, float]:
     return item.amount / item.get_expiry(), float(item.amount)
 
 
+def nothing_admitted(item: RateLimitItem, cost: float) -> Acquired:
+    """The reply for a limit of 0 (`0/minute`), which admits nothing, as with the library's strategies: a
+    refusal (a cost of 0 passes), its reset a window away. No bucket is touched (a rate of 0 is no bucket)."""
+    return Acquired(cost <= 0, 0, -1, math.ceil(item.get_expiry() * 1000))
+
+
 def window_stats(peek: Acquired, rate: float, burst: float) -> WindowStats:
     """`remaining` whole tokens; `reset_time` when the bucket is full again, or, when no token is left, when the
     next one arrives (what a refused client should wait for), now for a full bucket.
@@ -115,7 +121,7 @@ def window_stats(peek: Acquired, rate: float, burst: float) -> WindowStats:
     a whole second is reported at that second, so that their second clock reading, a moment after ours, cannot
     cross the second and make the answer one short."""
     seconds = peek.reset_after_ms / 1000
-    if peek.remaining == 0:
+    if peek.remaining == 0 and burst > 0:
         seconds = max(0.0, seconds - (burst - 1) / rate)
     now = time.time()
     if seconds <= 0:
@@ -170,6 +176,8 @@ class TokenBucketRateLimiter(RateLimiter):
 
     def _acquire(self, item: RateLimitItem, identifiers: tuple[str, ...], cost: float) -> Acquired:
         rate, burst = shape(item)
+        if burst <= 0:
+            return nothing_admitted(item, cost)
         try:
             return self.buckets.acquire(redis_key(self.storage, item, identifiers), rate, burst, cost)
         except Exception as error:
@@ -219,6 +227,8 @@ class AsyncTokenBucketRateLimiter(aio_strategies.RateLimiter):
 
     async def _acquire(self, item: RateLimitItem, identifiers: tuple[str, ...], cost: float) -> Acquired:
         rate, burst = shape(item)
+        if burst <= 0:
+            return nothing_admitted(item, cost)
         key = redis_key(self.storage, item, identifiers)
         if self.redis is None:
             assert self.memory is not None
