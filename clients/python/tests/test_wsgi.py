@@ -11,6 +11,7 @@ from flask import Flask
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+import redis_tb
 from redis_tb import Limit, TokenBucket
 from redis_tb._decide import LimitsSpec
 from redis_tb.wsgi import RateLimitMiddleware, by_path
@@ -78,3 +79,14 @@ def test_redis_stopped(fail: str, key: str) -> None:
         assert response.status_code == 200 and "RateLimit" not in response.headers
     else:
         assert response.status_code == 503 and response.json == {"error": "rate limiter unavailable"}
+
+
+def test_no_peer_address_is_limited_under_the_anonymous_identity(server: Server, key: str) -> None:
+    """A WSGI server on a Unix socket gives an empty REMOTE_ADDR: 0.3.0 let every such request through."""
+    app = make_app(server.client(), [Limit("per-client", rate=1, burst=2)], prefix=f"{key}:")
+    http = app.test_client()
+    statuses = [http.get("/hello", environ_base={"REMOTE_ADDR": ""}).status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]
+    assert server.client().exists(f"{key}:{{%anonymous}}:per-client") == 1
+    skipping = make_app(server.client(), [Limit("per-client", rate=1, burst=1)], key=lambda environ: redis_tb.SKIP)
+    assert {skipping.test_client().get("/hello").status_code for _ in range(3)} == {200}
