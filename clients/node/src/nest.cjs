@@ -11,22 +11,29 @@
 const { TbClient } = require("./client.cjs");
 const { TbArgumentError } = require("./errors.cjs");
 const { Blocker } = require("./block.cjs");
+const { checkOptions } = require("./options.cjs");
 
 class TbThrottlerStorage {
   /**
    * @param options.client  a TbClient, or an ioredis / node-redis client or cluster
    * @param options.prefix  prepended to the guard's key (default "throttler:")
    */
-  constructor({ client, prefix = "throttler:" } = {}) {
+  constructor(options = {}) {
+    checkOptions("TbThrottlerStorage", options, ["client", "prefix"]);
+    const { client, prefix = "throttler:" } = options;
     if (client === undefined) throw new TbArgumentError("TbThrottlerStorage needs { client }: a TbClient or a Redis client");
     this.client = TbClient.from(client);
     this._blocker = new Blocker(this.client);
     this.prefix = prefix;
   }
 
+  /** The guard's call. `throttlerName` is already part of the guard's key, so one key is one bucket. */
   async increment(key, ttl, limit, blockDuration, _throttlerName) {
-    if (!(limit > 0) || !(ttl > 0)) {
-      throw new TbArgumentError(`TbThrottlerStorage: limit and ttl must be > 0, got limit ${limit}, ttl ${ttl}`);
+    if (!(ttl > 0)) throw new TbArgumentError(`TbThrottlerStorage: ttl must be > 0 ms, got ${ttl}`);
+    if (!(limit > 0)) {
+      // A bucket of no tokens: every request is over the limit, as the library's storage answers `limit: 0`.
+      const waitMs = blockDuration > 0 ? blockDuration : ttl;
+      return { totalHits: 1, timeToExpire: Math.ceil(ttl / 1000), isBlocked: true, timeToBlockExpire: Math.ceil(waitMs / 1000) };
     }
     const bucket = this.prefix + key;
     const rate = limit / (ttl / 1000);

@@ -93,3 +93,14 @@ describe("@nestjs/throttler with TbThrottlerStorage", () => {
     }
   });
 });
+
+test("limit 0 blocks every request, as the library's storage; options it does not know are refused by name", async () => {
+  const storage = new TbThrottlerStorage({ client: { call() {}, sendCommand() {} } });
+  const theirs = new ThrottlerStorageService();
+  try {
+    for (const store of [storage, theirs]) assert.equal((await store.increment("k", 1000, 0, 0, "default")).isBlocked, true);
+  } finally {
+    theirs.onApplicationShutdown();
+  }
+  assert.throws(() => new TbThrottlerStorage({ client: {}, ttl: 5 }), /unknown option ttl/);
+});
