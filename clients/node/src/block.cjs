@@ -44,9 +44,13 @@ class Blocker {
    */
   async afterRefusal(key, rate, burst, cost, blockMs, refused) {
     const waitMs = refused.retryAfterMs;
-    if (!(blockMs > 0) || waitMs < 0 || waitMs > refillMs(rate, cost)) return waitMs;
-    const blockedMs = await this._block(key, rate, burst, cost, Math.ceil(blockMs), ["NX"]);
-    return blockedMs === undefined ? waitMs : Math.max(waitMs, blockedMs);
+    if (!(blockMs > 0) || waitMs > refillMs(rate, cost)) return waitMs;
+    // A cost above the burst never fits (wait -1), but crosses the limit all the same: the library blocks the key,
+    // and the block ends with room for an ordinary request (one token).
+    const fits = waitMs >= 0 ? cost : 1;
+    const blockedMs = await this._block(key, rate, burst, fits, Math.ceil(blockMs), ["NX"]);
+    if (blockedMs === undefined) return waitMs;
+    return waitMs < 0 ? blockedMs : Math.max(waitMs, blockedMs);
   }
 
   /** Deletes the key's marker (with its bucket, the block is gone). */

@@ -133,6 +133,7 @@ class BlockedKeys {
 /** The library's readiness check of `rejectIfRedisNotReady`, for the clients the package accepts. */
 function redisReady(redis, rlKey) {
   if (typeof redis.status === "string") return redis.status === "ready";
+  if (typeof redis.isReady === "function") return redis.isReady();
   if (typeof redis.isReady === "boolean") return redis.isReady;
   // A node-redis cluster: open, and the client of the key's slot ready.
   if (typeof redis.isOpen === "boolean" && !redis.isOpen) return false;
@@ -172,8 +173,9 @@ class RateLimiterTB {
   constructor(options = {}) {
     checkOptions("RateLimiterTB", options, OPTIONS, REFUSED);
     if (options.storeClient === undefined) throw new TbArgumentError("RateLimiterTB needs { storeClient }: a Redis client");
-    this.client = TbClient.from(options.storeClient);
-    this._blocker = new Blocker(this.client);
+    // The client is wrapped on first use, as the library touches its storeClient only when a call needs Redis
+    // (so `rejectIfRedisNotReady` can refuse before that, whatever the object is).
+    this._storeClient = options.storeClient;
     this.points = options.points ?? 4;
     this.duration = options.duration ?? 1;
     this.blockDuration = options.blockDuration;
@@ -185,6 +187,17 @@ class RateLimiterTB {
     this.inMemoryBlockDuration = options.inMemoryBlockDuration;
     this._rejectIfRedisNotReady = Boolean(options.rejectIfRedisNotReady);
     this.insuranceLimiter = options.insuranceLimiter;
+  }
+
+  /** The TbClient over `storeClient`. */
+  get client() {
+    this._client ??= TbClient.from(this._storeClient);
+    return this._client;
+  }
+
+  get _blocker() {
+    this._blockerOfClient ??= new Blocker(this.client);
+    return this._blockerOfClient;
   }
 
   get points() {
@@ -322,10 +335,10 @@ class RateLimiterTB {
   penalty(key, points = 1, options = {}) {
     return this._insured("penalty", [key, points, options], async () => {
       points = pointsArgument("points", points);
-      if (this._points <= 0) return new RateLimiterRes(0, -1, points, false);
+      if (this._points <= 0) return new RateLimiterRes(0, this._windowMs(options), points, false);
       const rate = this._rate(options);
       const reply = await this._command(key, (rlKey) => this.client.charge(rlKey, rate, this._points, points));
-      return this._res(reply, reply.resetAfterMs, 0, rate);
+      return this._res(reply, this._untilFull(reply, options), 0, rate);
     });
   }
 
@@ -333,10 +346,10 @@ class RateLimiterTB {
   reward(key, points = 1, options = {}) {
     return this._insured("reward", [key, points, options], async () => {
       points = pointsArgument("points", points);
-      if (this._points <= 0) return new RateLimiterRes(0, -1, 0, false);
+      if (this._points <= 0) return new RateLimiterRes(0, this._windowMs(options), 0, false);
       const rate = this._rate(options);
       const reply = await this._command(key, (rlKey) => this.client.refund(rlKey, rate, this._points, points));
-      return this._res(reply, reply.resetAfterMs, 0, rate);
+      return this._res(reply, this._untilFull(reply, options), 0, rate);
     });
   }
 
@@ -353,24 +366,22 @@ class RateLimiterTB {
   }
 
   /**
-   * Sets the key's consumed points, as the library's `set`: 0 or less empties the record (a full bucket), up to
-   * `points` leaves that many in use (they refill at the bucket's rate, not after `secDuration`), and more than
-   * `points` refuses the key for `secDuration` (default `duration`), after which the next request is admitted.
+   * Sets the key's consumed points, as the library's `set`: 0 or less empties the record (a full bucket); more
+   * leaves that many in use (above `points`, the bucket in debt), refilling at the bucket's rate; above `points`
+   * the key is also refused for at least `secDuration` (default `duration`), after which the next request passes.
    */
   set(key, points, secDuration, options = {}) {
     return this._insured("set", [key, points, secDuration, options], async () => {
       points = pointsArgument("points", points);
       const seconds = secDuration >= 0 ? secDuration : this._duration;
+      if (points > this._points) this._checkBlock("set(key, points, secDuration) above points", seconds);
       const rlKey = this.getKey(key);
       await this._delete(key);
       if (points <= 0 || this._points <= 0) return new RateLimiterRes(0, seconds > 0 ? seconds * 1000 : -1, points);
-      if (points <= this._points) {
-        await this._command(key, () => this.client.charge(rlKey, this.rate, this._points, points));
-        return new RateLimiterRes(0, refillMs(this.rate, points), points);
-      }
-      this._checkBlock("set(key, points, secDuration) above points", seconds);
-      await this._command(key, () => this._blocker.block(rlKey, this.rate, this._points, 1, seconds * 1000));
-      return new RateLimiterRes(0, seconds * 1000, points);
+      await this._command(key, () => this.client.charge(rlKey, this.rate, this._points, points));
+      if (points <= this._points) return new RateLimiterRes(0, refillMs(this.rate, points), points);
+      const waitMs = await this._command(key, () => this._blocker.block(rlKey, this.rate, this._points, 1, seconds * 1000));
+      return new RateLimiterRes(0, waitMs, points);
     });
   }
 
@@ -381,7 +392,7 @@ class RateLimiterTB {
       const rate = this._rate(options);
       const reply = await this._command(key, (rlKey) => this.client.acquire(rlKey, rate, this._points, 0));
       if (reply.resetAfterMs === 0) return null;
-      return this._res(reply, reply.resetAfterMs, 0, rate);
+      return this._res(reply, this._untilFull(reply, options), 0, rate);
     });
   }
 
@@ -405,11 +416,11 @@ class RateLimiterTB {
     const rlKey = this.getKey(key);
     const inMemoryMs = this.getInMemoryBlockMsBeforeExpire(rlKey);
     if (inMemoryMs > 0) throw new RateLimiterRes(0, inMemoryMs);
-    if (this._points <= 0) throw new RateLimiterRes(0, -1, pointsToConsume, false);
+    if (this._points <= 0) throw new RateLimiterRes(0, this._windowMs(options), pointsToConsume, false);
     const rate = this._rate(options);
     const reply = await this._command(key, () => this.client.acquire(rlKey, rate, this._points, pointsToConsume));
     if (reply.allowed) {
-      const res = this._res(reply, reply.resetAfterMs, 0, rate);
+      const res = this._res(reply, this._untilFull(reply, options), 0, rate);
       res.isFirstInDuration = res.consumedPoints === pointsToConsume;
       // Without inMemoryBlockDuration the library keeps the key in memory while Redis would refuse it anyway: for
       // a bucket, until its next point is back.
@@ -424,16 +435,28 @@ class RateLimiterTB {
     const waitMs = await this._command(key, () =>
       this._blocker.afterRefusal(rlKey, rate, this._points, pointsToConsume, this.msBlockDuration, reply),
     );
-    const res = this._res(reply, waitMs, pointsToConsume, rate);
+    const res = this._res(reply, this._windowMs(options) === -1 ? -1 : waitMs, pointsToConsume, rate);
     if (this._reachesInMemoryBlock(res)) {
       if (this._inMemoryBlockDuration > 0) res.msBeforeNext = this.msInMemoryBlockDuration;
-      if (res.msBeforeNext > 0) this._inMemoryBlockedKeys.addMs(rlKey, res.msBeforeNext);
+      // A request above `points` never fits (msBeforeNext -1): the library keeps such a key for its window.
+      this._inMemoryBlockedKeys.addMs(rlKey, res.msBeforeNext > 0 ? res.msBeforeNext : this.msDuration);
     }
     throw res;
   }
 
   _reachesInMemoryBlock(res) {
     return this._inMemoryBlockOnConsumed > 0 && res.consumedPoints >= this._inMemoryBlockOnConsumed;
+  }
+
+  /** The library's msBeforeNext for a window of the call's duration: its length, or -1 (never) for 0. */
+  _windowMs(options) {
+    const seconds = options?.customDuration >= 0 ? options.customDuration : this._duration;
+    return seconds === 0 ? -1 : seconds * 1000;
+  }
+
+  /** msBeforeNext of a granted call: until the bucket is full again; -1 (never) where points never come back. */
+  _untilFull(reply, options) {
+    return this._windowMs(options) === -1 ? -1 : reply.resetAfterMs;
   }
 
   /** Tokens per second for a call: `options.customDuration` (seconds, 0 = never) in place of `duration`. */
@@ -445,7 +468,7 @@ class RateLimiterTB {
   /** Runs `call(rlKey)`, refused at once with the library's Error when `rejectIfRedisNotReady` finds it not ready. */
   async _command(key, call) {
     const rlKey = this.getKey(key);
-    if (this._rejectIfRedisNotReady && !redisReady(this.client.redis, rlKey)) {
+    if (this._rejectIfRedisNotReady && !redisReady(this._storeClient.redis ?? this._storeClient, rlKey)) {
       throw new Error("Redis connection is not ready");
     }
     return call(rlKey);

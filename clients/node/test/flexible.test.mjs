@@ -17,9 +17,9 @@ import { connect } from "./clients.mjs";
 import { Server, freshKey } from "./harness.mjs";
 
 /** What an application typically does with a limiter: consume, and read the rejection. */
-async function attempt(limiter, key) {
+async function attempt(limiter, key, points = 1) {
   try {
-    const res = await limiter.consume(key);
+    const res = await limiter.consume(key, points);
     return { ok: true, res };
   } catch (rejection) {
     if (rejection instanceof Error) throw rejection;
@@ -204,7 +204,11 @@ describe("RateLimiterTB, the rest of RateLimiterRedis's interface, against it on
 
   test("points 0 refuses everything; string points are points; penalties into debt count in consumedPoints", async () => {
     const zero = pair({ points: 0, duration: 10 });
-    for (const limiter of [zero.theirs, zero.ours]) assert.equal((await attempt(limiter, "k")).ok, false);
+    for (const limiter of [zero.theirs, zero.ours]) {
+      const refused = await attempt(limiter, "k");
+      assert.equal(refused.ok, false);
+      assert.ok(refused.res.msBeforeNext >= 0, "the window's wait, as the library's");
+    }
     const { theirs, ours } = pair({ points: 5, duration: 100 });
     for (const limiter of [theirs, ours]) {
       assert.equal((await limiter.consume("s", "2")).consumedPoints, 2);
@@ -227,13 +231,31 @@ describe("RateLimiterTB, the rest of RateLimiterRedis's interface, against it on
       await limiter.set("k", 0);
       seen.push((await limiter.get("k"))?.consumedPoints ?? 0);
       await limiter.set("over", 9, 1);
-      seen.push((await attempt(limiter, "over")).ok);
+      seen.push((await limiter.get("over")).consumedPoints, (await attempt(limiter, "over")).ok);
       limiter.points = 1;
       await limiter.consume("p");
       seen.push((await attempt(limiter, "p")).ok);
     }
-    assert.deepEqual(seen.slice(5), seen.slice(0, 5));
-    assert.deepEqual(seen.slice(0, 5), [3, 2, 0, false, false]);
+    assert.deepEqual(seen.slice(6), seen.slice(0, 6));
+    assert.deepEqual(seen.slice(0, 6), [3, 2, 0, 9, false, false]);
+  });
+
+  test("a request above points crosses the limit and blocks the key, as the library's", async () => {
+    const { theirs, ours } = pair({ points: 1, duration: 1, blockDuration: 2 });
+    for (const limiter of [theirs, ours]) {
+      const refused = await attempt(limiter, "k", 2);
+      assert.ok(refused.res.msBeforeNext > 1900 && refused.res.msBeforeNext <= 2001, `${refused.res.msBeforeNext}: the block`);
+      assert.equal((await attempt(limiter, "k")).ok, false, "the key is blocked");
+    }
+  });
+
+  test("duration 0: consumed points never come back (msBeforeNext -1, as the library's)", async () => {
+    const { theirs, ours } = pair({ points: 2, duration: 0 });
+    for (const limiter of [theirs, ours]) {
+      await limiter.consume("k", 2);
+      assert.deepEqual([(await limiter.get("k")).consumedPoints, (await limiter.get("k")).msBeforeNext], [2, -1]);
+      assert.equal((await attempt(limiter, "k")).ok, false);
+    }
   });
 
   test("duration 0: consumed points never come back; customDuration sets one call's refill", async () => {
@@ -241,7 +263,7 @@ describe("RateLimiterTB, the rest of RateLimiterRedis's interface, against it on
     await ours.consume("k", 2);
     const refused = await attempt(ours, "k");
     assert.equal(refused.ok, false);
-    assert.ok(refused.res.msBeforeNext > 86_400_000, `${refused.res.msBeforeNext}: years, not a second`);
+    assert.equal(refused.res.msBeforeNext, -1, "never");
     const custom = new RateLimiterTB({ storeClient: conn.redis, points: 2, duration: 1, keyPrefix: freshKey("custom") });
     await custom.consume("k", 2, { customDuration: 60 });
     const slow = await attempt(custom, "k");
