@@ -135,7 +135,7 @@ async def test_no_identity_shares_the_anonymous_bucket_with_one_warning(
     """0.3.0 let every request through when the key function found no identity."""
     monkeypatch.setattr(_decide, "_anonymous_warned", False)
     conn = server.async_client()
-    app = make_app(conn, [Limit("per-user", rate=1, burst=2)], prefix=f"{key}:", key=lambda scope: nothing)
+    app = make_app(conn, [Limit("per-user", rate=0.01, burst=2)], prefix=f"{key}:", key=lambda scope: nothing)
     with caplog.at_level(logging.WARNING, logger="redis_tb"):
         async with client_for(app) as http:
             statuses = [(await http.get("/hello")).status_code for _ in range(3)]
@@ -149,7 +149,7 @@ async def test_no_identity_shares_the_anonymous_bucket_with_one_warning(
 async def test_ipv6_clients_of_one_slash_56_share_a_bucket(server: Server, key: str) -> None:
     """0.3.0 keyed each IPv6 address apart: a client holding a /64 took a fresh bucket per address."""
     conn = server.async_client()
-    app = make_app(conn, [Limit("per-client", rate=1, burst=2)], prefix=f"{key}:")
+    app = make_app(conn, [Limit("per-client", rate=0.01, burst=2)], prefix=f"{key}:")
     statuses = []
     for host in ["2001:db8:1:2ff::1", "2001:db8:1:2aa::2", "2001:db8:1:200:ffff::3"]:
         transport = httpx.ASGITransport(app=app, client=(host, 1234))
@@ -210,7 +210,7 @@ app = FastAPI()
 app.add_middleware(
     RateLimitMiddleware,
     limiter=AsyncTokenBucket(redis.asyncio.Redis.from_url(os.environ["REDIS_URL"])),
-    limits=[Limit("per-client", rate=1, burst=2)],
+    limits=[Limit("per-client", rate=0.01, burst=2)],
     prefix=os.environ["PREFIX"],
 )
 

@@ -100,7 +100,7 @@ async def test_async_cluster_client(cluster: Cluster) -> None:
 # cannot be reached answered by the fail mode.
 
 AWKWARD = ["}x", "{}", "", "{", "}{", "a b", "x}"]
-TWO_LIMITS = [Limit("a", rate=1, burst=2), Limit("b", rate=1, burst=3)]
+TWO_LIMITS = [Limit("a", rate=0.01, burst=2), Limit("b", rate=0.01, burst=3)]
 
 
 def wsgi_app(limiter: TokenBucket, identity: str | None, prefix: str, **options: Any) -> Flask:

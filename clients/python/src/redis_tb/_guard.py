@@ -1,14 +1,15 @@
-"""The middleware's side of a failing Redis, without I/O of its own: the failure table's logging, and the gate
-that keeps limiter calls off a Redis that stopped answering.
+"""The middleware's side of a failing Redis: the failure table's logging, the gate that keeps limiter calls off
+a Redis that stopped answering, and the deadline of a call.
 
 A call that failed (timed out, refused, OOM, ...) closes the gate. While it is closed no limiter call is sent:
 the fail mode answers at once, and only a probe (`PING`, run by the middleware in the background) is sent, a few
-a second at most (`PROBE_INTERVALS_S`, growing while it fails). The first call after a probe answers reopens it.
-So a stalled Redis never gets a queue of limiter calls to run (and charge) when it resumes, and a dead one
-never gets a connection attempt per request.
+a second at most (`PROBE_INTERVALS_S`, growing while it fails). A probe that answers reopens the gate, and the
+next call that answers ends the fault. So a stalled Redis never gets a queue of limiter calls to run (and
+charge) when it resumes, and a dead one never gets a connection attempt per request. `Guard` does no I/O: the
+middleware sends the calls and probes and tells it how they went.
 
-A deadline is the other half: `configure` caps the client's socket timeouts at the middleware's `timeout` and
-turns its retries off, because a retried limiter call is sent, and charged, twice.
+The deadline: `configure` caps the client's socket timeouts at the middleware's `timeout` and turns its retries
+off, because a retried limiter call is sent, and charged, twice.
 """
 
 from __future__ import annotations
@@ -19,9 +20,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis.asyncio as redis_asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisClusterException, RedisError
+from redis.retry import Retry
 
 from ._failures import Failure, classify
+from .errors import TokenBucketError
 
 logger = logging.getLogger("redis_tb")
 
@@ -32,6 +38,8 @@ ERROR_LOG_INTERVAL_S = 60.0
 
 
 class Guard:
+    """The gate and the logging of one middleware; thread-safe (WSGI servers call from several threads)."""
+
     def __init__(self, fail: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.fail = fail
         self.clock = clock
@@ -124,20 +132,12 @@ class Guard:
 
 
 def _from_redis(error: BaseException) -> bool:
-    from redis.exceptions import RedisClusterException, RedisError
-
-    from .errors import TokenBucketError
-
     return isinstance(error, (RedisError, RedisClusterException, TokenBucketError, OSError, TimeoutError))
 
 
 def configure(redis: Any, timeout: float) -> None:
     """Caps the socket timeouts of a redis-py client (standalone or cluster, sync or asyncio) at `timeout`
     seconds and turns its retries off, on the client and on the cluster nodes it already knows."""
-    import redis.asyncio as redis_asyncio
-    from redis.asyncio.retry import Retry as AsyncRetry
-    from redis.retry import Retry
-
     asynchronous = isinstance(redis, (redis_asyncio.Redis, redis_asyncio.RedisCluster))
     no_retry: Any = AsyncRetry(NoBackoff(), 0) if asynchronous else Retry(NoBackoff(), 0)
     clients = [redis]
