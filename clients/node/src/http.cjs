@@ -4,8 +4,9 @@
 // (all or nothing, and a report on every bucket for the headers).
 
 const { TbClient } = require("./client.cjs");
-const { TbArgumentError } = require("./errors.cjs");
+const { TbArgumentError, TbUnavailableError, classifyFailure } = require("./errors.cjs");
 const { headersFor, waitMs, FORMATS } = require("./headers.cjs");
+const { LocalBuckets } = require("./local.cjs");
 const { SKIP, DEFAULT_IPV6_SUBNET, bucketKey, checkIpv6Subnet, ipIdentity, isAnonymous } = require("./identity.cjs");
 
 let anonymousWarned = false;
@@ -73,7 +74,7 @@ function deadlines(timeoutMs) {
     for (const [id, call] of pending) {
       if (now - call.started < timeoutMs) break; // in start order: the rest are younger
       pending.delete(id);
-      call.reject(new Error(`redis-tb: no reply from Redis within ${timeoutMs} ms`));
+      call.reject(new TbUnavailableError(`redis-tb: no reply from Redis within ${timeoutMs} ms`));
     }
     if (pending.size === 0) {
       clearInterval(sweeper);
@@ -110,6 +111,38 @@ function defaultBody(decision) {
   return body;
 }
 
+const FAIL_MODES = ["local", "open", "closed"];
+const ERROR_LOG_INTERVAL_MS = 60_000;
+
+/**
+ * What the limiter logs about Redis failures (docs/clients.md, "When Redis fails"): a warning when a fault
+ * begins (then nothing until Redis has answered again), and configuration errors (auth, ACL, a key of another
+ * type, any unexpected error reply) at error level whatever the fail mode, at most once a minute per row.
+ */
+function failureLog(logger, fail) {
+  let faulty = false;
+  const lastErrorMs = new Map();
+  return {
+    failed(error, failure) {
+      if (failure.action === "fail-mode") {
+        if (faulty) return;
+        faulty = true;
+        logger.warn(`redis-tb: Redis is unavailable (${failure.row}: ${error?.message ?? error}); fail mode "${fail}" until it answers`);
+        return;
+      }
+      faulty = true;
+      const now = performance.now();
+      const last = lastErrorMs.get(failure.row);
+      if (last !== undefined && now - last < ERROR_LOG_INTERVAL_MS) return;
+      lastErrorMs.set(failure.row, now);
+      logger.error(`redis-tb: a limiter call failed (${failure.row}, a configuration error: ${error?.message ?? error}); fail mode "${fail}"`);
+    },
+    answered() {
+      faulty = false;
+    },
+  };
+}
+
 /**
  * Options (the Express middleware and the Fastify plugin take the same; the names the Python package's middleware
  * also has mean the same there, and both packages write the same keys, so they share buckets):
@@ -122,28 +155,40 @@ function defaultBody(decision) {
  *   cost        tokens per request, a number or (req) => number (default 1)
  *   prefix      the Redis key is `${prefix}{${escaped identity}}:${name}` (default "ratelimit:")
  *   standard    which header fields: "both" (default), "draft", "legacy" or "none"
- *   fail        when Redis fails or does not answer in time: "open" (default) lets the request through, "closed"
- *               answers 503
+ *   fail        when Redis fails or does not answer in time (docs/clients.md's failure table): "local" (default)
+ *               limits with in-memory buckets of the same limits in this process, "open" lets the request
+ *               through, "closed" answers 503 with Retry-After: 1
+ *   logger      { warn(message), error(message) } for Redis failures (default: console)
  *   timeoutMs   the longest to wait for Redis (default 1000; 0 waits as long as the Redis client does)
  *   statusCode  for a refusal (default 429)
  *   body        the refusal's JSON body: an object, or (decision) => object
- *   onError     (error, req) => void, called for every Redis failure (the request then fails open or closed)
+ *   onError     (error, req) => void, called for every Redis failure (then the fail mode answers)
  */
 function createHttpLimiter(options) {
   if (options === null || typeof options !== "object") throw new TbArgumentError("options must be an object");
   const { client, cost = 1, prefix = "ratelimit:", standard = "both", ipv6Subnet = DEFAULT_IPV6_SUBNET } = options;
   checkIpv6Subnet(ipv6Subnet);
   const { key = (req) => ipIdentity(req.ip ?? req.socket?.remoteAddress, { ipv6Subnet }) } = options;
-  const { fail = "open", timeoutMs = 1000, statusCode = 429, body = defaultBody, onError } = options;
+  const { fail = "local", timeoutMs = 1000, statusCode = 429, body = defaultBody, onError, logger = console } = options;
   if (client === undefined) throw new TbArgumentError("client is required: a TbClient or a Redis client");
   if (!FORMATS.includes(standard)) throw new TbArgumentError(`standard must be one of ${FORMATS.join(", ")}`);
-  if (fail !== "open" && fail !== "closed") throw new TbArgumentError(`fail must be "open" or "closed", got ${fail}`);
+  if (!FAIL_MODES.includes(fail)) throw new TbArgumentError(`fail must be one of ${FAIL_MODES.join(", ")}, got ${fail}`);
+  if (typeof logger?.warn !== "function" || typeof logger?.error !== "function") {
+    throw new TbArgumentError("logger must have warn(message) and error(message) methods");
+  }
+  const badTag = prefix.indexOf("{");
+  if (badTag >= 0 && prefix[badTag + 1] === "}") {
+    throw new TbArgumentError(`prefix ${JSON.stringify(prefix)} has an empty hash tag ("{}"), which would put every bucket in one slot`);
+  }
   if (typeof key !== "function") throw new TbArgumentError("key must be a function of the request");
   const limits = limitList(options.limits);
   const tb = TbClient.from(client);
   const withTimeout = deadlines(timeoutMs);
+  const local = fail === "local" ? new LocalBuckets() : undefined;
+  const failures = failureLog(logger, fail);
 
-  async function decide(req) {
+  /** The buckets `req` takes from (identity and cost found), or an empty list when every limit is skipped. */
+  async function bucketsFor(req) {
     let requestCost = typeof cost === "function" ? cost(req) : cost;
     if (typeof requestCost?.then === "function") requestCost = await requestCost;
     const buckets = [];
@@ -155,7 +200,11 @@ function createHttpLimiter(options) {
       if (identity === undefined) warnAnonymous();
       buckets.push({ ...limit, key: bucketKey(prefix, identity, limit.name), cost: limit.cost ?? requestCost });
     }
-    if (buckets.length === 0) return undefined;
+    return buckets;
+  }
+
+  /** One call to Redis for `buckets`: TB.ACQUIRE for one, TB.ACQUIREEACH for several. */
+  async function decide(buckets) {
     if (buckets.length === 1) {
       const [bucket] = buckets;
       const reply = await withTimeout(tb.acquire(bucket.key, bucket.rate, bucket.burst, bucket.cost));
@@ -169,25 +218,44 @@ function createHttpLimiter(options) {
     };
   }
 
-  /**
-   * { action: "allow" | "refuse" | "unavailable", headers, status?, body?, decision?, error? } for `req`.
-   * Never rejects on a Redis failure: that becomes "allow" (fail open) or "unavailable" (fail closed).
-   */
-  async function check(req) {
-    let decision;
-    try {
-      decision = await decide(req);
-    } catch (error) {
-      if (error instanceof TbArgumentError) throw error;
-      if (onError) onError(error, req);
-      if (fail === "open") return { action: "allow", headers: {}, error };
-      return { action: "unavailable", headers: {}, status: 503, body: { error: "rate limiter unavailable" }, error };
+  /** What the fail mode answers for `buckets` when Redis failed with `error`. */
+  function failed(req, buckets, error) {
+    failures.failed(error, classifyFailure(error));
+    if (onError) onError(error, req);
+    if (fail === "open") return { action: "allow", headers: {}, error };
+    if (fail === "closed") {
+      return { action: "unavailable", headers: { "retry-after": "1" }, status: 503, body: { error: "rate limiter unavailable" }, error };
     }
-    if (decision === undefined) return { action: "allow", headers: {} };
+    const reply = local.acquire(buckets);
+    return { ...answer({ ...reply, buckets: buckets.map((bucket, index) => ({ ...bucket, ...reply.buckets[index] })) }), error };
+  }
+
+  /** The outcome of a decision: allowed with its headers, or refused with `statusCode` and the body. */
+  function answer(decision) {
     const headerValues = headersFor(decision, standard);
     if (decision.allowed) return { action: "allow", headers: headerValues, decision };
     const refusal = typeof body === "function" ? body(decision) : body;
     return { action: "refuse", headers: headerValues, status: statusCode, body: refusal, decision };
+  }
+
+  /**
+   * { action: "allow" | "refuse" | "unavailable", headers, status?, body?, decision?, error? } for `req`.
+   * Never rejects on a Redis failure: the fail mode answers instead (docs/clients.md, "When Redis fails"). An
+   * error of the key or cost function, or a TbArgumentError, rejects.
+   */
+  async function check(req) {
+    const buckets = await bucketsFor(req);
+    if (buckets.length === 0) return { action: "allow", headers: {} };
+    let decision;
+    try {
+      decision = await decide(buckets);
+    } catch (error) {
+      if (error instanceof TbArgumentError) throw error;
+      return failed(req, buckets, error);
+    }
+    failures.answered();
+    local?.clear();
+    return answer(decision);
   }
 
   return { check, client: tb, limits };

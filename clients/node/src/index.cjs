@@ -5,7 +5,7 @@
 // ESM entry (index.mjs) re-exports this one implementation.
 
 const { TbClient } = require("./client.cjs");
-const { TbReplyError, TbArgumentError, TbProtocolError } = require("./errors.cjs");
+const { TbReplyError, TbArgumentError, TbProtocolError, TbUnavailableError, classifyFailure } = require("./errors.cjs");
 const { rateLimitHeaders } = require("./headers.cjs");
 const { createHttpLimiter } = require("./http.cjs");
 const { SKIP, ipIdentity } = require("./identity.cjs");
@@ -29,6 +29,8 @@ module.exports = {
   TbReplyError,
   TbArgumentError,
   TbProtocolError,
+  TbUnavailableError,
+  classifyFailure,
   rateLimitHeaders,
   createHttpLimiter,
   SKIP,

@@ -105,7 +105,7 @@ describe("Express middleware with Redis stopped", () => {
       const conn = await connect(kind, redisServer);
       const errors = [];
       const server = express();
-      const shared = { client: conn.redis, limits: { rate: 1, burst: 5 }, timeoutMs: 300, onError: (error) => errors.push(error) };
+      const shared = { client: conn.redis, limits: { rate: 1, burst: 5 }, timeoutMs: 300, onError: (error) => errors.push(error), logger: { warn() {}, error() {} } };
       server.get("/open", rateLimit({ ...shared, fail: "open" }), (req, res) => res.send("ok"));
       server.get("/closed", rateLimit({ ...shared, fail: "closed" }), (req, res) => res.send("ok"));
       const httpServer = http.createServer(server);
@@ -119,6 +119,7 @@ describe("Express middleware with Redis stopped", () => {
         assert.deepEqual(limitHeaders(open), {});
         const closed = await fetch(`${base}/closed`);
         assert.equal(closed.status, 503);
+        assert.equal(closed.headers.get("retry-after"), "1");
         assert.deepEqual(await closed.json(), { error: "rate limiter unavailable" });
         assert.equal(errors.length, 2, "onError saw both failures");
       } finally {

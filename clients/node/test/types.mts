@@ -16,6 +16,7 @@ import tbDefault, {
   rateLimitHeaders,
   ipIdentity,
   SKIP,
+  classifyFailure,
   type AcquireResult,
 } from "redis-tb";
 
@@ -42,6 +43,8 @@ app.use(
     client: tb,
     limits: { rate: 1, burst: 2 },
     ipv6Subnet: 64,
+    fail: "local",
+    logger: console,
     key: (req: express.Request) => (req.path === "/health" ? SKIP : ipIdentity(req.ip, { ipv6Subnet: 64 })),
   }),
 );
@@ -62,4 +65,5 @@ const headers: Record<string, string> = rateLimitHeaders({
   limitingIndex: 0,
   buckets: [{ name: "user", rate: 10, burst: 20, remaining: 19, retryAfterMs: 0, resetAfterMs: 100 }],
 });
-console.log(allowed, fits, waitMs, blocked, headers, tbDefault.TbClient === TbClient);
+const configError: boolean = classifyFailure(new Error("x")).action === "error-fail-mode";
+console.log(configError, allowed, fits, waitMs, blocked, headers, tbDefault.TbClient === TbClient);

@@ -126,6 +126,16 @@ export class TbReplyError extends Error {
 }
 /** An argument refused before anything was sent; the message names it. */
 export class TbArgumentError extends TypeError {}
+/** A limiter call that missed its deadline, or was not sent while the connection was down. */
+export class TbUnavailableError extends Error {}
+
+/** The failure table's row of a limiter call's error, and what the middleware does about it. */
+export interface Failure {
+  row: string;
+  action: "fail-mode" | "error-fail-mode" | "reload-retry" | "script-retry";
+}
+export function classifyFailure(error: unknown): Failure;
+
 /** A reply of an unexpected shape. */
 export class TbProtocolError extends Error {
   readonly command: string;
@@ -191,8 +201,13 @@ export interface HttpLimiterOptions<Req = any> {
   prefix?: string;
   /** Which header fields (default "both"). */
   standard?: HeaderFormat;
-  /** "open" (default): a Redis failure lets the request through; "closed" answers 503. */
-  fail?: "open" | "closed";
+  /**
+   * When Redis fails (docs/clients.md's failure table): "local" (default) limits with in-memory buckets of the
+   * same limits in this process; "open" lets the request through; "closed" answers 503 with Retry-After: 1.
+   */
+  fail?: "local" | "open" | "closed";
+  /** Where Redis failures are logged: a warning when a fault begins, configuration errors (default: console). */
+  logger?: { warn(message: string): void; error(message: string): void };
   /** The longest to wait for Redis, in ms (default 1000; 0: as long as the Redis client waits). */
   timeoutMs?: number;
   statusCode?: number;
