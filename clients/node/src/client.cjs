@@ -81,6 +81,11 @@ function isUnknownCommand(error) {
   return /unknown command|doesn't exist in redis commands/i.test(error.message) && !/from (lua )?script/i.test(error.message);
 }
 
+/** An error's text for a log line, without the arguments a server quotes after it (they hold keys, so identities). */
+function summary(error) {
+  return error.message.split(", with args beginning with")[0];
+}
+
 /** FCALL of a function the server does not hold: never loaded, or lost (FUNCTION FLUSH, a restart, a failover). */
 function isFunctionMissing(error) {
   return /function not found/i.test(error.message);
@@ -164,6 +169,7 @@ class TbClient {
 
   async _call(command, key, args) {
     let callerTime = this._callerTime;
+    let refusal;
     for (;;) {
       const backend = this._inUse ?? "module";
       const callerUs = callerTime ? this._nowUs() : undefined;
@@ -176,17 +182,18 @@ class TbClient {
         if (!isReplyError(error)) throw error;
         if (backend !== "module" && !callerTime && isTimeRefused(error)) {
           callerTime = true; // retried once with the caller's clock; kept if that answers
+          refusal = error;
           continue;
         }
         if (this._fallBack(backend, command, error)) continue;
         throw new TbReplyError(command, key, error);
       }
-      if (callerTime && !this._callerTime) {
+      if (refusal !== undefined && !this._callerTime) {
         this._callerTime = true;
         this._log(
           "warn",
-          "redis-tb: the server refuses TIME inside scripts; calls now send this process's clock, so the bound is " +
-            "burst + rate * (t + skew), skew the largest clock difference between the callers",
+          `redis-tb: the server refuses TIME inside scripts (${summary(refusal)}); calls now send this process's ` +
+            "clock, so the bound is burst + rate * (t + skew), skew the largest clock difference between the callers",
         );
       }
       if (this._inUse === undefined) {
@@ -202,11 +209,11 @@ class TbClient {
   _fallBack(backend, command, error) {
     if (this._mode !== "auto") return false;
     if (backend === "module" && isUnknownCommand(error) && script.supports(command)) {
-      this._switch("function", `the server does not know ${command} (${error.message})`);
+      this._switch("function", `the server does not know ${command} (${summary(error)})`);
       return true;
     }
     if (backend === "function" && isFunctionsUnavailable(error)) {
-      this._switch("script", `Redis Functions are unavailable (${error.message})`);
+      this._switch("script", `Redis Functions are unavailable (${summary(error)})`);
       return true;
     }
     return false;
@@ -216,7 +223,8 @@ class TbClient {
   _switch(to, reason) {
     const left = this._inUse ?? "module";
     if (ORDER.indexOf(to) <= ORDER.indexOf(left)) return; // another call switched first
-    this._log(this._answered ? "warn" : "info", `redis-tb: ${reason}; calls now go to ${DESCRIBED[to]()} (was ${left})`);
+    if (this._answered) this._log("warn", `redis-tb: ${reason}; calls now go to ${DESCRIBED[to]()} instead of ${DESCRIBED[left]()}`);
+    else this._log("info", `redis-tb: ${reason}; calls go to ${DESCRIBED[to]()}`);
     this._inUse = to;
     this._answered = false;
   }

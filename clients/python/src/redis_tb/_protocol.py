@@ -208,6 +208,12 @@ def is_unknown_command(error: Exception) -> bool:
     return "unknown command" in text or "doesn't exist in redis commands" in text
 
 
+def summary(error: Exception) -> str:
+    """An error's text for a log line, without the arguments a server quotes after it (they hold keys, so
+    identities)."""
+    return str(error).split(", with args beginning with", 1)[0]
+
+
 def is_function_missing(error: Exception) -> bool:
     """FCALL of a function the server does not hold: the library was never loaded, or was lost (FUNCTION FLUSH,
     a restart without persistence, a failover to a primary that never had it)."""

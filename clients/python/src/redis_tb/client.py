@@ -73,8 +73,10 @@ class Backends:
         left = self.in_use or protocol.MODULE
         if self.ORDER.index(to) <= self.ORDER.index(left):
             return  # another call switched first
-        level = logging.WARNING if self.answered else logging.INFO
-        log.log(level, "redis-tb: %s; calls now go to %s (was %s)", reason, _describe(to), left)
+        if self.answered:
+            log.warning("redis-tb: %s; calls now go to %s instead of %s", reason, _describe(to), _describe(left))
+        else:
+            log.info("redis-tb: %s; calls go to %s", reason, _describe(to))
         self.in_use = to
         self.answered = False
 
@@ -86,15 +88,16 @@ class Backends:
                 raise ModuleNotLoaded(message) from error
             return False
         if backend == protocol.MODULE and protocol.is_unknown_command(error):
-            self._switch(protocol.FUNCTION, f"the server does not know {call.name} ({error})")
+            self._switch(protocol.FUNCTION, f"the server does not know {call.name} ({protocol.summary(error)})")
             return True
         if backend == protocol.FUNCTION and protocol.is_functions_unavailable(error):
-            self._switch(protocol.SCRIPT_BACKEND, f"Redis Functions are unavailable ({error})")
+            self._switch(protocol.SCRIPT_BACKEND, f"Redis Functions are unavailable ({protocol.summary(error)})")
             return True
         return False
 
     def steps(self, call: protocol.Call[T]) -> Steps[T]:
         caller_time = self.caller_time
+        refusal: RedisError | None = None
         while True:
             backend = self.in_use or protocol.MODULE
             caller_us = self.now_us() if caller_time else None
@@ -107,16 +110,17 @@ class Backends:
                     reply = yield from _eval(call, caller_us)
             except RedisError as error:
                 if backend != protocol.MODULE and not caller_time and protocol.is_time_refused(error):
-                    caller_time = True  # retried once with the caller's clock; kept if that answers
+                    caller_time, refusal = True, error  # retried once with the caller's clock; kept if that answers
                     continue
                 if self._fall_back(backend, call, error):
                     continue
                 raise _translated(error) from None
-            if caller_time and not self.caller_time:
+            if refusal is not None and not self.caller_time:
                 self.caller_time = True
                 log.warning(
-                    "redis-tb: the server refuses TIME inside scripts; calls now send this process's clock, so the "
-                    "bound is burst + rate * (t + skew), skew the largest clock difference between the callers"
+                    "redis-tb: the server refuses TIME inside scripts (%s); calls now send this process's clock, so "
+                    "the bound is burst + rate * (t + skew), skew the largest clock difference between the callers",
+                    protocol.summary(refusal),
                 )
             if self.in_use is None:
                 log.info("redis-tb: calls go to %s", _describe(backend))
