@@ -15,7 +15,7 @@ console.log(reply); // { allowed: true, remaining: 19, retryAfterMs: 0, resetAft
 const slot = await tb.reserve("jobs:partner", 10, 2, 1, 1000); // wait at most 1 s for a slot
 if (slot.granted) setTimeout(() => console.log("calling the partner API now"), slot.waitMs);
 
-console.log(tb.backend); // "module", or "script" on a server without the module
+console.log(tb.backendInUse); // "module"; without it "function" (Redis 7.0+, Valkey) or "script" (Redis 6.2)
 // --- snippet: end -----------------------------------------------------------------------------------------------
 
 assert.equal(reply.allowed, true);
