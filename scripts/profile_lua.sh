@@ -7,6 +7,9 @@
 #   scripts/profile_lua.sh SCRIPT.lua [ARGV...]
 #   scripts/profile_lua.sh lua/tb.lua TB.ACQUIRE 1000000 1e9 1          # the fallback, allowed, hot key
 #   scripts/profile_lua.sh scripts/bench_bucket.lua 1000000 1e9 1       # the simple Lua bucket of make bench
+#   FUNCTION=acquire scripts/profile_lua.sh lua/tb.lua 1000000 1e9 1    # the library generated from lua/tb.lua,
+#                                                                       # FCALL tb_profile_acquire
+# KEYS=N takes the first N arguments as keys (default 1: bench:lua).
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -23,15 +26,26 @@ valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" --toggle-col
   "$server" --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize no \
   >"$dir/valgrind.log" 2>&1 &
 pid=$!
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
+trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; [ -n "${KEEP:-}" ] && cp "$dir/callgrind.out" "$KEEP"; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do
   "$cli" -p "$port" PING >/dev/null 2>&1 && break
   sleep 0.2
 done
-sha="$("$cli" -p "$port" SCRIPT LOAD "$(cat "$script")")"
-"$benchmark" -p "$port" -c 4 -P 16 -n "$calls" -q EVALSHA "$sha" 1 bench:lua "$@" >/dev/null
-done_calls="$("$cli" -p "$port" INFO commandstats | grep -o 'cmdstat_evalsha:calls=[0-9]*' | cut -d= -f2)"
+keys=(1 bench:lua)
+if [ -n "${KEYS:-}" ]; then keys=("$KEYS"); fi
+if [ -n "${FUNCTION:-}" ]; then
+  # The library as the packages generate it (lua/tb.lua's header), under a name of its own.
+  "$cli" -p "$port" -x FUNCTION LOAD >/dev/null < <(printf "#!lua name=tb_profile\nlocal TB_LIBRARY = 'tb_profile'\n"; cat "$script")
+  "$benchmark" -p "$port" -c 4 -P 16 -n "$calls" -q FCALL "tb_profile_$FUNCTION" "${keys[@]}" "$@" >/dev/null
+  stat=fcall
+else
+  sha="$("$cli" -p "$port" SCRIPT LOAD "$(cat "$script")")"
+  "$benchmark" -p "$port" -c 4 -P 16 -n "$calls" -q EVALSHA "$sha" "${keys[@]}" "$@" >/dev/null
+  stat=evalsha
+fi
+done_calls="$("$cli" -p "$port" INFO commandstats | grep -o "cmdstat_$stat:calls=[0-9]*" | cut -d= -f2)"
 kill "$pid"
 wait "$pid" 2>/dev/null || true
-total="$(callgrind_annotate "$dir/callgrind.out" 2>/dev/null | grep -m1 'PROGRAM TOTALS' | awk '{gsub(",", "", $1); print $1}')"
-echo "$(basename "$script") $*: $done_calls calls, $((total / done_calls)) instructions per call (SCRIPT LOAD included once)"
+# awk reads the whole report (grep -m1 would close the pipe early, and pipefail would end the script on SIGPIPE).
+total="$(callgrind_annotate "$dir/callgrind.out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !n {n = 1; gsub(",", "", $1); print $1}')"
+echo "$(basename "$script")${FUNCTION:+ FCALL $FUNCTION} $*: $done_calls calls, $((total / done_calls)) instructions per call (the load included once)"
