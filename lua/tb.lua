@@ -90,6 +90,9 @@ end
 -- The caller's clock for the call under way (µs), or nil: the server's (TIME). Set on each call's entry.
 local caller_now_us
 
+-- Builds the rest of the script on first need (defined below).
+local general
+
 local FIELD_TOKENS = 'tokens'
 local FIELD_UPDATED_US = 'ts'
 
@@ -108,6 +111,8 @@ local I64_MAX = 9223372036854775808
 local I64_MIN = -9223372036854775808
 -- What a saturated reply is sent as: a reply converts a double to a 64-bit integer, and 2^63 does not fit.
 local REPLY_MAX = 9223372036854774784
+-- math.huge, spelled without `math`, which the top level cannot reach at FUNCTION LOAD.
+local HUGE = 1 / 0
 
 local ERR_RATE = 'ERR rate must be a positive number'
 local ERR_BURST = 'ERR burst must be a positive number'
@@ -175,346 +180,82 @@ local function ceil_div(n, d)
 end
 
 ---------------------------------------------------------------------------------------------------------------
--- The core: src/bucket.rs, function by function. A state is { tokens = <double>, ts = <µs> }.
----------------------------------------------------------------------------------------------------------------
-
-local function tokens_at(state, at_us, p)
-  local elapsed_us = math.max(sat_sub(at_us, state.ts), 0)
-  local elapsed_s = elapsed_us / MICROS_PER_SEC
-  local refill = elapsed_s * p.rate
-  local tokens
-  if refill ~= math.huge then
-    tokens = state.tokens + refill
-  else
-    -- A refill beyond the largest double, counted in units of the rate (a deep debt at the top of the range).
-    tokens = (elapsed_s + state.tokens / p.rate) * p.rate
-  end
-  return math.min(tokens, p.burst)
-end
-
--- Seconds the refill takes from `tokens` to `target`, without overflow: term by term where the difference
--- overflows.
-local function seconds_to_refill(tokens, target, p)
-  local missing = target - tokens
-  if missing ~= math.huge and missing ~= -math.huge then return missing / p.rate end
-  return target / p.rate - tokens / p.rate
-end
-
--- A clock that reads earlier than the stored ts (stepped back, or a promoted replica behind): the bucket keeps its
--- tokens, capped at burst, and refills from now on. On the caller's clock the bucket's time stands still instead:
--- callers whose clocks differ take turns, and a rebase on each turn would refill the difference every time.
-local function refilled(stored, now_us, p)
-  if stored then
-    if now_us < stored.ts then
-      return { tokens = math.min(stored.tokens, p.burst), ts = caller_now_us and stored.ts or now_us }
-    end
-    return { tokens = tokens_at(stored, now_us, p), ts = now_us }
-  end
-  return { tokens = p.burst, ts = now_us }
-end
-
-local function remaining(state)
-  return math.max(floor_saturating(state.tokens), 0)
-end
-
-local function ms_until(now_us, at_us)
-  if at_us == I64_MAX then return I64_MAX end
-  return ceil_div(math.max(sat_sub(at_us, now_us), 0), MICROS_PER_MS)
-end
-
-local function full_at_us(state, p)
-  if state.tokens >= p.burst then return state.ts end
-  local estimate_us = ceil_saturating(seconds_to_refill(state.tokens, p.burst, p) * MICROS_PER_SEC)
-  local at_us = sat_add(state.ts, estimate_us)
-  for _ = 1, MAX_CORRECTIONS do
-    if at_us == I64_MAX or tokens_at(state, at_us, p) >= p.burst then break end
-    at_us = sat_add(at_us, 1)
-  end
-  return at_us
-end
-
-local function retry_after_ms(current, now_us, p, cost)
-  local estimate_us = ceil_saturating(seconds_to_refill(current.tokens, cost, p) * MICROS_PER_SEC)
-  local ready_us = sat_add(current.ts, estimate_us)
-  local wait_ms = math.max(ms_until(now_us, ready_us), 1)
-  local function paid_after(ms)
-    local at_us = sat_add(now_us, sat_mul(ms, MICROS_PER_MS))
-    return tokens_at(current, at_us, p) >= cost
-  end
-  for _ = 1, MAX_CORRECTIONS do
-    if wait_ms == I64_MAX or paid_after(wait_ms) then break end
-    wait_ms = sat_add(wait_ms, 1)
-  end
-  for _ = 1, MAX_CORRECTIONS do
-    if wait_ms <= 1 or not paid_after(wait_ms - 1) then break end
-    wait_ms = wait_ms - 1
-  end
-  return wait_ms
-end
-
-local function expiry_slack_ms(p)
-  local slack = ceil_saturating(p.burst / p.rate * 10.0)
-  return math.min(math.max(slack, MIN_EXPIRY_SLACK_MS), MAX_EXPIRY_SLACK_MS)
-end
-
-local function write_expiring(state, full_at, now_us, p)
-  local cap_ms = sat_add(floor_div(now_us, MICROS_PER_MS), MAX_TTL_MS)
-  return {
-    state = state,
-    expire_at_ms = math.min(ceil_div(full_at, MICROS_PER_MS), cap_ms),
-    expire_slack_ms = expiry_slack_ms(p),
-  }
-end
-
--- The write a call that would write nothing makes when the clock reads earlier than the stored ts: the bucket as
--- `refilled` rebases it, so that the refill accumulates from now. Once per bucket per step; none for a full one.
-local function rebased_write(stored, now_us, p)
-  if caller_now_us or not stored or now_us >= stored.ts then return nil end
-  local rebased = refilled(stored, now_us, p)
-  if rebased.tokens >= p.burst then return nil end
-  return write_expiring(rebased, full_at_us(rebased, p), now_us, p)
-end
-
--- Outcomes, as the core's `Outcome`.
-local ALLOWED, DENIED, IMPOSSIBLE = 'allowed', 'denied', 'impossible'
-
-local function decide(current, now_us, p, cost)
-  local function reply_for(outcome, state, full_at, retry)
-    return {
-      outcome = outcome,
-      remaining = remaining(state),
-      retry_after_ms = retry,
-      reset_after_ms = ms_until(now_us, full_at),
-    }
-  end
-  if cost > p.burst then
-    return reply_for(IMPOSSIBLE, current, full_at_us(current, p), -1)
-  end
-  if cost == 0 then
-    return reply_for(ALLOWED, current, full_at_us(current, p), 0)
-  end
-  if current.tokens < cost then
-    local retry = retry_after_ms(current, now_us, p, cost)
-    return reply_for(DENIED, current, full_at_us(current, p), retry)
-  end
-  local after = { tokens = math.max(current.tokens - cost, 0.0), ts = current.ts }
-  local full_at = full_at_us(after, p)
-  local decision = reply_for(ALLOWED, after, full_at, 0)
-  decision.write = write_expiring(after, full_at, now_us, p)
-  return decision
-end
-
-local function acquire(stored, now_us, p, cost)
-  local d = decide(refilled(stored, now_us, p), now_us, p, cost)
-  d.write = d.write or rebased_write(stored, now_us, p)
-  return d
-end
-
--- Index (1-based) of the first decision with the largest key(d).
-local function first_extreme(decisions, key)
-  local best = 1
-  for i = 2, #decisions do
-    if key(decisions[i]) > key(decisions[best]) then best = i end
-  end
-  return best
-end
-
-local function fewest_left(d) return -d.remaining end
-local function longest_wait(d) return d.retry_after_ms end
-
--- acquire_all and acquire_each share this: `members` = { { stored, p, cost } ... }.
-local function acquire_many(members, now_us)
-  local decisions = {}
-  local all_allowed = true
-  for i, m in ipairs(members) do
-    decisions[i] = acquire(m.stored, now_us, m.p, m.cost)
-    if decisions[i].outcome ~= ALLOWED then all_allowed = false end
-  end
-  if all_allowed then
-    return { outcome = ALLOWED, limiting = first_extreme(decisions, fewest_left), buckets = decisions }
-  end
-  local reported = {}
-  for i, m in ipairs(members) do
-    if decisions[i].outcome == ALLOWED then
-      reported[i] = acquire(m.stored, now_us, m.p, 0)
-    else
-      reported[i] = decisions[i]
-    end
-  end
-  local limiting
-  for i, d in ipairs(reported) do
-    if d.outcome == IMPOSSIBLE then
-      limiting = i
-      break
-    end
-  end
-  limiting = limiting or first_extreme(reported, longest_wait)
-  return { outcome = reported[limiting].outcome, limiting = limiting, buckets = reported }
-end
-
-local function reserve(stored, now_us, p, cost, max_wait_ms)
-  local current = refilled(stored, now_us, p)
-  local d = decide(current, now_us, p, cost)
-  -- A debt that does not fit a double (only near its largest value) is refused, as a wait beyond max_wait is.
-  local debt = current.tokens - cost
-  if d.outcome ~= DENIED or d.retry_after_ms > max_wait_ms or debt == -math.huge then
-    return { outcome = d.outcome, wait_ms = d.retry_after_ms, remaining = d.remaining,
-             reset_after_ms = d.reset_after_ms, write = d.write or rebased_write(stored, now_us, p) }
-  end
-  local after = { tokens = current.tokens - cost, ts = current.ts }
-  local full_at = full_at_us(after, p)
-  return {
-    outcome = ALLOWED,
-    wait_ms = d.retry_after_ms,
-    remaining = remaining(after),
-    reset_after_ms = ms_until(now_us, full_at),
-    write = write_expiring(after, full_at, now_us, p),
-  }
-end
-
--- change: nil (keep), 'delete', or a write.
-local function refund(stored, now_us, p, amount)
-  if not stored then
-    return { refunded = 0, remaining = floor_saturating(p.burst), reset_after_ms = 0 }
-  end
-  local current = refilled(stored, now_us, p)
-  local function unchanged(state)
-    return { refunded = 0, remaining = remaining(state), reset_after_ms = ms_until(now_us, full_at_us(state, p)),
-             write = rebased_write(stored, now_us, p) }
-  end
-  if current.tokens < 0 then return unchanged(current) end
-  local after = { tokens = math.min(current.tokens + amount, p.burst), ts = current.ts }
-  if after.tokens <= current.tokens then return unchanged(current) end
-  if after.tokens >= p.burst then
-    return { refunded = 1, remaining = remaining(after), reset_after_ms = 0, delete = true }
-  end
-  local full_at = full_at_us(after, p)
-  return {
-    refunded = 1,
-    remaining = remaining(after),
-    reset_after_ms = ms_until(now_us, full_at),
-    write = write_expiring(after, full_at, now_us, p),
-  }
-end
-
-local function acquire_at_most(stored, now_us, p, max)
-  local current = refilled(stored, now_us, p)
-  local granted = math.min(remaining(current), max)
-  if granted == 0 then
-    local retry
-    if 1 > p.burst then
-      retry = -1
-    else
-      retry = retry_after_ms(current, now_us, p, 1)
-    end
-    return { granted = 0, remaining = 0, retry_after_ms = retry,
-             reset_after_ms = ms_until(now_us, full_at_us(current, p)), write = rebased_write(stored, now_us, p) }
-  end
-  local d = decide(current, now_us, p, granted)
-  return { granted = granted, remaining = d.remaining, retry_after_ms = 0,
-           reset_after_ms = d.reset_after_ms, write = d.write }
-end
-
--- What `duration_ms` of refill repays, held at the largest double where the product overflows.
-local function refill_over_ms(duration_ms, p)
-  local refill = duration_ms / 1000.0 * p.rate
-  if refill == math.huge then return 1.7976931348623157e308 end
-  return refill
-end
-
-local function charge_answer(state, now_us, p, write)
-  local retry
-  if 1 > p.burst then
-    retry = -1
-  elseif state.tokens >= 1 then
-    retry = 0
-  else
-    retry = retry_after_ms(state, now_us, p, 1)
-  end
-  return { remaining = remaining(state), retry_after_ms = retry,
-           reset_after_ms = ms_until(now_us, full_at_us(state, p)), write = write }
-end
-
-local function charged(after, now_us, p)
-  local full_at = full_at_us(after, p)
-  return charge_answer(after, now_us, p, write_expiring(after, full_at, now_us, p))
-end
-
-local function charge(stored, now_us, p, cost)
-  local current = refilled(stored, now_us, p)
-  if cost == 0 then return charge_answer(current, now_us, p, rebased_write(stored, now_us, p)) end
-  local after = { tokens = current.tokens - cost, ts = current.ts }
-  if after.tokens == -math.huge or after.tokens < -refill_over_ms(MAX_WAIT_LIMIT_MS, p) then
-    refuse(ERR_DEBT)
-  end
-  return charged(after, now_us, p)
-end
-
-local function block(stored, now_us, p, duration_ms)
-  local current = refilled(stored, now_us, p)
-  local blocked_tokens = -refill_over_ms(duration_ms, p)
-  if current.tokens <= blocked_tokens then
-    return charge_answer(current, now_us, p, rebased_write(stored, now_us, p))
-  end
-  return charged({ tokens = blocked_tokens, ts = current.ts }, now_us, p)
-end
-
----------------------------------------------------------------------------------------------------------------
 -- Numbers as the module parses them (src/number.rs: Rust's grammar, finite values only).
 ---------------------------------------------------------------------------------------------------------------
 
--- A finite decimal: [+-] (digits [. digits] | . digits) [e [+-] digits]. No hex, spaces, inf or nan.
+-- Texts already parsed, and the values of the texts the script wrote last: a library keeps them across calls (a
+-- hot key's stored fields and a caller's usual arguments are then a table lookup instead of a scan and a
+-- tonumber); the EVAL form starts afresh on every call and keeps none. Bounded: cleared at MEMO_LIMIT entries.
+local MEMO_LIMIT = 256
+local memo_f64, memo_i64, memo_text, memo_entries
+
+local function memo_reset()
+  memo_f64, memo_i64, memo_text, memo_entries = {}, {}, {}, 0
+end
+
+if AS_LIBRARY then memo_reset() end
+
+local function memo_add(memo, text, value)
+  memo[text] = value
+  memo_entries = memo_entries + 1
+  if memo_entries > MEMO_LIMIT then memo_reset() end
+end
+
+-- A finite decimal: [+-] (digits [. digits] | . digits) [e [+-] digits]. Lua's tonumber reads that grammar (C's
+-- strtod, correctly rounded) and more: spaces, hex, inf, nan and whatever follows a NUL byte, each of which holds a
+-- byte outside [0-9.eE+-]. So one scan for such a byte, then tonumber, then finite values only: `1e400` and `1`
+-- followed by 309 zeros are refused, as the module refuses them.
 local function parse_f64(text)
-  if type(text) ~= 'string' then return nil end
-  -- Most arguments and stored values are a few plain digits (`10`, `1`): no pattern beyond this one. Up to 15
-  -- digits the value is below 2^53 and exact; longer runs go the general way, where one too large for a double
-  -- (`1` and 309 zeros) is refused.
-  if #text <= 15 and string.find(text, '^%d+$') then return tonumber(text) end
-  local body = text:match('^[+-]?(.*)$')
-  local mantissa, exponent = body:match('^([^eE]*)[eE](.*)$')
-  if mantissa then
-    if not exponent:match('^[+-]?%d+$') then return nil end
-  else
-    mantissa = body
+  if memo_f64 then
+    local known = memo_f64[text]
+    if known then return known end
   end
-  if not (mantissa:match('^%d+%.?%d*$') or mantissa:match('^%.%d+$')) then return nil end
+  if text == nil or string.find(text, '[^%d%.eE+-]') then return nil end
   local value = tonumber(text)
-  if value == nil or value ~= value or value == math.huge or value == -math.huge then return nil end
+  if value == nil or value ~= value or value == HUGE or value == -HUGE then return nil end
+  if memo_f64 and #text <= 32 then memo_add(memo_f64, text, value) end
   return value
 end
 
 -- An integer in i64 range: [+-] digits.
 local function parse_i64(text)
-  if type(text) ~= 'string' then return nil end
-  local sign, digits = text:match('^([+-]?)(%d+)$')
-  if not digits then return nil end
-  local significant = digits:match('^0*(%d+)$')
-  local limit = (sign == '-') and '9223372036854775808' or '9223372036854775807'
-  if #significant > #limit or (#significant == #limit and significant > limit) then return nil end
-  return tonumber(text)
+  if memo_i64 then
+    local known = memo_i64[text]
+    if known then return known end
+  end
+  if text == nil or not string.find(text, '^[+-]?%d+$') then return nil end
+  if #text >= 19 then
+    local sign, digits = string.match(text, '^([+-]?)(%d+)$')
+    local significant = string.match(digits, '^0*(%d+)$')
+    local limit = (sign == '-') and '9223372036854775808' or '9223372036854775807'
+    if #significant > #limit or (#significant == #limit and significant > limit) then return nil end
+  end
+  local value = tonumber(text)
+  if memo_i64 and #text <= 32 then memo_add(memo_i64, text, value) end
+  return value
 end
 
-local function parse_params(rate_text, burst_text)
+local function parse_rate_burst(rate_text, burst_text)
   local rate = parse_f64(rate_text)
   if rate == nil or not (rate > 0) then refuse(ERR_RATE) end
   local burst = parse_f64(burst_text)
-  if burst == nil then refuse(ERR_BURST) end
-  if not (burst > 0) then refuse(ERR_BURST) end
-  return { rate = rate, burst = burst }
+  if burst == nil or not (burst > 0) then refuse(ERR_BURST) end
+  return rate, burst
 end
 
 -- A finite number >= 0, with -0 read as 0 (as Cost::new and Amount::new).
 local function parse_non_negative(text, message)
   local value = parse_f64(text)
   if value == nil or not (value >= 0) then refuse(message) end
-  return math.abs(value)
+  if value == 0 then return 0 end
+  return value
 end
 
 local function parse_ranged_integer(text, low, high, message)
   local value = parse_i64(text)
   if value == nil or value < low or value > high then refuse(message) end
   -- From 2^53 on a double no longer tells neighbours apart (2^53 + 1 reads as 2^53): compare the digits.
-  if value >= MAX_EXACT_INTEGER and string.format('%.0f', value) ~= text:match('^%+?0*(%d+)$') then
+  if value >= MAX_EXACT_INTEGER and string.format('%.0f', value) ~= string.match(text, '^%+?0*(%d+)$') then
     refuse(message)
   end
   return value
@@ -524,120 +265,71 @@ end
 -- The stored form (src/codec.rs) and the key's expiry (src/command/state.rs).
 ---------------------------------------------------------------------------------------------------------------
 
--- The digits and decimal exponent of `%.<p-1>e` text: "1.2345e+06" -> "12345", 6.
-local function split_scientific(text)
-  local lead, fraction, exponent = text:match('^(%d)%.?(%d*)e([+-]%d+)$')
-  return lead .. fraction, tonumber(exponent)
-end
+-- ryu's shortest round-trip text, built with the rest of the script on first need (see `general`).
+local ryu_format
 
--- The next p-digit decimal above `digits` (a string of p digits): "1299" -> "1300", "999" -> "1000" (one longer).
-local function increment_digits(digits)
-  local i = #digits
-  while i >= 1 and digits:sub(i, i) == '9' do i = i - 1 end
-  if i == 0 then return '1' .. string.rep('0', #digits), true end
-  local bumped = string.char(digits:byte(i) + 1)
-  return digits:sub(1, i - 1) .. bumped .. string.rep('0', #digits - i), false
-end
-
--- The shortest digits that read back to `x` (> 0, finite), closest to `x` among the shortest: what ryu
--- computes. `%.<p-1>e` rounds correctly, so at each length its text is the closest candidate; only where `x` is
--- a power of two (its rounding interval is narrower below) can that candidate fall outside while the next one up
--- lies inside, so that one is tried too.
-local function shortest_digits(x)
-  -- Up to 15 significant digits, `%.15g` already is the answer: a double's rounding interval is narrower than
-  -- half a unit of the 15th digit, so when a decimal of at most 15 digits reads back to `x`, `x` rounds to it at
-  -- 15 digits (and `%g` drops the trailing zeros). One format and one read for most values. Not for subnormals,
-  -- whose intervals are wider.
-  local first = 1
-  if x >= 2.2250738585072014e-308 then
-    local text = string.format('%.15g', x)
-    if tonumber(text) == x then
-      local mantissa = string.match(text, '^[^e]*')
-      local significant = string.gsub(string.gsub(string.gsub(mantissa, '%.', ''), '^0+', ''), '0+$', '')
-      return split_scientific(string.format('%.' .. math.max(#significant - 1, 0) .. 'e', x))
-    end
-    first = 16
-  end
-  for p = first, 17 do
-    local digits, exponent = split_scientific(string.format('%.' .. (p - 1) .. 'e', x))
-    if tonumber(digits:sub(1, 1) .. '.' .. digits:sub(2) .. 'e' .. exponent) == x then
-      return digits, exponent
-    end
-    local up, carried = increment_digits(digits)
-    local up_exponent = exponent
-    if carried then
-      up = up:sub(1, p)
-      up_exponent = exponent + 1
-    end
-    if tonumber(up:sub(1, 1) .. '.' .. up:sub(2) .. 'e' .. up_exponent) == x then
-      return up, up_exponent
-    end
-  end
-  -- Unreachable: 17 significant digits always round-trip.
-  local digits, exponent = split_scientific(string.format('%.16e', x))
-  return digits, exponent
-end
-
--- ryu's layout of a double (Rust's `ryu::Buffer::format`): "12340000000.0", "12.34", "0.001234", "1e30",
--- "1.234e33", "1e-7".
-local function ryu_format(x)
-  local sign = ''
-  if x < 0 then
-    sign = '-'
-    x = -x
-  end
-  if x == 0 then return sign .. '0.0' end
-  local digits, exponent = shortest_digits(x)
-  digits = digits:gsub('0+$', '')
-  if digits == '' then digits = '0' end
-  local length = #digits
-  local kk = exponent + 1 -- 10^(kk-1) <= x < 10^kk
-  local k = kk - length -- exponent of the last digit
-  if k >= 0 and kk <= 16 then
-    return sign .. digits .. string.rep('0', k) .. '.0'
-  elseif kk > 0 and kk <= 16 then
-    return sign .. digits:sub(1, kk) .. '.' .. digits:sub(kk + 1)
-  elseif kk > -5 and kk <= 0 then
-    return sign .. '0.' .. string.rep('0', -kk) .. digits
-  elseif length == 1 then
-    return sign .. digits .. 'e' .. string.format('%d', kk - 1)
-  end
-  return sign .. digits:sub(1, 1) .. '.' .. digits:sub(2) .. 'e' .. string.format('%d', kk - 1)
-end
-
-local function encode_tokens(tokens)
-  if tokens == math.floor(tokens) and math.abs(tokens) < MAX_EXACT_INTEGER then
-    if tokens == 0 then return '0' end
-    return string.format('%.0f', tokens)
-  end
-  return ryu_format(tokens)
-end
-
+-- An integer below 2^53 as its digits ('%d' formats a C long: cheaper than '%.0f'), anything else through '%.0f'.
 local function encode_integer(value)
+  if value < MAX_EXACT_INTEGER and value > -MAX_EXACT_INTEGER then return string.format('%d', value) end
   return string.format('%.0f', value)
 end
 
--- The bucket at `key`: nil when missing; refuses another type or a hash that is not a bucket.
-local function read_state(key)
+-- The module's `tokens` text: an integer literal when integral below 2^53; else the shortest decimal that reads
+-- back to the same double in ryu's layout. The common case, a value whose shortest form has at most 15
+-- significant digits written without an exponent (1e-4 <= |x| < 1e15), is '%.15g' as is: when a decimal of at most
+-- 15 digits reads back to x, x rounds to it at 15 digits and '%g' drops the trailing zeros, and in that range ryu
+-- writes the same plain digits. Everything else takes the exact fallback.
+local function encode_tokens(tokens)
+  if memo_text then
+    local known = memo_text[tokens]
+    if known then return known end
+  end
+  if tokens % 1 == 0 and tokens < MAX_EXACT_INTEGER and tokens > -MAX_EXACT_INTEGER then
+    return string.format('%d', tokens)
+  end
+  local text = string.format('%.15g', tokens)
+  if tonumber(text) == tokens and not string.find(text, 'e', 1, true) then return text end
+  if not ryu_format then general() end
+  return ryu_format(tokens)
+end
+
+-- The bucket at `key` as two values, tokens and ts: nil when missing; refuses another type or a hash that is not
+-- a bucket (exactly the fields tokens and ts, in either order).
+local function read_bucket(key)
   local fields = redis.pcall('HGETALL', key)
   if fields.err then
     if string.sub(fields.err, 1, 9) == 'WRONGTYPE' then refuse(ERR_WRONGTYPE) end
     refuse(fields.err)
   end
-  if #fields == 0 then return nil end
-  if #fields ~= 4 then refuse(ERR_NOT_A_BUCKET) end
+  local n = #fields
+  if n == 0 then return nil end
   local tokens_text, ts_text
-  for i = 1, 3, 2 do
-    if fields[i] == FIELD_TOKENS then
-      tokens_text = fields[i + 1]
-    elseif fields[i] == FIELD_UPDATED_US then
-      ts_text = fields[i + 1]
-    end
+  if n ~= 4 then
+    refuse(ERR_NOT_A_BUCKET)
+  elseif fields[1] == FIELD_TOKENS and fields[3] == FIELD_UPDATED_US then
+    tokens_text, ts_text = fields[2], fields[4]
+  elseif fields[1] == FIELD_UPDATED_US and fields[3] == FIELD_TOKENS then
+    tokens_text, ts_text = fields[4], fields[2]
+  else
+    refuse(ERR_NOT_A_BUCKET)
   end
-  local tokens = parse_f64(tokens_text)
-  local ts = parse_i64(ts_text)
+  local tokens, ts = parse_f64(tokens_text), parse_i64(ts_text)
   if tokens == nil or ts == nil or ts < 0 then refuse(ERR_NOT_A_BUCKET) end
-  return { tokens = tokens, ts = ts }
+  return tokens, ts
+end
+
+-- The server's clock for the call under way, and its text ('%d' of it), read once per call.
+local server_now_us, server_now_text
+
+local function now_us()
+  if caller_now_us then return caller_now_us end
+  if server_now_us then return server_now_us end
+  local time = redis.call('TIME')
+  local micros = time[2]
+  if #micros < 6 then micros = string.sub('00000' .. micros, -6) end
+  server_now_text = time[1] .. micros
+  server_now_us = tonumber(server_now_text)
+  return server_now_us
 end
 
 -- The key's absolute expiry in ms on the clock of `now_us` (nil: none). On the server's clock it is PEXPIRETIME;
@@ -655,28 +347,33 @@ local function current_expiry_ms(key, now_us)
   return floor_div(now_us, MICROS_PER_MS) + ttl_ms
 end
 
--- On the caller's clock the expiry is set relative (PEXPIRE) to the bucket's own time (its latest reading), so that
--- a caller whose clock is off does not set it in the server's past (the bucket would vanish and come back full)
--- or far beyond the window.
-local function write_state(key, write, existed, now_us)
-  if caller_now_us then now_us = write.state.ts end
+-- Writes the bucket (tokens, ts) and moves its expiry only when it falls outside [expire_at_ms, + slack_ms], as
+-- the module does: one HSET on a live bucket, HSET and PEXPIREAT otherwise. On the caller's clock the expiry is
+-- set relative (PEXPIRE) to the bucket's own time (its latest reading), so that a caller whose clock is off does
+-- not set it in the server's past (the bucket would vanish and come back full) or far beyond the window.
+local function write_bucket(key, tokens, ts, expire_at_ms, slack_ms, existed, now_us)
+  local tokens_text = encode_tokens(tokens)
+  local ts_text = ts == server_now_us and server_now_text or encode_integer(ts)
+  if caller_now_us then now_us = ts end
   local keep = false
   if existed then
     local at_ms = current_expiry_ms(key, now_us)
-    if at_ms then
-      keep = at_ms >= write.expire_at_ms and at_ms <= sat_add(write.expire_at_ms, write.expire_slack_ms)
-    end
+    keep = at_ms ~= nil and at_ms >= expire_at_ms and at_ms <= expire_at_ms + slack_ms
   end
   -- Above maxmemory Redis refuses a script's first write (this HSET) in the EVAL form: that refusal is
   -- the module's reply, OOM without the script's error wrapping. Nothing is written before it.
-  local written = redis.pcall('HSET', key, FIELD_TOKENS, encode_tokens(write.state.tokens),
-    FIELD_UPDATED_US, encode_integer(write.state.ts))
-  if type(written) == 'table' and written.err then
+  local written = redis.pcall('HSET', key, FIELD_TOKENS, tokens_text, FIELD_UPDATED_US, ts_text)
+  if written ~= 0 and written ~= 1 and written ~= 2 then -- not the count of new fields: an error table
     -- Redis 6.2 puts where the script called it before the reply: '@user_script: 662: -OOM ...'.
     refuse(string.match(written.err, '^@[^:]*: %d+: %-(.*)$') or written.err)
   end
+  if memo_f64 then
+    memo_f64[tokens_text], memo_i64[ts_text], memo_text[tokens] = tokens, ts, tokens_text
+    memo_entries = memo_entries + 3
+    if memo_entries > MEMO_LIMIT then memo_reset() end
+  end
   if not keep then
-    local at_ms = sat_add(write.expire_at_ms, write.expire_slack_ms)
+    local at_ms = expire_at_ms + slack_ms -- both far below 2^53: at most now + 100 years, and a day
     if caller_now_us then
       redis.call('PEXPIRE', key, encode_integer(at_ms - floor_div(now_us, MICROS_PER_MS)))
     else
@@ -685,173 +382,644 @@ local function write_state(key, write, existed, now_us)
   end
 end
 
-local function now_us()
-  if caller_now_us then return caller_now_us end
-  local time = redis.call('TIME')
-  return tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
-
 -- A reply integer: saturated values become the largest double a reply can carry.
 local function int(value)
   if value >= REPLY_MAX then return REPLY_MAX end
   return value
 end
 
+local function expiry_slack_ms(rate, burst)
+  local slack = ceil_saturating(burst / rate * 10.0)
+  if slack < MIN_EXPIRY_SLACK_MS then return MIN_EXPIRY_SLACK_MS end
+  if slack > MAX_EXPIRY_SLACK_MS then return MAX_EXPIRY_SLACK_MS end
+  return slack
+end
+
 ---------------------------------------------------------------------------------------------------------------
--- The commands: arguments checked in the module's order, then read, decide, write, reply.
+-- The hot path: the core's decision for the common case of an allowed call, on scalars.
 ---------------------------------------------------------------------------------------------------------------
 
-local commands = {}
+-- The core's refilled + decide for a bucket (stored tokens and ts, or nil: new) that holds the cost: the clock not
+-- behind its ts, 0 < cost <= tokens, every instant below 2^53 µs and no refill beyond the largest double. Returns
+-- the tokens left and the instant the bucket is full again, the same doubles and steps as the general path
+-- (tokens_at, full_at_us with its corrections); nil for any other case, which the general path decides.
+local function take(stored_tokens, stored_ts, now, rate, burst, cost)
+  local tokens = burst
+  if stored_ts then
+    if now < stored_ts then return nil end
+    local refill = (now - stored_ts) / MICROS_PER_SEC * rate
+    if refill == HUGE then return nil end
+    tokens = stored_tokens + refill
+    if tokens > burst then tokens = burst end
+  end
+  if cost > burst or cost == 0 or tokens < cost then return nil end
+  local after = tokens - cost
+  if after < 0 then after = 0 end
+  if after >= burst then return after, now end
+  local missing = burst - after
+  if missing == HUGE then return nil end
+  local wait_us = missing / rate * MICROS_PER_SEC
+  if not (wait_us < MAX_EXACT_INTEGER) then return nil end
+  local full_at = now + (wait_us - wait_us % 1) -- now + ceil(wait_us)
+  if wait_us % 1 > 0 then full_at = full_at + 1 end
+  if not (full_at < MAX_EXACT_INTEGER) then return nil end
+  for _ = 1, MAX_CORRECTIONS do
+    local refill = (full_at - now) / MICROS_PER_SEC * rate
+    if refill == HUGE then return nil end
+    if after + refill >= burst then break end
+    full_at = full_at + 1
+  end
+  return after, full_at
+end
 
-commands['TB.ACQUIRE'] = function(keys, args)
-  if #keys ~= 1 or #args < 2 or #args > 3 then arity_error('tb.acquire') end
-  local p = parse_params(args[1], args[2])
+-- Everything else (the core in full, the other commands, ryu's formatting) is built by `general` on first need:
+-- once per FUNCTION LOAD in the library, and in the EVAL form (where Redis runs the whole file on every call) only
+-- by a call that needs it, so that an allowed TB.ACQUIRE creates a dozen functions per call instead of ninety.
+local acquire_general, general_commands
+
+-- The rest of the script; returns the commands table (also left in general_commands).
+general = function()
+  if general_commands then return general_commands end
+  ---------------------------------------------------------------------------------------------------------------
+  -- The core: src/bucket.rs, function by function. A state is { tokens = <double>, ts = <µs> }.
+  ---------------------------------------------------------------------------------------------------------------
+
+  local function tokens_at(state, at_us, p)
+    local elapsed_us = math.max(sat_sub(at_us, state.ts), 0)
+    local elapsed_s = elapsed_us / MICROS_PER_SEC
+    local refill = elapsed_s * p.rate
+    local tokens
+    if refill ~= HUGE then
+      tokens = state.tokens + refill
+    else
+      -- A refill beyond the largest double, counted in units of the rate (a deep debt at the top of the range).
+      tokens = (elapsed_s + state.tokens / p.rate) * p.rate
+    end
+    return math.min(tokens, p.burst)
+  end
+
+  -- Seconds the refill takes from `tokens` to `target`, without overflow: term by term where the difference
+  -- overflows.
+  local function seconds_to_refill(tokens, target, p)
+    local missing = target - tokens
+    if missing ~= HUGE and missing ~= -HUGE then return missing / p.rate end
+    return target / p.rate - tokens / p.rate
+  end
+
+  -- A clock that reads earlier than the stored ts (stepped back, or a promoted replica behind): the bucket keeps its
+  -- tokens, capped at burst, and refills from now on. On the caller's clock the bucket's time stands still instead:
+  -- callers whose clocks differ take turns, and a rebase on each turn would refill the difference every time.
+  local function refilled(stored, now_us, p)
+    if stored then
+      if now_us < stored.ts then
+        return { tokens = math.min(stored.tokens, p.burst), ts = caller_now_us and stored.ts or now_us }
+      end
+      return { tokens = tokens_at(stored, now_us, p), ts = now_us }
+    end
+    return { tokens = p.burst, ts = now_us }
+  end
+
+  local function remaining(state)
+    return math.max(floor_saturating(state.tokens), 0)
+  end
+
+  local function ms_until(now_us, at_us)
+    if at_us == I64_MAX then return I64_MAX end
+    return ceil_div(math.max(sat_sub(at_us, now_us), 0), MICROS_PER_MS)
+  end
+
+  local function full_at_us(state, p)
+    if state.tokens >= p.burst then return state.ts end
+    local estimate_us = ceil_saturating(seconds_to_refill(state.tokens, p.burst, p) * MICROS_PER_SEC)
+    local at_us = sat_add(state.ts, estimate_us)
+    for _ = 1, MAX_CORRECTIONS do
+      if at_us == I64_MAX or tokens_at(state, at_us, p) >= p.burst then break end
+      at_us = sat_add(at_us, 1)
+    end
+    return at_us
+  end
+
+  local function retry_after_ms(current, now_us, p, cost)
+    local estimate_us = ceil_saturating(seconds_to_refill(current.tokens, cost, p) * MICROS_PER_SEC)
+    local ready_us = sat_add(current.ts, estimate_us)
+    local wait_ms = math.max(ms_until(now_us, ready_us), 1)
+    local function paid_after(ms)
+      local at_us = sat_add(now_us, sat_mul(ms, MICROS_PER_MS))
+      return tokens_at(current, at_us, p) >= cost
+    end
+    for _ = 1, MAX_CORRECTIONS do
+      if wait_ms == I64_MAX or paid_after(wait_ms) then break end
+      wait_ms = sat_add(wait_ms, 1)
+    end
+    for _ = 1, MAX_CORRECTIONS do
+      if wait_ms <= 1 or not paid_after(wait_ms - 1) then break end
+      wait_ms = wait_ms - 1
+    end
+    return wait_ms
+  end
+
+  local function write_expiring(state, full_at, now_us, p)
+    local cap_ms = sat_add(floor_div(now_us, MICROS_PER_MS), MAX_TTL_MS)
+    return {
+      state = state,
+      expire_at_ms = math.min(ceil_div(full_at, MICROS_PER_MS), cap_ms),
+      expire_slack_ms = expiry_slack_ms(p.rate, p.burst),
+    }
+  end
+
+  -- The write a call that would write nothing makes when the clock reads earlier than the stored ts: the bucket as
+  -- `refilled` rebases it, so that the refill accumulates from now. Once per bucket per step; none for a full one.
+  local function rebased_write(stored, now_us, p)
+    if caller_now_us or not stored or now_us >= stored.ts then return nil end
+    local rebased = refilled(stored, now_us, p)
+    if rebased.tokens >= p.burst then return nil end
+    return write_expiring(rebased, full_at_us(rebased, p), now_us, p)
+  end
+
+  -- Outcomes, as the core's `Outcome`.
+  local ALLOWED, DENIED, IMPOSSIBLE = 'allowed', 'denied', 'impossible'
+
+  local function decide(current, now_us, p, cost)
+    local function reply_for(outcome, state, full_at, retry)
+      return {
+        outcome = outcome,
+        remaining = remaining(state),
+        retry_after_ms = retry,
+        reset_after_ms = ms_until(now_us, full_at),
+      }
+    end
+    if cost > p.burst then
+      return reply_for(IMPOSSIBLE, current, full_at_us(current, p), -1)
+    end
+    if cost == 0 then
+      return reply_for(ALLOWED, current, full_at_us(current, p), 0)
+    end
+    if current.tokens < cost then
+      local retry = retry_after_ms(current, now_us, p, cost)
+      return reply_for(DENIED, current, full_at_us(current, p), retry)
+    end
+    local after = { tokens = math.max(current.tokens - cost, 0.0), ts = current.ts }
+    local full_at = full_at_us(after, p)
+    local decision = reply_for(ALLOWED, after, full_at, 0)
+    decision.write = write_expiring(after, full_at, now_us, p)
+    return decision
+  end
+
+  local function acquire(stored, now_us, p, cost)
+    local d = decide(refilled(stored, now_us, p), now_us, p, cost)
+    d.write = d.write or rebased_write(stored, now_us, p)
+    return d
+  end
+
+  -- Index (1-based) of the first decision with the largest key(d).
+  local function first_extreme(decisions, key)
+    local best = 1
+    for i = 2, #decisions do
+      if key(decisions[i]) > key(decisions[best]) then best = i end
+    end
+    return best
+  end
+
+  local function fewest_left(d) return -d.remaining end
+  local function longest_wait(d) return d.retry_after_ms end
+
+  -- acquire_all and acquire_each share this: `members` = { { stored, p, cost } ... }.
+  local function acquire_many(members, now_us)
+    local decisions = {}
+    local all_allowed = true
+    for i, m in ipairs(members) do
+      decisions[i] = acquire(m.stored, now_us, m.p, m.cost)
+      if decisions[i].outcome ~= ALLOWED then all_allowed = false end
+    end
+    if all_allowed then
+      return { outcome = ALLOWED, limiting = first_extreme(decisions, fewest_left), buckets = decisions }
+    end
+    local reported = {}
+    for i, m in ipairs(members) do
+      if decisions[i].outcome == ALLOWED then
+        reported[i] = acquire(m.stored, now_us, m.p, 0)
+      else
+        reported[i] = decisions[i]
+      end
+    end
+    local limiting
+    for i, d in ipairs(reported) do
+      if d.outcome == IMPOSSIBLE then
+        limiting = i
+        break
+      end
+    end
+    limiting = limiting or first_extreme(reported, longest_wait)
+    return { outcome = reported[limiting].outcome, limiting = limiting, buckets = reported }
+  end
+
+  local function reserve(stored, now_us, p, cost, max_wait_ms)
+    local current = refilled(stored, now_us, p)
+    local d = decide(current, now_us, p, cost)
+    -- A debt that does not fit a double (only near its largest value) is refused, as a wait beyond max_wait is.
+    local debt = current.tokens - cost
+    if d.outcome ~= DENIED or d.retry_after_ms > max_wait_ms or debt == -HUGE then
+      return { outcome = d.outcome, wait_ms = d.retry_after_ms, remaining = d.remaining,
+               reset_after_ms = d.reset_after_ms, write = d.write or rebased_write(stored, now_us, p) }
+    end
+    local after = { tokens = current.tokens - cost, ts = current.ts }
+    local full_at = full_at_us(after, p)
+    return {
+      outcome = ALLOWED,
+      wait_ms = d.retry_after_ms,
+      remaining = remaining(after),
+      reset_after_ms = ms_until(now_us, full_at),
+      write = write_expiring(after, full_at, now_us, p),
+    }
+  end
+
+  -- change: nil (keep), 'delete', or a write.
+  local function refund(stored, now_us, p, amount)
+    if not stored then
+      return { refunded = 0, remaining = floor_saturating(p.burst), reset_after_ms = 0 }
+    end
+    local current = refilled(stored, now_us, p)
+    local function unchanged(state)
+      return { refunded = 0, remaining = remaining(state), reset_after_ms = ms_until(now_us, full_at_us(state, p)),
+               write = rebased_write(stored, now_us, p) }
+    end
+    if current.tokens < 0 then return unchanged(current) end
+    local after = { tokens = math.min(current.tokens + amount, p.burst), ts = current.ts }
+    if after.tokens <= current.tokens then return unchanged(current) end
+    if after.tokens >= p.burst then
+      return { refunded = 1, remaining = remaining(after), reset_after_ms = 0, delete = true }
+    end
+    local full_at = full_at_us(after, p)
+    return {
+      refunded = 1,
+      remaining = remaining(after),
+      reset_after_ms = ms_until(now_us, full_at),
+      write = write_expiring(after, full_at, now_us, p),
+    }
+  end
+
+  local function acquire_at_most(stored, now_us, p, max)
+    local current = refilled(stored, now_us, p)
+    local granted = math.min(remaining(current), max)
+    if granted == 0 then
+      local retry
+      if 1 > p.burst then
+        retry = -1
+      else
+        retry = retry_after_ms(current, now_us, p, 1)
+      end
+      return { granted = 0, remaining = 0, retry_after_ms = retry,
+               reset_after_ms = ms_until(now_us, full_at_us(current, p)), write = rebased_write(stored, now_us, p) }
+    end
+    local d = decide(current, now_us, p, granted)
+    return { granted = granted, remaining = d.remaining, retry_after_ms = 0,
+             reset_after_ms = d.reset_after_ms, write = d.write }
+  end
+
+  -- What `duration_ms` of refill repays, held at the largest double where the product overflows.
+  local function refill_over_ms(duration_ms, p)
+    local refill = duration_ms / 1000.0 * p.rate
+    if refill == HUGE then return 1.7976931348623157e308 end
+    return refill
+  end
+
+  local function charge_answer(state, now_us, p, write)
+    local retry
+    if 1 > p.burst then
+      retry = -1
+    elseif state.tokens >= 1 then
+      retry = 0
+    else
+      retry = retry_after_ms(state, now_us, p, 1)
+    end
+    return { remaining = remaining(state), retry_after_ms = retry,
+             reset_after_ms = ms_until(now_us, full_at_us(state, p)), write = write }
+  end
+
+  local function charged(after, now_us, p)
+    local full_at = full_at_us(after, p)
+    return charge_answer(after, now_us, p, write_expiring(after, full_at, now_us, p))
+  end
+
+  local function charge(stored, now_us, p, cost)
+    local current = refilled(stored, now_us, p)
+    if cost == 0 then return charge_answer(current, now_us, p, rebased_write(stored, now_us, p)) end
+    local after = { tokens = current.tokens - cost, ts = current.ts }
+    if after.tokens == -HUGE or after.tokens < -refill_over_ms(MAX_WAIT_LIMIT_MS, p) then
+      refuse(ERR_DEBT)
+    end
+    return charged(after, now_us, p)
+  end
+
+  local function block(stored, now_us, p, duration_ms)
+    local current = refilled(stored, now_us, p)
+    local blocked_tokens = -refill_over_ms(duration_ms, p)
+    if current.tokens <= blocked_tokens then
+      return charge_answer(current, now_us, p, rebased_write(stored, now_us, p))
+    end
+    return charged({ tokens = blocked_tokens, ts = current.ts }, now_us, p)
+  end
+
+
+  -- The digits and decimal exponent of `%.<p-1>e` text: "1.2345e+06" -> "12345", 6.
+  local function split_scientific(text)
+    local lead, fraction, exponent = text:match('^(%d)%.?(%d*)e([+-]%d+)$')
+    return lead .. fraction, tonumber(exponent)
+  end
+
+  -- The next p-digit decimal above `digits` (a string of p digits): "1299" -> "1300", "999" -> "1000" (one longer).
+  local function increment_digits(digits)
+    local i = #digits
+    while i >= 1 and digits:sub(i, i) == '9' do i = i - 1 end
+    if i == 0 then return '1' .. string.rep('0', #digits), true end
+    local bumped = string.char(digits:byte(i) + 1)
+    return digits:sub(1, i - 1) .. bumped .. string.rep('0', #digits - i), false
+  end
+
+  -- The shortest digits that read back to `x` (> 0, finite), closest to `x` among the shortest: what ryu
+  -- computes. `%.<p-1>e` rounds correctly, so at each length its text is the closest candidate; only where `x` is
+  -- a power of two (its rounding interval is narrower below) can that candidate fall outside while the next one up
+  -- lies inside, so that one is tried too.
+  local function shortest_digits(x)
+    -- Up to 15 significant digits, `%.15g` already is the answer: a double's rounding interval is narrower than
+    -- half a unit of the 15th digit, so when a decimal of at most 15 digits reads back to `x`, `x` rounds to it at
+    -- 15 digits (and `%g` drops the trailing zeros). One format and one read for most values. Not for subnormals,
+    -- whose intervals are wider.
+    local first = 1
+    if x >= 2.2250738585072014e-308 then
+      local text = string.format('%.15g', x)
+      if tonumber(text) == x then
+        local mantissa = string.match(text, '^[^e]*')
+        local significant = string.gsub(string.gsub(string.gsub(mantissa, '%.', ''), '^0+', ''), '0+$', '')
+        return split_scientific(string.format('%.' .. math.max(#significant - 1, 0) .. 'e', x))
+      end
+      first = 16
+    end
+    for p = first, 17 do
+      local digits, exponent = split_scientific(string.format('%.' .. (p - 1) .. 'e', x))
+      if tonumber(digits:sub(1, 1) .. '.' .. digits:sub(2) .. 'e' .. exponent) == x then
+        return digits, exponent
+      end
+      local up, carried = increment_digits(digits)
+      local up_exponent = exponent
+      if carried then
+        up = up:sub(1, p)
+        up_exponent = exponent + 1
+      end
+      if tonumber(up:sub(1, 1) .. '.' .. up:sub(2) .. 'e' .. up_exponent) == x then
+        return up, up_exponent
+      end
+    end
+    -- Unreachable: 17 significant digits always round-trip.
+    local digits, exponent = split_scientific(string.format('%.16e', x))
+    return digits, exponent
+  end
+
+  -- ryu's layout of a double (Rust's `ryu::Buffer::format`): "12340000000.0", "12.34", "0.001234", "1e30",
+  -- "1.234e33", "1e-7".
+  ryu_format = function(x)
+    local sign = ''
+    if x < 0 then
+      sign = '-'
+      x = -x
+    end
+    if x == 0 then return sign .. '0.0' end
+    local digits, exponent = shortest_digits(x)
+    digits = digits:gsub('0+$', '')
+    if digits == '' then digits = '0' end
+    local length = #digits
+    local kk = exponent + 1 -- 10^(kk-1) <= x < 10^kk
+    local k = kk - length -- exponent of the last digit
+    if k >= 0 and kk <= 16 then
+      return sign .. digits .. string.rep('0', k) .. '.0'
+    elseif kk > 0 and kk <= 16 then
+      return sign .. digits:sub(1, kk) .. '.' .. digits:sub(kk + 1)
+    elseif kk > -5 and kk <= 0 then
+      return sign .. '0.' .. string.rep('0', -kk) .. digits
+    elseif length == 1 then
+      return sign .. digits .. 'e' .. string.format('%d', kk - 1)
+    end
+    return sign .. digits:sub(1, 1) .. '.' .. digits:sub(2) .. 'e' .. string.format('%d', kk - 1)
+  end
+
+  ---------------------------------------------------------------------------------------------------------------
+  -- The stored form as the core's states: { tokens = <double>, ts = <µs> } and writes.
+  ---------------------------------------------------------------------------------------------------------------
+
+  local function parse_params(rate_text, burst_text)
+    local rate, burst = parse_rate_burst(rate_text, burst_text)
+    return { rate = rate, burst = burst }
+  end
+
+  local function state_of(tokens, ts)
+    if tokens == nil then return nil end
+    return { tokens = tokens, ts = ts }
+  end
+
+  local function read_state(key)
+    return state_of(read_bucket(key))
+  end
+
+  local function write_state(key, write, existed, now)
+    write_bucket(key, write.state.tokens, write.state.ts, write.expire_at_ms, write.expire_slack_ms, existed, now)
+  end
+
+  ---------------------------------------------------------------------------------------------------------------
+  -- The commands: arguments checked in the module's order, then read, decide, write, reply.
+  ---------------------------------------------------------------------------------------------------------------
+
+  local commands = {}
+  general_commands = commands
+
+  -- TB.ACQUIRE past its arguments and its read, for what `take` leaves to the general path.
+  acquire_general = function(key, rate, burst, cost, stored_tokens, stored_ts, now)
+    local stored = state_of(stored_tokens, stored_ts)
+    local d = acquire(stored, now, { rate = rate, burst = burst }, cost)
+    if d.write then write_state(key, d.write, stored ~= nil, now) end
+    return { d.outcome == ALLOWED and 1 or 0, int(d.remaining), int(d.retry_after_ms), int(d.reset_after_ms) }
+  end
+
+  local function check_distinct(keys)
+    local seen = {}
+    for _, key in ipairs(keys) do
+      if seen[key] then refuse(ERR_DUPLICATE) end
+      seen[key] = true
+    end
+  end
+
+  local function read_members(keys, members)
+    for i, key in ipairs(keys) do
+      members[i].stored = read_state(key)
+    end
+  end
+
+  local function write_members(keys, members, decisions, now)
+    for i, key in ipairs(keys) do
+      local write = decisions[i].write
+      if write then write_state(key, write, members[i].stored ~= nil, now) end
+    end
+  end
+
+  commands['TB.ACQUIREALL'] = function(keys, args)
+    local n = #keys
+    if n == 0 or #args ~= 1 + 2 * n then arity_error('tb.acquireall') end
+    if n > MAX_BUCKETS then refuse('ERR too many buckets: TB.ACQUIREALL takes at most 1000') end
+    local cost = parse_non_negative(args[1], ERR_COST)
+    local members = {}
+    for i = 1, n do
+      members[i] = { p = parse_params(args[2 * i], args[2 * i + 1]), cost = cost }
+    end
+    check_distinct(keys)
+    read_members(keys, members)
+    local now = now_us()
+    local combined = acquire_many(members, now)
+    -- A refused call still writes the buckets that record a new time base after a clock step back.
+    write_members(keys, members, combined.buckets, now)
+    local min_remaining, max_reset = nil, 0
+    for _, d in ipairs(combined.buckets) do
+      if min_remaining == nil or d.remaining < min_remaining then min_remaining = d.remaining end
+      if d.reset_after_ms > max_reset then max_reset = d.reset_after_ms end
+    end
+    local retry = 0
+    if combined.outcome ~= ALLOWED then retry = combined.buckets[combined.limiting].retry_after_ms end
+    return { combined.outcome == ALLOWED and 1 or 0, int(min_remaining), int(retry), int(max_reset),
+             combined.limiting - 1 }
+  end
+
+  commands['TB.ACQUIREEACH'] = function(keys, args)
+    local n = #keys
+    if n == 0 or #args ~= 3 * n then arity_error('tb.acquireeach') end
+    if n > MAX_BUCKETS then refuse('ERR too many buckets: TB.ACQUIREEACH takes at most 1000') end
+    local members = {}
+    for i = 1, n do
+      local p = parse_params(args[3 * i - 2], args[3 * i - 1])
+      members[i] = { p = p, cost = parse_non_negative(args[3 * i], ERR_COST) }
+    end
+    check_distinct(keys)
+    read_members(keys, members)
+    local now = now_us()
+    local each = acquire_many(members, now)
+    write_members(keys, members, each.buckets, now)
+    local reply = { each.outcome == ALLOWED and 1 or 0, each.limiting - 1 }
+    for i, d in ipairs(each.buckets) do
+      reply[i + 2] = { d.outcome == ALLOWED and 1 or 0, int(d.remaining), int(d.retry_after_ms),
+                       int(d.reset_after_ms) }
+    end
+    return reply
+  end
+
+  commands['TB.ACQUIREATMOST'] = function(keys, args)
+    if #keys ~= 1 or #args ~= 3 then arity_error('tb.acquireatmost') end
+    local p = parse_params(args[1], args[2])
+    local max = parse_ranged_integer(args[3], 1, MAX_AT_MOST, ERR_AT_MOST)
+    local stored = read_state(keys[1])
+    local now = now_us()
+    local partial = acquire_at_most(stored, now, p, max)
+    if partial.write then write_state(keys[1], partial.write, stored ~= nil, now) end
+    return { int(partial.granted), int(partial.remaining), int(partial.retry_after_ms), int(partial.reset_after_ms) }
+  end
+
+  commands['TB.RESERVE'] = function(keys, args)
+    if #keys ~= 1 or #args ~= 4 then arity_error('tb.reserve') end
+    local p = parse_params(args[1], args[2])
+    local cost = parse_non_negative(args[3], ERR_COST)
+    local max_wait = parse_ranged_integer(args[4], 0, MAX_WAIT_LIMIT_MS, ERR_MAX_WAIT)
+    local stored = read_state(keys[1])
+    local now = now_us()
+    local r = reserve(stored, now, p, cost, max_wait)
+    if r.write then write_state(keys[1], r.write, stored ~= nil, now) end
+    return { r.outcome == ALLOWED and 1 or 0, int(r.wait_ms), int(r.remaining), int(r.reset_after_ms) }
+  end
+
+  commands['TB.REFUND'] = function(keys, args)
+    if #keys ~= 1 or #args ~= 3 then arity_error('tb.refund') end
+    local p = parse_params(args[1], args[2])
+    local amount = parse_non_negative(args[3], ERR_AMOUNT)
+    local stored = read_state(keys[1])
+    local now = now_us()
+    local r = refund(stored, now, p, amount)
+    if r.delete then
+      redis.call('DEL', keys[1])
+    elseif r.write then
+      write_state(keys[1], r.write, true, now)
+    end
+    return { r.refunded, int(r.remaining), int(r.reset_after_ms) }
+  end
+
+  commands['TB.CHARGE'] = function(keys, args)
+    if #keys ~= 1 or #args ~= 3 then arity_error('tb.charge') end
+    local p = parse_params(args[1], args[2])
+    local cost = parse_non_negative(args[3], ERR_COST)
+    local stored = read_state(keys[1])
+    local now = now_us()
+    local c = charge(stored, now, p, cost)
+    if c.write then write_state(keys[1], c.write, stored ~= nil, now) end
+    return { int(c.remaining), int(c.retry_after_ms), int(c.reset_after_ms) }
+  end
+
+  commands['TB.BLOCK'] = function(keys, args)
+    if #keys ~= 1 or #args ~= 3 then arity_error('tb.block') end
+    local p = parse_params(args[1], args[2])
+    local ms = parse_ranged_integer(args[3], 1, MAX_WAIT_LIMIT_MS, ERR_BLOCK_MS)
+    local stored = read_state(keys[1])
+    local now = now_us()
+    local c = block(stored, now, p, ms)
+    if c.write then write_state(keys[1], c.write, stored ~= nil, now) end
+    return { int(c.remaining), int(c.retry_after_ms), int(c.reset_after_ms) }
+  end
+
+  return commands
+end
+
+---------------------------------------------------------------------------------------------------------------
+-- TB.ACQUIRE: the hot path, then the general one for what it leaves.
+---------------------------------------------------------------------------------------------------------------
+
+-- argv[first] onwards are TB.ACQUIRE's arguments (rate burst [cost]).
+local function acquire_command(keys, argv, first)
+  local n = #argv - first + 1
+  if #keys ~= 1 or n < 2 or n > 3 then arity_error('tb.acquire') end
+  local rate, burst = parse_rate_burst(argv[first], argv[first + 1])
   local cost = 1
-  if args[3] ~= nil then cost = parse_non_negative(args[3], ERR_COST) end
-  local stored = read_state(keys[1])
+  if n == 3 then cost = parse_non_negative(argv[first + 2], ERR_COST) end
+  local key = keys[1]
+  local tokens, ts = read_bucket(key)
   local now = now_us()
-  local d = acquire(stored, now, p, cost)
-  if d.write then write_state(keys[1], d.write, stored ~= nil, now) end
-  return { d.outcome == ALLOWED and 1 or 0, int(d.remaining), int(d.retry_after_ms), int(d.reset_after_ms) }
-end
-
-local function check_distinct(keys)
-  local seen = {}
-  for _, key in ipairs(keys) do
-    if seen[key] then refuse(ERR_DUPLICATE) end
-    seen[key] = true
+  local after, full_at = take(tokens, ts, now, rate, burst, cost)
+  if after == nil then
+    if not acquire_general then general() end
+    return acquire_general(key, rate, burst, cost, tokens, ts, now)
   end
-end
-
-local function read_members(keys, members)
-  for i, key in ipairs(keys) do
-    members[i].stored = read_state(key)
+  -- The core's write_expiring and reply, with every instant a non-negative integer below 2^53: `x % 1000` is
+  -- exact there, so floor and ceil of x / 1000 need no correction (floor_div, ceil_div), and `x % 1` neither.
+  local cap_ms = (now - now % MICROS_PER_MS) / MICROS_PER_MS + MAX_TTL_MS
+  local expire_at_ms = (full_at - full_at % MICROS_PER_MS) / MICROS_PER_MS
+  if full_at % MICROS_PER_MS > 0 then expire_at_ms = expire_at_ms + 1 end
+  if expire_at_ms > cap_ms then expire_at_ms = cap_ms end
+  local slack_ms = burst / rate * 10.0 -- expiry_slack_ms, inline
+  if slack_ms <= MIN_EXPIRY_SLACK_MS then
+    slack_ms = MIN_EXPIRY_SLACK_MS
+  elseif slack_ms > MAX_EXPIRY_SLACK_MS then
+    slack_ms = MAX_EXPIRY_SLACK_MS
+  elseif slack_ms % 1 > 0 then
+    slack_ms = slack_ms - slack_ms % 1 + 1
   end
-end
-
-local function write_members(keys, members, decisions, now)
-  for i, key in ipairs(keys) do
-    local write = decisions[i].write
-    if write then write_state(key, write, members[i].stored ~= nil, now) end
-  end
-end
-
-commands['TB.ACQUIREALL'] = function(keys, args)
-  local n = #keys
-  if n == 0 or #args ~= 1 + 2 * n then arity_error('tb.acquireall') end
-  if n > MAX_BUCKETS then refuse('ERR too many buckets: TB.ACQUIREALL takes at most 1000') end
-  local cost = parse_non_negative(args[1], ERR_COST)
-  local members = {}
-  for i = 1, n do
-    members[i] = { p = parse_params(args[2 * i], args[2 * i + 1]), cost = cost }
-  end
-  check_distinct(keys)
-  read_members(keys, members)
-  local now = now_us()
-  local combined = acquire_many(members, now)
-  -- A refused call still writes the buckets that record a new time base after a clock step back.
-  write_members(keys, members, combined.buckets, now)
-  local min_remaining, max_reset = nil, 0
-  for _, d in ipairs(combined.buckets) do
-    if min_remaining == nil or d.remaining < min_remaining then min_remaining = d.remaining end
-    if d.reset_after_ms > max_reset then max_reset = d.reset_after_ms end
-  end
-  local retry = 0
-  if combined.outcome ~= ALLOWED then retry = combined.buckets[combined.limiting].retry_after_ms end
-  return { combined.outcome == ALLOWED and 1 or 0, int(min_remaining), int(retry), int(max_reset),
-           combined.limiting - 1 }
-end
-
-commands['TB.ACQUIREEACH'] = function(keys, args)
-  local n = #keys
-  if n == 0 or #args ~= 3 * n then arity_error('tb.acquireeach') end
-  if n > MAX_BUCKETS then refuse('ERR too many buckets: TB.ACQUIREEACH takes at most 1000') end
-  local members = {}
-  for i = 1, n do
-    local p = parse_params(args[3 * i - 2], args[3 * i - 1])
-    members[i] = { p = p, cost = parse_non_negative(args[3 * i], ERR_COST) }
-  end
-  check_distinct(keys)
-  read_members(keys, members)
-  local now = now_us()
-  local each = acquire_many(members, now)
-  write_members(keys, members, each.buckets, now)
-  local reply = { each.outcome == ALLOWED and 1 or 0, each.limiting - 1 }
-  for i, d in ipairs(each.buckets) do
-    reply[i + 2] = { d.outcome == ALLOWED and 1 or 0, int(d.remaining), int(d.retry_after_ms),
-                     int(d.reset_after_ms) }
-  end
-  return reply
-end
-
-commands['TB.ACQUIREATMOST'] = function(keys, args)
-  if #keys ~= 1 or #args ~= 3 then arity_error('tb.acquireatmost') end
-  local p = parse_params(args[1], args[2])
-  local max = parse_ranged_integer(args[3], 1, MAX_AT_MOST, ERR_AT_MOST)
-  local stored = read_state(keys[1])
-  local now = now_us()
-  local partial = acquire_at_most(stored, now, p, max)
-  if partial.write then write_state(keys[1], partial.write, stored ~= nil, now) end
-  return { int(partial.granted), int(partial.remaining), int(partial.retry_after_ms), int(partial.reset_after_ms) }
-end
-
-commands['TB.RESERVE'] = function(keys, args)
-  if #keys ~= 1 or #args ~= 4 then arity_error('tb.reserve') end
-  local p = parse_params(args[1], args[2])
-  local cost = parse_non_negative(args[3], ERR_COST)
-  local max_wait = parse_ranged_integer(args[4], 0, MAX_WAIT_LIMIT_MS, ERR_MAX_WAIT)
-  local stored = read_state(keys[1])
-  local now = now_us()
-  local r = reserve(stored, now, p, cost, max_wait)
-  if r.write then write_state(keys[1], r.write, stored ~= nil, now) end
-  return { r.outcome == ALLOWED and 1 or 0, int(r.wait_ms), int(r.remaining), int(r.reset_after_ms) }
-end
-
-commands['TB.REFUND'] = function(keys, args)
-  if #keys ~= 1 or #args ~= 3 then arity_error('tb.refund') end
-  local p = parse_params(args[1], args[2])
-  local amount = parse_non_negative(args[3], ERR_AMOUNT)
-  local stored = read_state(keys[1])
-  local now = now_us()
-  local r = refund(stored, now, p, amount)
-  if r.delete then
-    redis.call('DEL', keys[1])
-  elseif r.write then
-    write_state(keys[1], r.write, true, now)
-  end
-  return { r.refunded, int(r.remaining), int(r.reset_after_ms) }
-end
-
-commands['TB.CHARGE'] = function(keys, args)
-  if #keys ~= 1 or #args ~= 3 then arity_error('tb.charge') end
-  local p = parse_params(args[1], args[2])
-  local cost = parse_non_negative(args[3], ERR_COST)
-  local stored = read_state(keys[1])
-  local now = now_us()
-  local c = charge(stored, now, p, cost)
-  if c.write then write_state(keys[1], c.write, stored ~= nil, now) end
-  return { int(c.remaining), int(c.retry_after_ms), int(c.reset_after_ms) }
-end
-
-commands['TB.BLOCK'] = function(keys, args)
-  if #keys ~= 1 or #args ~= 3 then arity_error('tb.block') end
-  local p = parse_params(args[1], args[2])
-  local ms = parse_ranged_integer(args[3], 1, MAX_WAIT_LIMIT_MS, ERR_BLOCK_MS)
-  local stored = read_state(keys[1])
-  local now = now_us()
-  local c = block(stored, now, p, ms)
-  if c.write then write_state(keys[1], c.write, stored ~= nil, now) end
-  return { int(c.remaining), int(c.retry_after_ms), int(c.reset_after_ms) }
+  write_bucket(key, after, now, expire_at_ms, slack_ms, tokens ~= nil, now)
+  local wait_us = full_at - now
+  local reset_ms = (wait_us - wait_us % MICROS_PER_MS) / MICROS_PER_MS
+  if wait_us % MICROS_PER_MS > 0 then reset_ms = reset_ms + 1 end
+  local left = after - after % 1 -- floor(after), after >= 0; int() for a burst beyond 2^63
+  return { 1, int(left), 0, reset_ms }
 end
 
 -- Reads an optional leading `@<µs>` at argv[first]; returns the index of the argument after it.
 local function take_clock(argv, first)
   local text = argv[first]
+  caller_now_us, server_now_us, server_now_text = nil, nil, nil
   if text and string.byte(text, 1) == 64 then -- '@'
     caller_now_us = parse_ranged_integer(string.sub(text, 2), 0, MAX_EXACT_INTEGER, ERR_CLOCK)
     return first + 1
   end
-  caller_now_us = nil
   return first
 end
 
@@ -872,28 +1040,32 @@ end
 -- The EVAL form: [@<µs>] <command> <arguments>.
 local function eval_form(keys, argv)
   local at = take_clock(argv, 1)
-  local name = argv[at] and string.upper(argv[at])
-  local command = name and commands[name]
+  local name = argv[at]
+  if name ~= 'TB.ACQUIRE' then name = name and string.upper(name) end
+  if name == 'TB.ACQUIRE' then return acquire_command(keys, argv, at + 1) end
+  local command = name and general()[name]
   if not command then refuse('ERR unknown redis-tb command: ' .. tostring(argv[at])) end
   return command(keys, rest_of(argv, at + 1))
 end
 
 -- The function form: FCALL <LIB>_<command> with [@<µs>] <arguments>.
-local function function_form(command, keys, argv)
-  return command(keys, rest_of(argv, take_clock(argv, 1)))
+local function function_form(name, keys, argv)
+  local first = take_clock(argv, 1)
+  if name == 'TB.ACQUIRE' then return acquire_command(keys, argv, first) end
+  return general()[name](keys, rest_of(argv, first))
 end
 
 if AS_LIBRARY then
   -- name, command, flags: the module's TB.REFUND is not deny-oom, every other command is.
   local functions = {
-    { 'acquire', commands['TB.ACQUIRE'], {} },
-    { 'acquireall', commands['TB.ACQUIREALL'], {} },
-    { 'acquireeach', commands['TB.ACQUIREEACH'], {} },
-    { 'acquireatmost', commands['TB.ACQUIREATMOST'], {} },
-    { 'reserve', commands['TB.RESERVE'], {} },
-    { 'refund', commands['TB.REFUND'], { 'allow-oom' } },
-    { 'charge', commands['TB.CHARGE'], {} },
-    { 'block', commands['TB.BLOCK'], {} },
+    { 'acquire', 'TB.ACQUIRE', {} },
+    { 'acquireall', 'TB.ACQUIREALL', {} },
+    { 'acquireeach', 'TB.ACQUIREEACH', {} },
+    { 'acquireatmost', 'TB.ACQUIREATMOST', {} },
+    { 'reserve', 'TB.RESERVE', {} },
+    { 'refund', 'TB.REFUND', { 'allow-oom' } },
+    { 'charge', 'TB.CHARGE', {} },
+    { 'block', 'TB.BLOCK', {} },
   }
   for i = 1, #functions do
     local command = functions[i][2]
@@ -906,3 +1078,4 @@ if AS_LIBRARY then
 else
   return answer(pcall(eval_form, KEYS, ARGV))
 end
+
