@@ -11,7 +11,7 @@ REDIS_CLI ?= /usr/bin/redis-cli
 # into, autocannon, TypeScript) come from its package-lock.json. Its suites are node --test against servers they
 # spawn (REDIS_SERVER, REDIS_CLI and TB_MODULE, as for cargo's).
 NODE_PKG := clients/node
-NODE_TEST := cd $(NODE_PKG) && node --test --test-reporter=spec test/
+NODE_TEST := cd $(NODE_PKG) && node --test --test-reporter=spec test/*.test.mjs
 # A second server for `make bench` to run everything on too (an absolute path); `make bench-all` sets it to Redis 8.2.
 REDIS_SERVER2 ?=
 
