@@ -145,17 +145,19 @@ function redisReady(redis, rlKey) {
   }
 }
 
-/** The points argument of a call: a number, or a string of digits as the library takes (`"2"`). */
+/** The points argument of a call, as the library takes it: an integer, or a string of digits (`"2"`). */
 function pointsArgument(name, value) {
   if (typeof value === "string") {
     if (!/^[1-9][0-9]*$/.test(value)) {
-      throw new TbArgumentError(`${name}: a string of points must be a positive integer ("2"), got ${JSON.stringify(value)}`);
+      throw new TbArgumentError("Consuming string different than integer values is not supported by this package");
     }
     return Number(value);
   }
   if (typeof value !== "number" || !Number.isFinite(value)) {
     throw new TbArgumentError(`${name} must be a finite number, got ${typeof value === "number" ? value : typeof value}`);
   }
+  // The library's refusal, kept although a bucket could take fractions (TbClient takes them).
+  if (!Number.isInteger(value)) throw new TbArgumentError("Consuming decimal number of points is not supported by this package");
   return value;
 }
 
@@ -435,11 +437,12 @@ class RateLimiterTB {
     const waitMs = await this._command(key, () =>
       this._blocker.afterRefusal(rlKey, rate, this._points, pointsToConsume, this.msBlockDuration, reply),
     );
-    const res = this._res(reply, this._windowMs(options) === -1 ? -1 : waitMs, pointsToConsume, rate);
+    // More than `points` never fits (wait -1): as the library, the wait is the window's (where no block is set).
+    const windowMs = this._windowMs(options);
+    const res = this._res(reply, windowMs === -1 ? -1 : waitMs < 0 ? windowMs : waitMs, pointsToConsume, rate);
     if (this._reachesInMemoryBlock(res)) {
       if (this._inMemoryBlockDuration > 0) res.msBeforeNext = this.msInMemoryBlockDuration;
-      // A request above `points` never fits (msBeforeNext -1): the library keeps such a key for its window.
-      this._inMemoryBlockedKeys.addMs(rlKey, res.msBeforeNext > 0 ? res.msBeforeNext : this.msDuration);
+      if (res.msBeforeNext > 0) this._inMemoryBlockedKeys.addMs(rlKey, res.msBeforeNext);
     }
     throw res;
   }

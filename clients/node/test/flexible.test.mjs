@@ -212,7 +212,8 @@ describe("RateLimiterTB, the rest of RateLimiterRedis's interface, against it on
     const { theirs, ours } = pair({ points: 5, duration: 100 });
     for (const limiter of [theirs, ours]) {
       assert.equal((await limiter.consume("s", "2")).consumedPoints, 2);
-      await assert.rejects(limiter.consume("s", "1.5"), (error) => error instanceof Error);
+      await assert.rejects(limiter.consume("s", "1.5"), /string different than integer values is not supported/);
+      await assert.rejects(limiter.consume("s", 1.5), /decimal number of points is not supported/);
     }
     const debt = [];
     for (const limiter of [theirs, ours]) {
@@ -242,6 +243,11 @@ describe("RateLimiterTB, the rest of RateLimiterRedis's interface, against it on
 
   test("a request above points crosses the limit and blocks the key, as the library's", async () => {
     const { theirs, ours } = pair({ points: 1, duration: 1, blockDuration: 2 });
+    const unblocked = pair({ points: 1, duration: 1 });
+    for (const limiter of [unblocked.theirs, unblocked.ours]) {
+      const { msBeforeNext } = (await attempt(limiter, "k", 2)).res;
+      assert.ok(msBeforeNext > 900 && msBeforeNext <= 1000, `${msBeforeNext}: no block, the window's wait`);
+    }
     for (const limiter of [theirs, ours]) {
       const refused = await attempt(limiter, "k", 2);
       assert.ok(refused.res.msBeforeNext > 1900 && refused.res.msBeforeNext <= 2001, `${refused.res.msBeforeNext}: the block`);
