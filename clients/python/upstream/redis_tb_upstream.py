@@ -1,5 +1,6 @@
 """What redis-tb's adapters for the upstream suites share: one redis-server with the module, on a free loopback
-port, started by the `Server` of the package's own test harness and stopped by PID when the session ends."""
+port, started by the `Server` of the package's own test harness and stopped by PID when the session ends; with
+TB_UPSTREAM_CLOCK=1, on the harness's controlled clock (`CLOCK`), for suites whose tests move time."""
 
 from __future__ import annotations
 
@@ -21,7 +22,19 @@ def _harness() -> Any:
     return module
 
 
-SERVER = _harness().Server(module=True)
+def _start() -> tuple[Any, Any]:
+    """The server, and with TB_UPSTREAM_CLOCK=1 the controlled clock it runs on (tests/clock), else None."""
+    harness = _harness()
+    if os.environ.get("TB_UPSTREAM_CLOCK") != "1":
+        return harness.Server(module=True), None
+    preload = harness.clock_preload()
+    if preload is None:
+        raise RuntimeError("the controlled clock (tests/clock/build.sh: Debian's libfaketime) is not available")
+    clock = harness.Clock(harness.CLOCK_2030_US)
+    return harness.Server(module=True, env=clock.env(preload)), clock
+
+
+SERVER, CLOCK = _start()
 PORT: int = SERVER.port
 
 
@@ -35,3 +48,5 @@ def flushed() -> redis.Redis:
 def pytest_sessionfinish() -> None:
     """Stops the server (a hook: each adapter imports it into its conftest)."""
     SERVER.stop()
+    if CLOCK is not None:
+        CLOCK.remove()

@@ -29,16 +29,25 @@ EXPECTED = HERE / "expected.txt"
 
 @dataclass(frozen=True)
 class Suite:
-    name: str  # the distribution on PyPI, as expected.txt names the suite
+    name: str  # the distribution on PyPI
     package: str  # the library's source directory in the sdist, removed before the run
     adapter: str  # redis-tb's conftest for it, in this directory
     paths: tuple[str, ...]  # what pytest runs, relative to the sdist's root
     sdist: bool = True  # False: its sdist has no tests; run only from a checkout given as `name=<directory>`
+    variant: str = ""  # a second run of the same suite, named `<name> <variant>` here and in expected.txt
+    clock: bool = False  # its server runs on the controlled clock (TB_UPSTREAM_CLOCK=1)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.variant}" if self.variant else self.name
 
 
 SUITES = (
     Suite("limits", "limits", "conftest_limits.py", ("tests/test_strategy.py", "tests/aio/test_strategy.py")),
     Suite("Flask-Limiter", "flask_limiter", "conftest_flask_limiter.py", ("tests",)),
+    Suite(
+        "Flask-Limiter", "flask_limiter", "conftest_flask_limiter_redis.py", ("tests",), variant="on Redis", clock=True
+    ),
     Suite("slowapi", "slowapi", "conftest_slowapi.py", ("tests",), sdist=False),
 )
 
@@ -51,7 +60,7 @@ class Listed:
 
 def read_expected() -> dict[str, Listed]:
     """expected.txt: `suite | fail | test id | reason` and `suite | skip | node id or path | reason` lines."""
-    listed = {suite.name: Listed({}, {}) for suite in SUITES}
+    listed = {suite.label: Listed({}, {}) for suite in SUITES}
     for number, line in enumerate(EXPECTED.read_text().splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
@@ -79,6 +88,10 @@ def download(suite: Suite, version: str) -> Path:
     shutil.rmtree(root, ignore_errors=True)
     with tarfile.open(found()[0]) as archive:
         archive.extractall(SCRATCH, filter="data")
+    if suite.variant:
+        variant = root.with_name(f"{root.name}-{suite.variant.replace(' ', '-').lower()}")
+        shutil.rmtree(variant, ignore_errors=True)
+        root = root.rename(variant)
     return root
 
 
@@ -125,13 +138,15 @@ def listing(test: str) -> str:
 def run(suite: Suite, listed: Listed, checkout: Path | None) -> bool:
     version = importlib.metadata.version(suite.name)
     root = prepared(suite, version, checkout)
-    report = SCRATCH / f"{suite.package}.xml"
+    stem = suite.package + (f"-{suite.variant.replace(' ', '-').lower()}" if suite.variant else "")
+    report = SCRATCH / f"{stem}.xml"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", HERE / "pytest.ini"]
     command += ["--rootdir", root, "--junitxml", report, "-o", "junit_family=xunit1", *suite.paths]
     for test in listed.not_run:
         command += ["--ignore" if test.endswith(".py") or "::" not in test else "--deselect", test]
     env = dict(os.environ, PYTHONPATH=str(HERE), TB_PYTHON_TESTS=str(HERE.parent / "tests"))
-    log = SCRATCH / f"{suite.package}.log"
+    env["TB_UPSTREAM_CLOCK"] = "1" if suite.clock else "0"
+    log = SCRATCH / f"{stem}.log"
     with log.open("w") as output:
         subprocess.run([str(part) for part in command], cwd=root, env=env, stdout=output, stderr=subprocess.STDOUT)
     results = outcomes(report)
@@ -143,7 +158,7 @@ def run(suite: Suite, listed: Listed, checkout: Path | None) -> bool:
     missing = sorted(set(listed.failing) - {listing(test) for test in results})
     source = f" (tests of {checkout})" if checkout else ""
     print(
-        f"{suite.name} {version}{source}: ran {len(results)}, passed {passed}, failed {len(failed)}"
+        f"{suite.label} {version}{source}: ran {len(results)}, passed {passed}, failed {len(failed)}"
         f"{f', skipped {skipped}' if skipped else ''}, not run {len(listed.not_run)} (listed); "
         f"{'as listed' if not (unexpected or fixed or missing) else 'NOT as listed'} (log: {log.relative_to(REPO)})"
     )
@@ -165,7 +180,7 @@ def main() -> None:
         name, _, checkout = argument.partition("=")
         chosen[name] = Path(checkout).resolve() if checkout else None
     suites = [suite for suite in SUITES if suite.name in chosen or (not chosen and suite.sdist)]
-    results = [run(suite, listed[suite.name], chosen.get(suite.name)) for suite in suites]
+    results = [run(suite, listed[suite.label], chosen.get(suite.name)) for suite in suites]
     sys.exit(0 if all(results) else 1)
 
 
