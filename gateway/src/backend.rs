@@ -1,24 +1,64 @@
 //! Redis, standalone or Cluster: sends one `TB.ACQUIREEACH` and bounds how long that may take. It never waits
 //! for a connection on a request's behalf: without one it answers `Unavailable` at once and a background task
-//! reconnects (backoff 50 ms doubling to 1 s), so Envoy hears UNAVAILABLE within the timeout at worst and
-//! requests succeed again by themselves once Redis is back.
+//! reconnects, so Envoy hears UNAVAILABLE within the timeout at worst and requests succeed again by themselves
+//! once Redis is back.
 //!
 //! Standalone uses one multiplexed connection (concurrent requests are pipelined on it). Cluster uses redis-rs's
 //! cluster client, which routes by the first key and follows MOVED/ASK; every key of one call shares the hash tag
 //! `{domain}` (see `decision`), so the call never spans slots.
+//!
+//! A stall (a paused, stopped or busy server) must not become a reconnect storm or a late charge:
+//!
+//! ```text
+//! call times out       the connection it used is dropped (only that one: a newer connection is kept), so
+//!                      nothing more is written to it; requests answer UNAVAILABLE at once until a new one is up
+//! a new connection     only after a PING answers on it, and after a backoff that doubles (50 ms to 1 s) each time
+//!                      a connection is lost within 5 s of being made: a few connections a second at most,
+//!                      whatever the request rate
+//! connect/disconnect   logged at most once a second, with the number held back
+//! ```
+//!
+//! What a timed-out call can still cost: a server that is paused (`CLIENT PAUSE WRITE`, a failover) postpones
+//! the command and discards it when its connection closes, so it is never charged. A server that is stopped
+//! outright (SIGSTOP, a frozen VM) reads what is already in its socket when it resumes and runs it: the calls in
+//! flight on the connection when the first one timed out, at most `--max-in-flight`; nothing written later.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Value};
 
+use crate::metrics::Metrics;
+
 /// The command the service sends.
 pub const ACQUIRE_EACH: &str = "TB.ACQUIREEACH";
+
+/// First wait before replacing a connection lost soon after it was made; doubles up to `MAX_BACKOFF`.
+const MIN_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// A connection lost later than this after it was made resets the backoff.
+const STABLE: Duration = Duration::from_secs(5);
+/// After a timeout, the health service says NOT_SERVING until a call succeeds or this long passes quietly.
+const SUSPECT_FOR_MS: u64 = 2_000;
+
+/// Error codes of a server that cannot take the call now (the failure table of docs/clients.md): a failover, a
+/// reload, a long script, a cluster reconfiguring, a demoted primary, out of memory. Answered UNAVAILABLE.
+const UNAVAILABLE_CODES: [&str; 9] = [
+    "BUSY",
+    "LOADING",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MASTERDOWN",
+    "READONLY",
+    "OOM",
+    "CROSSSLOT",
+    "NOREPLICAS",
+];
 
 /// Where Redis is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,7 +72,8 @@ pub enum Topology {
 /// Why a call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendError {
-    /// No connection, a dropped one, or no reply within the timeout: worth retrying, answered UNAVAILABLE.
+    /// No connection, a dropped one, no reply within the timeout, or a server that cannot take the call now:
+    /// worth retrying, answered UNAVAILABLE.
     Unavailable(String),
     /// Redis answered with an error (`ERR ...`, e.g. the module is not loaded): answered INTERNAL.
     Reply(String),
@@ -47,6 +88,40 @@ impl std::fmt::Display for BackendError {
     }
 }
 
+/// Lets one log line through per second; counts the ones it holds back. When Redis is away every request fails,
+/// and a line each would flood the log at the request rate; the metrics count them all.
+#[derive(Default)]
+pub struct Throttle {
+    /// Milliseconds since `epoch` of the last line let through, plus 1 (0: none yet).
+    last_ms: AtomicU64,
+    suppressed: AtomicU64,
+    epoch: OnceLock<Instant>,
+}
+
+impl Throttle {
+    /// `Some(lines held back since the last one)` when a line may be logged now.
+    pub fn admit(&self) -> Option<u64> {
+        let epoch = *self.epoch.get_or_init(Instant::now);
+        let now_ms = u64::try_from(epoch.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
+        let last_ms = self.last_ms.load(Ordering::Relaxed);
+        if last_ms != 0 && now_ms.saturating_sub(last_ms) < 1_000 {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        if self
+            .last_ms
+            .compare_exchange(last_ms, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(self.suppressed.swap(0, Ordering::Relaxed))
+    }
+}
+
 #[derive(Clone)]
 enum Connection {
     Single(MultiplexedConnection),
@@ -58,12 +133,42 @@ enum Target {
     Cluster(ClusterClient),
 }
 
+/// The connection in use, and which one it is.
+struct Live {
+    generation: u64,
+    connection: Connection,
+    made: Instant,
+}
+
+/// When the next connection may be made.
+struct Pace {
+    /// Wait before the next attempt.
+    backoff: Duration,
+}
+
 struct Inner {
     target: Target,
     /// Longest a call (or a connection attempt) may take.
     timeout: Duration,
-    connection: Mutex<Option<Connection>>,
+    connection: Mutex<Option<Live>>,
+    generation: AtomicU64,
     reconnecting: AtomicBool,
+    pace: Mutex<Pace>,
+    /// Connect and disconnect lines.
+    log: Throttle,
+    metrics: Arc<Metrics>,
+    epoch: Instant,
+    /// Milliseconds since `epoch` (plus 1) of the last timeout and the last successful call.
+    last_timeout_ms: AtomicU64,
+    last_success_ms: AtomicU64,
+}
+
+impl Inner {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1)
+    }
 }
 
 /// A handle to Redis; clones share one connection.
@@ -73,12 +178,17 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// Prepares the client and starts connecting in the background; fails only on a malformed URL.
-    pub fn new(topology: &Topology, timeout: Duration) -> Result<Backend, String> {
+    /// Prepares the client and starts connecting in the background; fails only on a malformed URL (the message
+    /// never carries a password).
+    pub fn new(
+        topology: &Topology,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Result<Backend, String> {
         let target = match topology {
             Topology::Single(url) => Target::Single(
                 Client::open(redis_url(url).as_str())
-                    .map_err(|err| format!("REDIS_URL {url}: {err}"))?,
+                    .map_err(|err| format!("REDIS_URL {}: {err}", redact(url)))?,
             ),
             Topology::Cluster(urls) => Target::Cluster(
                 ClusterClient::builder(urls.iter().map(|url| redis_url(url)))
@@ -86,7 +196,10 @@ impl Backend {
                     .response_timeout(timeout)
                     .retries(1)
                     .build()
-                    .map_err(|err| format!("REDIS_URL {}: {err}", urls.join(",")))?,
+                    .map_err(|err| {
+                        let shown: Vec<String> = urls.iter().map(|url| redact(url)).collect();
+                        format!("REDIS_URL {}: {err}", shown.join(","))
+                    })?,
             ),
         };
         let backend = Backend {
@@ -94,14 +207,23 @@ impl Backend {
                 target,
                 timeout,
                 connection: Mutex::new(None),
+                generation: AtomicU64::new(0),
                 reconnecting: AtomicBool::new(false),
+                pace: Mutex::new(Pace {
+                    backoff: Duration::ZERO,
+                }),
+                log: Throttle::default(),
+                metrics,
+                epoch: Instant::now(),
+                last_timeout_ms: AtomicU64::new(0),
+                last_success_ms: AtomicU64::new(0),
             }),
         };
         backend.reconnect();
         Ok(backend)
     }
 
-    /// Whether a connection is up (for the health service).
+    /// Whether a connection is up.
     pub fn is_connected(&self) -> bool {
         self.inner
             .connection
@@ -110,76 +232,94 @@ impl Backend {
             .unwrap_or(false)
     }
 
+    /// Whether requests can be served (for the health service): connected, and no call has timed out in the last
+    /// two seconds without a call succeeding since, so a stall that keeps replacing the connection does not make
+    /// the health flap.
+    pub fn is_serving(&self) -> bool {
+        if !self.is_connected() {
+            return false;
+        }
+        let timeout = self.inner.last_timeout_ms.load(Ordering::Relaxed);
+        let success = self.inner.last_success_ms.load(Ordering::Relaxed);
+        timeout == 0
+            || success >= timeout
+            || self.inner.now_ms().saturating_sub(timeout) > SUSPECT_FOR_MS
+    }
+
     /// Sends `TB.ACQUIREEACH` with `args` and returns the raw reply.
     pub async fn acquire_each(&self, args: &[String]) -> Result<Value, BackendError> {
-        let Some(connection) = self.current() else {
+        let Some((generation, connection)) = self.current() else {
             self.reconnect();
             return Err(BackendError::Unavailable("not connected".to_owned()));
         };
         let mut command = Cmd::new();
         command.arg(ACQUIRE_EACH).arg(args);
-        let outcome = match connection {
-            Connection::Single(mut connection) => {
-                tokio::time::timeout(
-                    self.inner.timeout,
-                    command.query_async::<Value>(&mut connection),
-                )
-                .await
-            }
-            Connection::Cluster(mut connection) => {
-                tokio::time::timeout(
-                    self.inner.timeout,
-                    command.query_async::<Value>(&mut connection),
-                )
-                .await
-            }
-        };
+        let outcome = tokio::time::timeout(self.inner.timeout, query(connection, &command)).await;
         match outcome {
-            // A late reply is no reason to drop the connection: every request pipelined on it would fail too,
-            // and under load that cascades. A dead server shows up as an I/O error, handled below.
-            Err(_) => Err(BackendError::Unavailable(format!(
-                "no reply within {} ms",
-                self.inner.timeout.as_millis()
-            ))),
-            Ok(Ok(value)) => Ok(value),
+            Err(_) => {
+                self.inner
+                    .last_timeout_ms
+                    .store(self.inner.now_ms(), Ordering::Relaxed);
+                self.drop_connection(generation, "a call timed out");
+                Err(BackendError::Unavailable(format!(
+                    "no reply within {} ms",
+                    self.inner.timeout.as_millis()
+                )))
+            }
+            Ok(Ok(value)) => {
+                self.inner
+                    .last_success_ms
+                    .store(self.inner.now_ms(), Ordering::Relaxed);
+                Ok(value)
+            }
             Ok(Err(err)) => {
                 if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
-                    self.drop_connection();
+                    self.drop_connection(generation, "connection lost");
                     return Err(BackendError::Unavailable(err.to_string()));
                 }
-                match err.kind() {
-                    // Transient server states: a failover, a reload, a cluster reconfiguring.
-                    redis::ErrorKind::BusyLoadingError
-                    | redis::ErrorKind::TryAgain
-                    | redis::ErrorKind::ClusterDown
-                    | redis::ErrorKind::MasterDown
-                    | redis::ErrorKind::ClusterConnectionNotFound
-                    | redis::ErrorKind::IoError => Err(BackendError::Unavailable(err.to_string())),
-                    _ => Err(BackendError::Reply(err.to_string())),
+                if is_unavailable(&err) {
+                    Err(BackendError::Unavailable(err.to_string()))
+                } else {
+                    Err(BackendError::Reply(err.to_string()))
                 }
             }
         }
     }
 
-    fn current(&self) -> Option<Connection> {
-        self.inner
-            .connection
-            .lock()
-            .ok()
-            .and_then(|connection| connection.clone())
+    fn current(&self) -> Option<(u64, Connection)> {
+        self.inner.connection.lock().ok().and_then(|live| {
+            live.as_ref()
+                .map(|live| (live.generation, live.connection.clone()))
+        })
     }
 
-    /// Forgets a standalone connection that failed, and starts reconnecting. A cluster connection is kept: it
-    /// reconnects to its nodes by itself.
-    fn drop_connection(&self) {
-        if let Ok(mut connection) = self.inner.connection.lock() {
-            if matches!(*connection, Some(Connection::Single(_))) {
-                *connection = None;
-            }
+    /// Forgets the connection `generation` (never a newer one), and starts replacing it after the backoff.
+    fn drop_connection(&self, generation: u64, why: &str) {
+        let dropped = match self.inner.connection.lock() {
+            Ok(mut live) => match live.as_ref() {
+                Some(current) if current.generation == generation => {
+                    let made = current.made;
+                    *live = None;
+                    Some(made)
+                }
+                _ => None,
+            },
+            Err(_) => None,
+        };
+        let Some(made) = dropped else {
+            return;
+        };
+        if let Ok(mut pace) = self.inner.pace.lock() {
+            pace.backoff = if made.elapsed() < STABLE {
+                (pace.backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF)
+            } else {
+                Duration::ZERO
+            };
         }
-        if !self.is_connected() {
-            self.reconnect();
+        if let Some(suppressed) = self.inner.log.admit() {
+            tracing::warn!(reason = why, suppressed, "dropped the redis connection");
         }
+        self.reconnect();
     }
 
     /// Starts the reconnect task unless one is running.
@@ -189,24 +329,38 @@ impl Backend {
         }
         let inner = Arc::clone(&self.inner);
         tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(50);
-            let mut logged = false;
             loop {
+                let wait = inner
+                    .pace
+                    .lock()
+                    .map(|pace| pace.backoff)
+                    .unwrap_or(MAX_BACKOFF);
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+                inner.metrics.redis_connect_attempt();
                 match connect(&inner).await {
                     Ok(connection) => {
+                        let generation = inner.generation.fetch_add(1, Ordering::Relaxed) + 1;
                         if let Ok(mut slot) = inner.connection.lock() {
-                            *slot = Some(connection);
+                            *slot = Some(Live {
+                                generation,
+                                connection,
+                                made: Instant::now(),
+                            });
                         }
-                        tracing::info!("connected to redis");
+                        if let Some(suppressed) = inner.log.admit() {
+                            tracing::info!(suppressed, "connected to redis");
+                        }
                         break;
                     }
                     Err(why) => {
-                        if !logged {
-                            tracing::warn!(error = %why, "cannot connect to redis; retrying");
-                            logged = true;
+                        if let Some(suppressed) = inner.log.admit() {
+                            tracing::warn!(error = %why, suppressed, "cannot connect to redis; retrying");
                         }
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                        if let Ok(mut pace) = inner.pace.lock() {
+                            pace.backoff = (pace.backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
+                        }
                     }
                 }
             }
@@ -215,9 +369,34 @@ impl Backend {
     }
 }
 
+async fn query(connection: Connection, command: &Cmd) -> redis::RedisResult<Value> {
+    match connection {
+        Connection::Single(mut connection) => command.query_async(&mut connection).await,
+        Connection::Cluster(mut connection) => command.query_async(&mut connection).await,
+    }
+}
+
+/// Whether a server error means "not now" rather than a configuration error.
+fn is_unavailable(err: &redis::RedisError) -> bool {
+    matches!(
+        err.kind(),
+        redis::ErrorKind::BusyLoadingError
+            | redis::ErrorKind::TryAgain
+            | redis::ErrorKind::ClusterDown
+            | redis::ErrorKind::MasterDown
+            | redis::ErrorKind::ReadOnly
+            | redis::ErrorKind::CrossSlot
+            | redis::ErrorKind::ClusterConnectionNotFound
+            | redis::ErrorKind::IoError
+    ) || err
+        .code()
+        .is_some_and(|code| UNAVAILABLE_CODES.contains(&code))
+}
+
+/// A connection, used only once a PING has answered on it within the timeout.
 async fn connect(inner: &Inner) -> Result<Connection, String> {
     let attempt = async {
-        match &inner.target {
+        let connection = match &inner.target {
             Target::Single(client) => {
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(inner.timeout)
@@ -225,10 +404,15 @@ async fn connect(inner: &Inner) -> Result<Connection, String> {
                 client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await
-                    .map(Connection::Single)
+                    .map(Connection::Single)?
             }
-            Target::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
-        }
+            Target::Cluster(client) => client
+                .get_async_connection()
+                .await
+                .map(Connection::Cluster)?,
+        };
+        query(connection.clone(), &redis::cmd("PING")).await?;
+        Ok::<_, redis::RedisError>(connection)
     };
     match tokio::time::timeout(inner.timeout.max(Duration::from_millis(200)) * 2, attempt).await {
         Ok(Ok(connection)) => Ok(connection),
@@ -243,5 +427,93 @@ fn redis_url(text: &str) -> String {
         text.to_owned()
     } else {
         format!("redis://{text}")
+    }
+}
+
+/// A Redis URL fit for a log line: whatever stands between the scheme and the last `@` (user and password, or
+/// something malformed that may hold one) keeps only its user name, if any: `redis://ann:***@host:6379`.
+pub fn redact(url: &str) -> String {
+    let start = url.find("://").map_or(0, |at| at + 3);
+    let Some(at) = url.rfind('@').filter(|&at| at >= start) else {
+        return url.to_owned();
+    };
+    let userinfo = url.get(start..at).unwrap_or("");
+    let user = userinfo.split_once(':').map_or("", |(user, _)| user);
+    format!(
+        "{}{user}{}***{}",
+        url.get(..start).unwrap_or(""),
+        if user.is_empty() { "" } else { ":" },
+        url.get(at..).unwrap_or("")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_a_message() {
+        for (url, shown) in [
+            (
+                "redis://ann:s3cret@host:6379/0",
+                "redis://ann:***@host:6379/0",
+            ),
+            ("redis://:s3cret@host:6379", "redis://***@host:6379"),
+            ("rediss://s3cret@host", "rediss://***@host"),
+            ("redis://ann:s3@cret@host:x", "redis://ann:***@host:x"),
+            ("redis//ann:s3cret@host", "redis//ann:***@host"),
+            ("host:6379", "host:6379"),
+            ("redis://host:6379", "redis://host:6379"),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_malformed_url_is_refused_without_its_password() {
+        let metrics = Arc::new(Metrics::default());
+        for topology in [
+            Topology::Single("redis://ann:s3cret@host:notaport".to_owned()),
+            Topology::Single("unix+weird://ann:s3cret@host".to_owned()),
+            Topology::Cluster(vec!["redis://ann:s3cret@host:notaport".to_owned()]),
+        ] {
+            let Err(message) =
+                Backend::new(&topology, Duration::from_millis(100), Arc::clone(&metrics))
+            else {
+                panic!("{topology:?} was accepted");
+            };
+            assert!(!message.contains("s3cret"), "{message}");
+            assert!(message.starts_with("REDIS_URL "), "{message}");
+        }
+    }
+
+    #[test]
+    fn server_states_that_pass_are_unavailable_and_the_rest_reply_errors() {
+        let parse = |text: &str| -> redis::RedisError {
+            match redis::parse_redis_value(format!("-{text}\r\n").as_bytes()) {
+                Ok(redis::Value::ServerError(err)) => err.into(),
+                other => panic!("{text}: {other:?}"),
+            }
+        };
+        for text in [
+            "BUSY Redis is busy running a script.",
+            "LOADING Redis is loading the dataset in memory",
+            "READONLY You can't write against a read only replica.",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "MASTERDOWN Link with MASTER is down",
+            "CLUSTERDOWN The cluster is down",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+        ] {
+            assert!(is_unavailable(&parse(text)), "{text}");
+        }
+        for text in [
+            "ERR unknown command 'TB.ACQUIREEACH'",
+            "NOAUTH Authentication required.",
+            "WRONGPASS invalid username-password pair",
+            "NOPERM this user has no permissions",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+        ] {
+            assert!(!is_unavailable(&parse(text)), "{text}");
+        }
     }
 }

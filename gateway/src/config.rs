@@ -22,9 +22,13 @@
 //! Matching follows envoyproxy/ratelimit's `GetLimit` (src/config/config_impl.go) rule for rule: walk the
 //! request descriptor's entries down the tree; at each level try `key_value` exactly, then the level's wildcard
 //! values in file order, then `key` alone; a limit applies only where the last entry lands, so a descriptor
-//! longer or shorter than the configured path gets none. The keys that file format accepts are all accepted;
-//! `quota_mode`, `detailed_metric`, `value_to_metric` and `metadata` are read and have no effect here (they shape
-//! that service's statsd metrics and response metadata).
+//! longer or shorter than the configured path gets none.
+//!
+//! Strictness follows its `validateYamlKeys` too: every mapping key anywhere (outside `metadata`) must be one of
+//! the keys the format knows (plus our `burst`), a known key where it means nothing is ignored, every list holds
+//! mappings, and every scalar is a string, integer, boolean or null (`1.5` is refused). `detailed_metric`,
+//! `value_to_metric` and `metadata` are read and have no effect here (they shape that service's statsd metrics and
+//! response metadata); `quota_mode: true` is refused by name, as it is not implemented.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
@@ -189,20 +193,20 @@ struct Node {
 }
 
 // ---- The file format --------------------------------------------------------------------------------------------
-// Raw structs mirror the YAML; unknown keys are refused, as envoyproxy/ratelimit's validateYamlKeys does. Checks
-// that need a whole descriptor run in `TryFrom`, so serde_yaml reports them with the line where it starts.
+// Raw structs mirror the YAML. `validate_keys` has checked the keys and scalars first, as envoyproxy/ratelimit's
+// validateYamlKeys does, so a known key the structs do not read where it stands is ignored, as there. Checks that
+// need a whole descriptor run in `TryFrom`, so serde_yaml reports them with the line where it starts.
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawFile {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar_text")]
     domain: Option<String>,
     #[serde(default)]
     descriptors: Option<Vec<RawDescriptor>>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields, try_from = "RawDescriptorFields")]
+#[serde(try_from = "RawDescriptorFields")]
 struct RawDescriptor {
     key: String,
     value: String,
@@ -213,9 +217,8 @@ struct RawDescriptor {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawDescriptorFields {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar_text")]
     key: Option<String>,
     #[serde(default, deserialize_with = "scalar_text")]
     value: Option<String>,
@@ -226,7 +229,6 @@ struct RawDescriptorFields {
     #[serde(default)]
     shadow_mode: bool,
     #[serde(default)]
-    #[allow(dead_code)]
     quota_mode: bool,
     #[serde(default)]
     #[allow(dead_code)]
@@ -250,6 +252,12 @@ impl TryFrom<RawDescriptorFields> for RawDescriptor {
             return Err("descriptor has empty key".to_owned());
         }
         let value = raw.value.unwrap_or_default();
+        if raw.quota_mode {
+            return Err(format!(
+                "quota_mode is not supported by tb-rls (descriptor '{}'): remove it, or set it false",
+                composite_key(&key, &value)
+            ));
+        }
         if raw.share_threshold && !value.contains('*') {
             return Err(format!(
                 "share_threshold can only be used with wildcard values (containing '*'), but found key '{}'",
@@ -268,7 +276,7 @@ impl TryFrom<RawDescriptorFields> for RawDescriptor {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields, try_from = "RawRateLimitFields")]
+#[serde(try_from = "RawRateLimitFields")]
 struct RawRateLimit {
     policy: Policy,
     name: String,
@@ -276,7 +284,6 @@ struct RawRateLimit {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawRateLimitFields {
     #[serde(default)]
     requests_per_unit: u32,
@@ -286,16 +293,15 @@ struct RawRateLimitFields {
     unlimited: bool,
     #[serde(default)]
     burst: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar_text")]
     name: Option<String>,
     #[serde(default)]
     replaces: Option<Vec<RawReplaces>>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawReplaces {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar_text")]
     name: Option<String>,
 }
 
@@ -357,7 +363,8 @@ impl<'de> Deserialize<'de> for UnitText {
     }
 }
 
-/// A descriptor value as text, whatever scalar the YAML wrote (`value: 42` is the value "42").
+/// A scalar as text, whatever scalar the YAML wrote (`value: 42` is the value "42"), as envoyproxy/ratelimit's YAML
+/// decoder reads any scalar into a string field.
 fn scalar_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
     struct Text;
     impl Visitor<'_> for Text {
@@ -396,6 +403,122 @@ pub(crate) fn composite_key(key: &str, value: &str) -> String {
     }
 }
 
+/// Every key the file format knows, at any level (envoyproxy/ratelimit's `validKeys`), plus our `burst`.
+const KNOWN_KEYS: [&str; 17] = [
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+    "burst",
+];
+
+/// Why `validate_keys` refused a file, and the key to look for when naming its line.
+#[derive(Debug)]
+struct KeyError {
+    message: String,
+    key: Option<String>,
+}
+
+/// envoyproxy/ratelimit's `validateYamlKeys`: mapping keys are known strings; lists hold mappings; scalars are
+/// strings, integers, booleans or null. `metadata` is not looked into (it is free-form). A document that is no
+/// mapping is left to the typed parse, which refuses it.
+fn validate_keys(tree: &serde_yaml::Value) -> Result<(), KeyError> {
+    use serde_yaml::Value;
+    let Value::Mapping(map) = tree else {
+        return Ok(());
+    };
+    for (key, value) in map {
+        let Value::String(name) = key else {
+            return Err(KeyError {
+                message: format!(
+                    "config error, key is not of type string: {}",
+                    scalar_display(key)
+                ),
+                key: None,
+            });
+        };
+        if !KNOWN_KEYS.contains(&name.as_str()) {
+            return Err(KeyError {
+                message: format!("config error, unknown key '{name}'"),
+                key: Some(name.clone()),
+            });
+        }
+        if name == "metadata" {
+            continue;
+        }
+        match value {
+            Value::Sequence(items) => {
+                for item in items {
+                    if !item.is_mapping() {
+                        return Err(KeyError {
+                            message: format!(
+                                "config error, yaml file contains list of type other than map: {}",
+                                scalar_display(item)
+                            ),
+                            key: Some(name.clone()),
+                        });
+                    }
+                    validate_keys(item)?;
+                }
+            }
+            Value::Mapping(_) => validate_keys(value)?,
+            Value::String(_) | Value::Bool(_) | Value::Null => {}
+            Value::Number(number) if number.is_i64() => {}
+            other => {
+                return Err(KeyError {
+                    message: format!(
+                        "error checking config: '{name}: {}' is not a string, an integer or a boolean",
+                        scalar_display(other)
+                    ),
+                    key: Some(name.clone()),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A YAML value in a message: a scalar as written, anything else by its kind.
+fn scalar_display(value: &serde_yaml::Value) -> String {
+    use serde_yaml::Value;
+    match value {
+        Value::Null => "null".to_owned(),
+        Value::Bool(flag) => flag.to_string(),
+        Value::Number(number) => number.to_string(),
+        Value::String(text) => text.clone(),
+        Value::Sequence(_) => "a list".to_owned(),
+        Value::Mapping(_) => "a mapping".to_owned(),
+        Value::Tagged(_) => "a tagged value".to_owned(),
+    }
+}
+
+/// The message of a `KeyError`, with the first line where its key is written, when one can be found.
+fn locate(text: &str, error: KeyError) -> String {
+    let line = error.key.as_deref().and_then(|key| {
+        let written = format!("{key}:");
+        text.lines().position(|line| {
+            line.split(|c: char| c.is_whitespace() || c == '{' || c == ',' || c == '-')
+                .any(|word| word == written)
+        })
+    });
+    match line {
+        Some(index) => format!("{} at line {}", error.message, index + 1),
+        None => error.message,
+    }
+}
+
 // ---- Building ---------------------------------------------------------------------------------------------------
 
 impl Config {
@@ -403,25 +526,49 @@ impl Config {
     pub fn from_files<'a>(
         files: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<Config, ConfigError> {
+        Config::from_files_merging(files, false)
+    }
+
+    /// As `from_files`; with `merge_domains` (envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`), files naming the same
+    /// domain add their descriptors to it, and a descriptor path defined twice is refused.
+    pub fn from_files_merging<'a>(
+        files: impl IntoIterator<Item = (&'a str, &'a str)>,
+        merge_domains: bool,
+    ) -> Result<Config, ConfigError> {
         let mut config = Config::default();
         for (file, text) in files {
             let error = |message: String| ConfigError {
                 file: file.to_owned(),
                 message,
             };
-            let raw: RawFile = serde_yaml::from_str(text)
+            let tree: serde_yaml::Value = serde_yaml::from_str(text)
                 .map_err(|err| error(format!("error loading config file: {err}")))?;
+            validate_keys(&tree).map_err(|why| error(locate(text, why)))?;
+            let raw: RawFile = if tree.is_null() {
+                RawFile {
+                    domain: None,
+                    descriptors: None,
+                }
+            } else {
+                serde_yaml::from_str(text)
+                    .map_err(|err| error(format!("error loading config file: {err}")))?
+            };
             let domain = raw.domain.unwrap_or_default();
             if domain.is_empty() {
                 return Err(error("config file cannot have empty domain".to_owned()));
             }
-            if config.domains.contains_key(&domain) {
-                return Err(error(format!("duplicate domain '{domain}' in config file")));
+            let descriptors = raw.descriptors.unwrap_or_default();
+            match config.domains.get_mut(&domain) {
+                Some(root) if merge_domains => root.load(&domain, descriptors).map_err(error)?,
+                Some(_) => {
+                    return Err(error(format!("duplicate domain '{domain}' in config file")));
+                }
+                None => {
+                    let mut root = Node::default();
+                    root.load(&domain, descriptors).map_err(error)?;
+                    config.domains.insert(domain, root);
+                }
             }
-            let mut root = Node::default();
-            root.load(&domain, raw.descriptors.unwrap_or_default())
-                .map_err(error)?;
-            config.domains.insert(domain, root);
         }
         Ok(config)
     }

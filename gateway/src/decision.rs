@@ -16,8 +16,9 @@
 //! match nothing, or an `unlimited` limit, are OK without Redis; `requests_per_unit: 0` is OVER_LIMIT without it.
 //!
 //! Shadow mode: the command is all or nothing, so a shadow bucket that does not fit would refuse the real ones
-//! too. `Plan::unshadow` takes such buckets out of the charge (cost 0) for one more call; they report OVER_LIMIT
-//! in the metrics and OK to Envoy.
+//! too. `Plan::unshadow` takes such buckets out of the charge (cost 0) for one more call. As envoyproxy/ratelimit
+//! answers: a limit's own `shadow_mode` reports its descriptor OK; the global `SHADOW_MODE` keeps each descriptor's
+//! OVER_LIMIT and makes only the overall code OK. Both count in the shadow metric.
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration;
 
-use crate::config::{composite_key, Config, Limit, Policy, Unit};
+use crate::config::{Config, Limit, Policy, Unit};
 
 /// `RateLimitResponse.Code.OVER_LIMIT`, for callers comparing a response's code.
 pub const OVER_LIMIT: Code = Code::OverLimit;
@@ -194,10 +195,17 @@ pub fn plan(
             .iter()
             .map(|entry| (entry.key.as_str(), entry.value.as_str()))
             .collect();
-        let found = match descriptor.limit.as_ref().and_then(|limit| {
-            Unit::from_proto(limit.unit).map(|unit| (limit.requests_per_unit, unit))
-        }) {
-            // An override from Envoy's route config: its rate, no shadow mode (as envoyproxy/ratelimit does).
+        // Envoy's per-descriptor override (`RateLimitOverride`), only in a configured domain, as
+        // envoyproxy/ratelimit: its rate, no shadow mode, a name made of the domain and the entries' keys (never a
+        // request's values: they reach response headers).
+        let overridden = descriptor
+            .limit
+            .as_ref()
+            .filter(|_| config.has_domain(&request.domain))
+            .and_then(|limit| {
+                Unit::from_proto(limit.unit).map(|unit| (limit.requests_per_unit, unit))
+            });
+        let found = match overridden {
             Some((requests_per_unit, unit)) => Some((
                 Arc::new(Limit {
                     policy: Policy::Bucket {
@@ -208,7 +216,7 @@ pub fn plan(
                     name: String::new(),
                     replaces: Vec::new(),
                     shadow_mode: false,
-                    path: format!("{}.{}", request.domain, joined(&entries)),
+                    path: override_path(&request.domain, &entries),
                 }),
                 entries
                     .iter()
@@ -280,12 +288,14 @@ pub fn plan(
     Ok(Plan { buckets, slots })
 }
 
-fn joined(entries: &[(&str, &str)]) -> String {
-    entries
-        .iter()
-        .map(|&(key, value)| composite_key(key, value))
-        .collect::<Vec<_>>()
-        .join(".")
+/// An override's name in headers: the domain and the entries' keys, `<domain>.<key>[.<key>...]`.
+fn override_path(domain: &str, entries: &[(&str, &str)]) -> String {
+    let mut path = domain.to_owned();
+    for (key, _) in entries {
+        path.push('.');
+        path.push_str(key);
+    }
+    path
 }
 
 /// The Redis key of a bucket: `<prefix>{<domain>}:<key>=<value>...`, escaped so distinct entries never collide
@@ -391,11 +401,15 @@ impl Plan {
                     ..DescriptorStatus::default()
                 },
                 Slot::Zero(limit) => {
-                    let shadow = limit.shadow_mode || options.global_shadow;
-                    over_limit |= !shadow;
-                    shadow_hits += usize::from(shadow);
+                    over_limit |= !limit.shadow_mode;
+                    shadow_hits += usize::from(limit.shadow_mode || options.global_shadow);
                     DescriptorStatus {
-                        code: if shadow { Code::Ok } else { Code::OverLimit }.into(),
+                        code: if limit.shadow_mode {
+                            Code::Ok
+                        } else {
+                            Code::OverLimit
+                        }
+                        .into(),
                         current_limit: current_limit(limit),
                         ..DescriptorStatus::default()
                     }
@@ -405,11 +419,13 @@ impl Plan {
                     let bucket = self.buckets.get(index);
                     let result = reply.and_then(|reply| reply.buckets.get(index));
                     let over = bucket_over(index);
-                    let shadow = bucket.is_some_and(|bucket| bucket.shadow);
-                    over_limit |= over && !shadow;
-                    shadow_hits += usize::from(over && shadow);
+                    // The limit's own shadow_mode answers OK; the global one keeps OVER_LIMIT here and only
+                    // turns the overall code OK (below), as envoyproxy/ratelimit does.
+                    let limit_shadow = bucket.is_some_and(|bucket| bucket.limit.shadow_mode);
+                    over_limit |= over && !limit_shadow;
+                    shadow_hits += usize::from(over && (limit_shadow || options.global_shadow));
                     DescriptorStatus {
-                        code: if over && !shadow {
+                        code: if over && !limit_shadow {
                             Code::OverLimit
                         } else {
                             Code::Ok

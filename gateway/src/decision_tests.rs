@@ -261,6 +261,37 @@ fn a_route_override_sets_the_rate() {
     .expect("plans");
     let bucket = plan.buckets.first().expect("one bucket");
     assert_eq!((bucket.burst, bucket.rate_per_sec), (42, 42.0 / 3600.0));
+    // Its name in headers carries the keys, never the request's values.
+    assert_eq!(bucket.limit.path, "web.anything");
+    let options = Options {
+        headers: HeaderFormat::Draft,
+        ..Options::default()
+    };
+    let verdict = plan.respond(
+        &options,
+        Some(&EachReply {
+            allowed: true,
+            limiting_index: 0,
+            buckets: vec![row(true, 41, 0, 85_715)],
+        }),
+    );
+    let policy = header(&verdict.response, "RateLimit-Policy").expect("a policy");
+    assert_eq!(policy, "\"web.anything\";q=42;w=3600");
+}
+
+#[test]
+fn a_route_override_in_an_unconfigured_domain_is_no_limit() {
+    // envoyproxy/ratelimit's TestConfigLimitOverride: a domain without configuration has no limits, override or not.
+    let mut overridden = descriptor(&[("anything", "x")], None);
+    overridden.limit = Some(RateLimitOverride {
+        requests_per_unit: 42,
+        unit: Unit::Hour.proto_value(),
+    });
+    let mut elsewhere = request(vec![overridden], 0);
+    elsewhere.domain = "unknown".to_owned();
+    let plan = plan(&config(), &Options::default(), &elsewhere).expect("plans");
+    assert!(plan.buckets.is_empty());
+    assert_eq!(plan.slots, vec![Slot::NoLimit]);
 }
 
 #[test]
@@ -428,6 +459,15 @@ fn global_shadow_mode_never_refuses() {
     );
     assert!(!verdict.over_limit);
     assert_eq!(verdict.response.overall_code, i32::from(Code::Ok));
+    // As envoyproxy/ratelimit's SHADOW_MODE: the descriptor keeps OVER_LIMIT, only the overall code is OK.
+    let codes: Vec<i32> = verdict
+        .response
+        .statuses
+        .iter()
+        .map(|status| status.code)
+        .collect();
+    assert_eq!(codes, vec![i32::from(Code::OverLimit)]);
+    assert_eq!(verdict.shadow_hits, 1);
 }
 
 #[test]

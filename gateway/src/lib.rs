@@ -59,13 +59,25 @@ pub fn init_logging(settings: &Settings) {
 
 /// Runs the service until SIGINT or SIGTERM. `Err` says why it could not start.
 pub async fn run(settings: Settings) -> Result<(), String> {
+    if settings.quota_mode {
+        return Err(
+            "QUOTA_MODE is not supported by tb-rls: unset it (quota_mode in a file is refused too)"
+                .to_owned(),
+        );
+    }
+    let policy = settings.config_policy();
     let sources = reload::read_sources(&settings.config).map_err(|err| err.to_string())?;
-    let config = reload::parse(&sources).map_err(|err| err.to_string())?;
+    let config = reload::parse(&sources, policy).map_err(|err| err.to_string())?;
+    reload::check_not_empty(&config, &settings.config, policy)?;
     tracing::info!(domains = ?config.domains(), path = %settings.config.display(), "configuration loaded");
     let shared: reload::Shared = Arc::new(RwLock::new(Arc::new(config)));
     let metrics = Arc::new(Metrics::default());
 
-    let backend = Backend::new(&settings.topology(), settings.redis_timeout)?;
+    let backend = Backend::new(
+        &settings.topology(),
+        settings.redis_timeout,
+        Arc::clone(&metrics),
+    )?;
 
     let grpc_addr: SocketAddr =
         format!("{}:{}", bracketed(&settings.grpc_host), settings.grpc_port)
@@ -88,10 +100,12 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         sources,
         Arc::clone(&shared),
         settings.config_poll,
+        policy,
         Arc::clone(&metrics),
     ));
 
-    // Health: SERVING while Redis is connected, for "" and the rate limit service alike.
+    // Health: SERVING while Redis is connected and not stalling (see `Backend::is_serving`), for "" and the rate
+    // limit service alike.
     let (reporter, health_service) = tonic_health::server::health_reporter();
     {
         let backend = backend.clone();
@@ -99,9 +113,10 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         tokio::spawn(async move {
             let mut last = None;
             loop {
+                let serving = backend.is_serving();
                 let connected = backend.is_connected();
-                if last != Some(connected) {
-                    let status = if connected {
+                if last != Some(serving) {
+                    let status = if serving {
                         ServingStatus::Serving
                     } else {
                         ServingStatus::NotServing
@@ -110,7 +125,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
                     reporter
                         .set_service_status("envoy.service.ratelimit.v3.RateLimitService", status)
                         .await;
-                    last = Some(connected);
+                    last = Some(serving);
                 }
                 // After the health status, so whoever sees the gauge at 1 finds the service SERVING too.
                 metrics.set_redis_connected(connected);
@@ -124,13 +139,19 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         options: settings.options(),
         backend,
         metrics,
-        failure_log: service::Throttle::default(),
+        failure_log: backend::Throttle::default(),
+        in_flight: Arc::new(tokio::sync::Semaphore::new(
+            usize::try_from(settings.max_in_flight).unwrap_or(usize::MAX),
+        )),
     };
     tracing::info!(addr = %grpc_addr, "gRPC rate limit service listening");
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(health_service)
-        .add_service(RateLimitServiceServer::new(limiter))
+        .add_service(
+            RateLimitServiceServer::new(limiter)
+                .max_decoding_message_size(settings.max_request_bytes),
+        )
         .serve_with_shutdown(grpc_addr, shutdown_signal())
         .await
         .map_err(|err| format!("gRPC server on {grpc_addr}: {err}"))

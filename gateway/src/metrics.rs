@@ -9,6 +9,8 @@
 //! tb_rls_config_reloads_total{result}      configuration loads: ok, error
 //! tb_rls_request_duration_seconds          ShouldRateLimit latency inside the service (histogram)
 //! tb_rls_redis_connected                   1 while a Redis connection is up
+//! tb_rls_redis_connects_total              connection attempts (each after the backoff)
+//! tb_rls_requests_refused_total{reason}    requests refused before planning: in_flight (over --max-in-flight)
 //! ```
 #![forbid(unsafe_code)]
 
@@ -62,6 +64,8 @@ pub struct Metrics {
     latency_sum_us: AtomicU64,
     latency_count: AtomicU64,
     redis_connected: AtomicU64,
+    redis_connects: AtomicU64,
+    refused_in_flight: AtomicU64,
 }
 
 impl Metrics {
@@ -112,6 +116,14 @@ impl Metrics {
     pub fn set_redis_connected(&self, connected: bool) {
         self.redis_connected
             .store(u64::from(connected), Ordering::Relaxed);
+    }
+
+    pub fn redis_connect_attempt(&self) {
+        self.redis_connects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn refused_in_flight(&self) {
+        self.refused_in_flight.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The text exposition format.
@@ -174,6 +186,20 @@ impl Metrics {
             out,
             "tb_rls_redis_connected {}",
             self.redis_connected.load(Ordering::Relaxed)
+        );
+        out.push_str("# HELP tb_rls_redis_connects_total Redis connection attempts.\n");
+        out.push_str("# TYPE tb_rls_redis_connects_total counter\n");
+        let _ = writeln!(
+            out,
+            "tb_rls_redis_connects_total {}",
+            self.redis_connects.load(Ordering::Relaxed)
+        );
+        out.push_str("# HELP tb_rls_requests_refused_total Requests refused before planning.\n");
+        out.push_str("# TYPE tb_rls_requests_refused_total counter\n");
+        let _ = writeln!(
+            out,
+            "tb_rls_requests_refused_total{{reason=\"in_flight\"}} {}",
+            self.refused_in_flight.load(Ordering::Relaxed)
         );
         out.push_str(
             "# HELP tb_rls_request_duration_seconds ShouldRateLimit latency inside the service.\n",

@@ -4,13 +4,14 @@
 //!
 //! ```text
 //! INVALID_ARGUMENT   empty domain, no descriptors, more than 1,000 rate-limited descriptors
-//! UNAVAILABLE        Redis not connected, no reply within --redis-timeout, or a transient server state:
+//! UNAVAILABLE        Redis not connected, no reply within --redis-timeout, a transient server state (BUSY,
+//!                    LOADING, READONLY, OOM, a failover), or more than --max-in-flight requests at once:
 //!                    Envoy's failure_mode_deny decides
+//! RESOURCE_EXHAUSTED a request larger than --max-request-bytes (refused by tonic before it is read)
 //! INTERNAL           Redis replied with an error (e.g. the module is not loaded) or an unexpected shape
 //! ```
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,7 +19,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::{Request, Response, Status};
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, Throttle};
 use crate::config::Config;
 use crate::decision::{self, Options};
 use crate::metrics::{Metrics, Outcome};
@@ -36,40 +37,9 @@ pub struct RateLimiter {
     pub backend: Backend,
     pub metrics: Arc<Metrics>,
     pub failure_log: Throttle,
-}
-
-/// Lets one log line through per second; counts the ones it holds back. When Redis is away every request fails,
-/// and a line each would flood the log at the request rate; the metrics count them all.
-#[derive(Default)]
-pub struct Throttle {
-    /// Milliseconds since `epoch` of the last line let through, plus 1 (0: none yet).
-    last_ms: AtomicU64,
-    suppressed: AtomicU64,
-    epoch: std::sync::OnceLock<Instant>,
-}
-
-impl Throttle {
-    /// `Some(lines held back since the last one)` when a line may be logged now.
-    pub fn admit(&self) -> Option<u64> {
-        let epoch = *self.epoch.get_or_init(Instant::now);
-        let now_ms = u64::try_from(epoch.elapsed().as_millis())
-            .unwrap_or(u64::MAX)
-            .saturating_add(1);
-        let last_ms = self.last_ms.load(Ordering::Relaxed);
-        if last_ms != 0 && now_ms.saturating_sub(last_ms) < 1_000 {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        if self
-            .last_ms
-            .compare_exchange(last_ms, now_ms, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-        {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(self.suppressed.swap(0, Ordering::Relaxed))
-    }
+    /// Requests being decided; one more than it holds is refused at once (UNAVAILABLE), so a burst of requests
+    /// cannot pile up in memory behind a slow Redis.
+    pub in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl RateLimiter {
@@ -128,6 +98,12 @@ impl RateLimitService for RateLimiter {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
+        let Ok(_permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
+            self.metrics.refused_in_flight();
+            return Err(Status::unavailable(
+                "too many requests in flight (--max-in-flight)",
+            ));
+        };
         let request = request.into_inner();
         let config = self.config()?;
         // Only configured domains become label values: a caller cannot grow the metrics without bound.

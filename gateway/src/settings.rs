@@ -40,9 +40,25 @@ pub struct Settings {
     /// Longest wait for Redis per request (and per connection attempt), e.g. 100ms or 1s
     #[arg(long, env = "REDIS_TIMEOUT", default_value = "100ms", value_parser = parse_duration)]
     pub redis_timeout: Duration,
+    /// Largest ShouldRateLimit request accepted, in bytes; a larger one is refused before it is read
+    #[arg(long, env = "TB_RLS_MAX_REQUEST_BYTES", default_value_t = 65_536)]
+    pub max_request_bytes: usize,
+    /// Most requests decided at once; one more is answered UNAVAILABLE at once
+    #[arg(long, env = "TB_RLS_MAX_IN_FLIGHT", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_in_flight: u32,
     /// Rate limit configuration: a YAML file, or a directory of them (envoyproxy/ratelimit's format)
     #[arg(long, env = "TB_RLS_CONFIG")]
     pub config: PathBuf,
+    /// Accept a configuration with no domain (every request passes unlimited), and a reload that drops the domains
+    /// of files that vanished; both are refused otherwise, and the last good configuration keeps serving
+    #[arg(long, env = "TB_RLS_ALLOW_EMPTY_CONFIG")]
+    pub allow_empty_config: bool,
+    /// Merge files that name the same domain (a descriptor path defined twice is still refused)
+    #[arg(long, env = "MERGE_DOMAIN_CONFIG")]
+    pub merge_domain_config: bool,
+    /// envoyproxy/ratelimit's global quota mode: not supported, refused at start when set
+    #[arg(long, env = "QUOTA_MODE", hide = true)]
+    pub quota_mode: bool,
     /// How often the configuration is checked for changes
     #[arg(long, env = "TB_RLS_CONFIG_POLL", default_value = "1s", value_parser = parse_duration)]
     pub config_poll: Duration,
@@ -110,6 +126,14 @@ impl Settings {
                     .map(str::to_owned)
                     .collect(),
             ),
+        }
+    }
+
+    /// How configuration files are read and which reloads are accepted.
+    pub fn config_policy(&self) -> crate::reload::Policy {
+        crate::reload::Policy {
+            merge_domains: self.merge_domain_config,
+            allow_empty: self.allow_empty_config,
         }
     }
 
@@ -188,6 +212,7 @@ mod tests {
             "--redis-url",
             "127.0.0.1:7000, 127.0.0.1:7001",
             "--limit-response-headers-enabled",
+            "--merge-domain-config",
         ])
         .expect("parses");
         assert_eq!(settings.log_level, tracing::Level::WARN);
@@ -199,5 +224,7 @@ mod tests {
             ])
         );
         assert_eq!(settings.options().headers, HeaderFormat::Legacy);
+        assert!(settings.config_policy().merge_domains);
+        assert!(!settings.config_policy().allow_empty);
     }
 }

@@ -410,3 +410,110 @@ fn json_logs_are_one_object_per_line() {
     assert!(first.contains("\"level\":\"INFO\""), "{first}");
     assert!(first.contains("configuration loaded"), "{first}");
 }
+
+/// Starts tb-rls with `args` and no Redis, and waits for it to exit: its exit code and log.
+fn exits_at_start(name: &str, args: &[&str], dir: &std::path::Path) -> (Option<i32>, String) {
+    let mut command = std::process::Command::new(common::tb_rls());
+    command
+        .env_clear()
+        .args([
+            "--grpc-port",
+            &common::free_port().to_string(),
+            "--prometheus-addr",
+            "off",
+        ])
+        .args(args);
+    let mut proc = common::Proc::spawn(name, &mut command, dir);
+    let code = proc.wait_exit(Duration::from_secs(20));
+    (code, proc.log_text())
+}
+
+#[test]
+fn an_empty_configuration_is_refused_at_start_unless_allowed() {
+    let dir = fresh_dir();
+    let empty = dir.join("config");
+    std::fs::create_dir_all(&empty).expect("an empty directory");
+    let config = empty.to_str().expect("a UTF-8 path");
+    let (code, log) = exits_at_start("tb-rls-empty", &["--config", config], &dir);
+    assert_eq!(code, Some(2), "{log}");
+    assert!(log.contains("no domain configured"), "{log}");
+
+    let redis = Redis::start(&[]);
+    let service = Service::start(&empty, &redis.url(), &["--allow-empty-config"], &dir);
+    assert!(service
+        .proc
+        .log_text()
+        .contains("configuration loaded domains=[]"));
+}
+
+#[test]
+fn a_malformed_redis_url_is_refused_without_printing_its_password() {
+    let dir = fresh_dir();
+    let config = write_config(&dir, CONFIG);
+    let config = config.to_str().expect("a UTF-8 path");
+    for (redis_type, url) in [
+        ("single", "redis://ann:s3cret-pw@127.0.0.1:notaport"),
+        ("cluster", "redis://ann:s3cret-pw@127.0.0.1:notaport"),
+        ("single", "redis//ann:s3cret-pw@127.0.0.1:6379"),
+    ] {
+        let (code, log) = exits_at_start(
+            "tb-rls-url",
+            &[
+                "--config",
+                config,
+                "--redis-type",
+                redis_type,
+                "--redis-url",
+                url,
+            ],
+            &dir,
+        );
+        assert_eq!(code, Some(2), "{url}: {log}");
+        assert!(log.contains("REDIS_URL "), "{url}: {log}");
+        assert!(!log.contains("s3cret"), "{url}: {log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_vanishing_keep_the_last_good_configuration() {
+    let redis = Redis::start(&[]);
+    let dir = fresh_dir();
+    let conf = dir.join("conf");
+    std::fs::create_dir_all(&conf).expect("a config directory");
+    std::fs::write(conf.join("api.yaml"), CONFIG).expect("write api.yaml");
+    std::fs::write(
+        conf.join("web.yaml"),
+        "domain: web\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n",
+    )
+    .expect("write web.yaml");
+    let service = Service::start(&conf, &redis.url(), &[], &dir);
+    let mut client = service.client().await;
+    let web = || request("web", &[(&[("user", "kim")], None)]);
+    let first = should_rate_limit(&mut client, web())
+        .await
+        .expect("a decision");
+    assert_eq!(first.overall_code, OK);
+
+    std::fs::remove_file(conf.join("web.yaml")).expect("remove web.yaml");
+    let refused = wait_until(Duration::from_secs(10), || {
+        service.proc.log_text().contains("web.yaml vanished")
+    });
+    assert!(refused, "{}", service.proc.log_text());
+    let second = should_rate_limit(&mut client, web())
+        .await
+        .expect("a decision");
+    assert_eq!(second.overall_code, OVER, "the web domain still limits");
+
+    std::fs::remove_file(conf.join("api.yaml")).expect("remove api.yaml");
+    let refused = wait_until(Duration::from_secs(10), || {
+        service.proc.log_text().contains("no domain configured")
+    });
+    assert!(refused, "{}", service.proc.log_text());
+    let third = should_rate_limit(&mut client, web())
+        .await
+        .expect("a decision");
+    assert_eq!(third.overall_code, OVER, "the web domain still limits");
+    assert!(service
+        .metrics()
+        .contains("tb_rls_config_reloads_total{result=\"ok\"} 0"));
+}

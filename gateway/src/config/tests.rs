@@ -311,10 +311,98 @@ fn yaml_that_does_not_parse_is_refused_with_its_line() {
 fn unknown_keys_are_refused_with_their_line() {
     let message = refusal("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      request_per_unit: 1\n");
     assert!(
-        message.contains("unknown field `request_per_unit`"),
+        message.contains("config error, unknown key 'request_per_unit' at line 6"),
         "{message}"
     );
-    assert!(message.contains("line 6"), "{message}");
+}
+
+#[test]
+fn a_known_key_in_the_wrong_place_is_ignored_as_upstream_does() {
+    // `unit` at the top, `domain` in a descriptor, `shadow_mode` in a rate limit: known keys, so accepted and unread.
+    let text = "\
+domain: d
+unit: second
+descriptors:
+  - key: a
+    domain: elsewhere
+    rate_limit: { unit: second, requests_per_unit: 2, shadow_mode: true }
+";
+    let config = Config::from_yaml("misplaced.yaml", text).expect("parses");
+    let found = config.find("d", &[("a", "x")]).expect("matches");
+    assert!(
+        !found.limit.shadow_mode,
+        "shadow_mode inside rate_limit means nothing"
+    );
+}
+
+#[test]
+fn scalars_are_strings_integers_booleans_or_null_as_upstream_checks() {
+    for (text, expected) in [
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    value: 1.5\n",
+            "error checking config: 'value: 1.5' is not a string, an integer or a boolean at line 4",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: 1.5 }\n",
+            "'requests_per_unit: 1.5' is not a string",
+        ),
+        ("domain: d\n1: x\n", "config error, key is not of type string: 1"),
+        ("domain: d\ndescriptors: [a]\n", "list of type other than map: a"),
+    ] {
+        let message = refusal(text);
+        assert!(message.contains(expected), "{text:?}: {message}");
+    }
+    // A number or a boolean where a string is expected is its text, as upstream's YAML decoder reads it.
+    let config = Config::from_yaml(
+        "n.yaml",
+        "domain: 7\ndescriptors:\n  - key: 1\n    value: true\n    rate_limit: { unit: second, requests_per_unit: 1, name: 2 }\n",
+    )
+    .expect("parses");
+    let found = config.find("7", &[("1", "true")]).expect("matches");
+    assert_eq!(found.limit.name, "2");
+    // metadata is free-form.
+    Config::from_yaml(
+        "m.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    metadata: { ratio: 0.5, anything: [1, x] }\n",
+    )
+    .expect("metadata is not checked");
+}
+
+#[test]
+fn quota_mode_is_refused_by_name() {
+    let message = refusal("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: { unit: second, requests_per_unit: 1 }\n");
+    assert!(
+        message.contains("quota_mode is not supported by tb-rls (descriptor 'a')"),
+        "{message}"
+    );
+}
+
+#[test]
+fn merging_domains_adds_descriptors_and_refuses_a_path_defined_twice() {
+    let one = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: 1 }\n";
+    let two = "domain: d\ndescriptors:\n  - key: b\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n";
+    let merged =
+        Config::from_files_merging([("1.yaml", one), ("2.yaml", two)], true).expect("merges");
+    assert_eq!(merged.domains(), vec!["d"]);
+    assert_eq!(path_in(&merged, "d", &[("a", "x")]), "d.a");
+    assert_eq!(path_in(&merged, "d", &[("b", "x")]), "d.b");
+    let twice = Config::from_files_merging([("1.yaml", one), ("3.yaml", one)], true)
+        .expect_err("a path in two files");
+    assert_eq!(
+        twice.to_string(),
+        "3.yaml: duplicate descriptor composite key 'd.a'"
+    );
+    let unmerged = Config::from_files([("1.yaml", one), ("2.yaml", two)]).expect_err("no merging");
+    assert_eq!(
+        unmerged.to_string(),
+        "2.yaml: duplicate domain 'd' in config file"
+    );
+}
+
+fn path_in(config: &Config, domain: &str, entries: &[(&str, &str)]) -> String {
+    config
+        .find(domain, entries)
+        .map_or_else(|| "none".to_owned(), |found| found.limit.path.clone())
 }
 
 #[test]
@@ -346,7 +434,8 @@ fn semantic_refusals_match_envoyproxy_ratelimit() {
             "domain: d\ndescriptors:\n  - key: a\n    share_threshold: true\n",
             "share_threshold can only be used with wildcard values",
         ),
-        ("domain: d\ndescriptors: [1, 2]\n", "error loading config file"),
+        ("domain: d\ndescriptors: [1, 2]\n", "list of type other than map: 1"),
+        ("domain: d\ndescriptors: x\n", "error loading config file"),
     ];
     for (text, expected) in cases {
         let message = refusal(text);
