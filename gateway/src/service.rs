@@ -7,7 +7,7 @@
 //! UNAVAILABLE        Redis not connected, no reply within --redis-timeout, a transient server state (BUSY,
 //!                    LOADING, READONLY, OOM, a failover), or more than --max-in-flight requests at once:
 //!                    Envoy's failure_mode_deny decides
-//! RESOURCE_EXHAUSTED a request larger than --max-request-bytes (refused by tonic before it is read)
+//! OUT_OF_RANGE       a request larger than --max-request-bytes (refused by tonic before it is read)
 //! INTERNAL           Redis replied with an error (e.g. the module is not loaded) or an unexpected shape
 //! ```
 #![forbid(unsafe_code)]
