@@ -87,7 +87,10 @@ def download(suite: Suite, version: str) -> Path:
     root = SCRATCH / f"{suite.package}-{version}"
     shutil.rmtree(root, ignore_errors=True)
     with tarfile.open(found()[0]) as archive:
-        archive.extractall(SCRATCH, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python 3.11.4 and later: no member may land outside SCRATCH
+            archive.extractall(SCRATCH, filter="data")
+        else:
+            archive.extractall(SCRATCH)
     if suite.variant:
         variant = root.with_name(f"{root.name}-{suite.variant.replace(' ', '-').lower()}")
         shutil.rmtree(variant, ignore_errors=True)
