@@ -22,11 +22,11 @@ from .headers import Standard, headers_for
 from .identity import (
     DEFAULT_IPV6_SUBNET,
     SKIP,
-    bucket_key,
     check_ipv6_subnet,
     check_prefix,
     ip_identity,
     tag_of,
+    tagged_key,
 )
 from .limit import KeyFunction, Limit
 from .replies import Acquired, AcquiredEach, BucketResult
@@ -129,9 +129,9 @@ def plan(request: Mapping[str, Any], limits: LimitsSpec, key: KeyFunction, prefi
             _warn_anonymous(limit)
             identity = None
         applied.append(limit)
-        identity = None if identity is None else str(identity)
-        tags.append(tag_of(identity))
-        keys.append(bucket_key(prefix, identity, limit.name))
+        tag = tag_of(None if identity is None else str(identity))
+        tags.append(tag)
+        keys.append(tagged_key(prefix, tag, limit.name))
     if not applied:
         return None
     return Plan(tuple(applied), tuple(keys), tuple(tags))

@@ -14,8 +14,10 @@ suites check).
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 import logging
+import re
 from typing import Literal
 
 logger = logging.getLogger("redis_tb")
@@ -35,6 +37,8 @@ SKIP: Literal[_Skip.SKIP] = _Skip.SKIP
 ANONYMOUS_TAG = "%anonymous"
 DEFAULT_IPV6_SUBNET = 56
 _KEPT = frozenset(range(0x21, 0x7F)) - frozenset(b"%{}")
+#: An identity made of kept characters only: its own tag.
+_PLAIN = re.compile("[!-$&-z|~]*")
 
 
 def check_ipv6_subnet(ipv6_subnet: object) -> int:
@@ -52,6 +56,11 @@ def ip_identity(address: str | None, ipv6_subnet: int = DEFAULT_IPV6_SUBNET) -> 
     subnet = check_ipv6_subnet(ipv6_subnet)
     if not address:
         return None
+    return _identity_of(address, subnet)
+
+
+@functools.lru_cache(maxsize=4096)  # the same clients come again and again: parse each once
+def _identity_of(address: str, subnet: int) -> str | None:
     try:
         parsed = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
@@ -66,6 +75,8 @@ def ip_identity(address: str | None, ipv6_subnet: int = DEFAULT_IPV6_SUBNET) -> 
 def escape(identity: str) -> str:
     """The hash tag of an identity: its UTF-8 bytes, with `%`, `{`, `}`, and every byte outside `!`..`~` written
     as `%XX` (uppercase hex). Injective, never empty for a non-empty identity, never holds a brace."""
+    if _PLAIN.fullmatch(identity):
+        return identity
     return "".join(chr(byte) if byte in _KEPT else f"%{byte:02X}" for byte in identity.encode("utf-8", "surrogatepass"))
 
 
@@ -76,7 +87,12 @@ def tag_of(identity: str | None) -> str:
 
 def bucket_key(prefix: str, identity: str | None, limit_name: str) -> str:
     """`<prefix>{<tag>}:<limit name>`."""
-    return f"{prefix}{{{tag_of(identity)}}}:{limit_name}"
+    return tagged_key(prefix, tag_of(identity), limit_name)
+
+
+def tagged_key(prefix: str, tag: str, limit_name: str) -> str:
+    """The key of a bucket whose identity's tag is `tag`."""
+    return f"{prefix}{{{tag}}}:{limit_name}"
 
 
 def check_prefix(prefix: str) -> str:
