@@ -20,7 +20,7 @@ def test_acquire_takes_and_refuses(server: Server, key: str) -> None:
     assert drained.allowed and drained.remaining == 0
     refused = tb.acquire(key, 10, 20, 5)
     assert not refused.allowed and refused.remaining == 0
-    assert 490 <= refused.retry_after_ms <= 500
+    assert 450 <= refused.retry_after_ms <= 500  # less whatever time passed since the drain
     assert tb.acquire(key, 10, 20, 21).retry_after_ms == -1  # cost > burst: never
     peek = tb.acquire(key, 10, 20, 0)
     assert peek.allowed and peek.retry_after_ms == 0
@@ -46,7 +46,7 @@ def test_acquire_each_reports_every_bucket(server: Server, key: str) -> None:
     assert not refused.allowed and refused.limiting_index == 1
     assert refused.buckets[0].fits and not refused.buckets[1].fits
     assert refused.buckets[0].remaining == 9  # nothing taken
-    assert 3990 <= refused.retry_after_ms <= 4000
+    assert 3950 <= refused.retry_after_ms <= 4000
 
 
 def test_acquire_at_most_grants_what_is_there(server: Server, key: str) -> None:
@@ -55,14 +55,14 @@ def test_acquire_at_most_grants_what_is_there(server: Server, key: str) -> None:
     second = tb.acquire_at_most(key, 1, 5, 3)
     assert second.granted == 2 and second.remaining == 0
     empty = tb.acquire_at_most(key, 1, 5, 3)
-    assert empty.granted == 0 and 990 <= empty.retry_after_ms <= 1000
+    assert empty.granted == 0 and 950 <= empty.retry_after_ms <= 1000
 
 
 def test_reserve_and_refund(server: Server, key: str) -> None:
     tb = TokenBucket(server.client())
     assert tb.reserve(key, 10, 1, 1, 1000) == redis_tb.Reservation(True, 0, 0, 100)
     waiting = tb.reserve(key, 10, 1, 1, 1000)
-    assert waiting.granted and 90 <= waiting.wait_ms <= 100
+    assert waiting.granted and 50 <= waiting.wait_ms <= 100
     too_long = tb.reserve(key, 10, 1, 1, 10)
     assert not too_long.granted and too_long.wait_ms > 10
     assert tb.refund(key, 10, 1, 1).refunded is False  # in debt: nothing comes back
@@ -76,13 +76,13 @@ def test_reserve_and_refund(server: Server, key: str) -> None:
 def test_charge_goes_into_debt_and_block_denies(server: Server, key: str) -> None:
     tb = TokenBucket(server.client())
     charged = tb.charge(key, 10, 20, 25)
-    assert charged.remaining == 0 and 590 <= charged.retry_after_ms <= 600
+    assert charged.remaining == 0 and 550 <= charged.retry_after_ms <= 600
     assert not tb.acquire(key, 10, 20).allowed
     with pytest.raises(redis_tb.DebtLimitExceeded):
         tb.charge(key, 10, 20, 10 * 86400 + 100)
     blocked = f"{key}:blocked"
     result = tb.block(blocked, 10, 20, 5000)
-    assert result.remaining == 0 and 4990 <= result.retry_after_ms <= 5100
+    assert result.remaining == 0 and 4950 <= result.retry_after_ms <= 5100
     assert not tb.acquire(blocked, 10, 20).allowed
 
 
