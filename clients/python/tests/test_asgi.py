@@ -192,7 +192,7 @@ async def test_redis_stopped(fail: str, key: str) -> None:
             assert response.status_code == 200 and response.json() == {"hello": "world"}
             assert "ratelimit" not in response.headers
         else:
-            assert response.status_code == 503
+            assert response.status_code == 503 and response.headers["retry-after"] == "1"
             assert response.json() == {"error": "rate limiter unavailable"}
     await conn.aclose()
 

@@ -33,7 +33,7 @@ from redis.retry import Retry
 import redis_tb
 from redis_tb import AsyncTokenBucket, Limit, TokenBucket, asgi, wsgi
 from redis_tb._failures import classify
-from redis_tb._guard import Guard
+from redis_tb._guard import MAX_IN_FLIGHT, Guard
 from redis_tb._local import LocalBuckets
 
 FIXTURE: dict[str, Any] = json.loads((Path(__file__).resolve().parents[3] / "fixtures/failures.json").read_text())
@@ -382,3 +382,37 @@ def test_local_buckets_refill_take_all_or_nothing_and_keep_the_most_recent() -> 
     local.acquire_each(limits[:1], ["d"])
     assert len(local) == 3  # "a" went: the least recently used
     assert local.acquire_each(limits[:1], ["a"]).buckets[0].remaining == 1
+
+
+async def test_calls_in_flight_during_a_stall_are_at_most_max_in_flight(fresh: Server) -> None:
+    """Many concurrent requests when Redis stalls: each one whose call went out before the deadline may be charged
+    when Redis resumes. At most MAX_IN_FLIGHT calls are out at once, whatever the request rate; 0.3.0 sent them
+    all (here, one per pooled connection: 150)."""
+    conn = redis.asyncio.Redis(**address(fresh, socket_timeout=0.3, socket_connect_timeout=0.3))
+    app = FastAPI()
+    app.get("/")(lambda: "hello")
+    limits = [Limit("stall", rate=0.001, burst=1000)]
+    app.add_middleware(
+        asgi.RateLimitMiddleware, limiter=AsyncTokenBucket(conn), limits=limits, fail="open", timeout=0.3
+    )
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+
+        async def burst(n: int) -> list[httpx.Response]:
+            return list(await asyncio.gather(*(http.get("/") for _ in range(n))))
+
+        warm = await burst(150)  # the pool now holds connections enough for every request of the next burst
+        assert {response.status_code for response in warm} == {200}
+        fresh.process.send_signal(signal.SIGSTOP)
+        try:
+            during = await burst(150)
+        finally:
+            fresh.process.send_signal(signal.SIGCONT)
+        assert {response.status_code for response in during} == {200}
+        deadline = time.monotonic() + 10
+        while "ratelimit" not in (await http.get("/")).headers:
+            assert time.monotonic() < deadline, "the middleware never sent a call again"
+            await asyncio.sleep(0.02)
+    await conn.aclose()
+    tokens = float(fresh.client().hget("ratelimit:{127.0.0.1}:stall", "tokens") or 0)
+    late = round(1000 - 150 - 1 - tokens)
+    assert 0 <= late <= MAX_IN_FLIGHT, late

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
@@ -14,7 +15,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from . import _protocol as protocol
-from ._guard import Guard, configure
+from ._guard import MAX_IN_FLIGHT, Guard, configure
 from ._local import LocalBuckets, limiting_index
 from .aio import AsyncTokenBucket
 from .client import TokenBucket
@@ -235,6 +236,8 @@ class Middleware(Generic[App, Limiter]):
         self.guard = Guard(fail)
         self.local = LocalBuckets()
         configure(limiter.redis, self.timeout)
+        #: The WSGI middleware's `MAX_IN_FLIGHT` (the ASGI one keeps an asyncio semaphore of its own).
+        self.thread_slots = threading.BoundedSemaphore(MAX_IN_FLIGHT)
         # A cluster client cannot send one call for buckets in several slots: such plans go in parts.
         self.in_parts = isinstance(limiter.redis, (RedisCluster, AsyncRedisCluster))
 

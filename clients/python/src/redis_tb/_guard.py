@@ -35,6 +35,10 @@ logger = logging.getLogger("redis_tb")
 PROBE_INTERVALS_S = (0.25, 0.5, 1.0)
 #: A configuration error is logged at ERROR level at most once per row in this many seconds.
 ERROR_LOG_INTERVAL_S = 60.0
+#: Limiter calls one middleware has out at once, at most; the others wait for one to end, within their deadline.
+#: A stalled Redis runs the calls written to it before their deadline when it resumes: this bounds how many, per
+#: process, whatever the request rate (calls still waiting at their deadline were never written).
+MAX_IN_FLIGHT = 64
 
 
 class Guard:

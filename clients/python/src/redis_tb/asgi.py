@@ -15,6 +15,7 @@ from typing import Any
 
 from . import _decide
 from ._decide import FailMode, LimitsSpec, by_path, client_address
+from ._guard import MAX_IN_FLIGHT
 from .aio import AsyncTokenBucket
 from .headers import Standard
 from .identity import DEFAULT_IPV6_SUBNET
@@ -48,6 +49,7 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
     """
 
     _probe_task: asyncio.Task[None] | None = None
+    _slots: asyncio.Semaphore | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -77,11 +79,18 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
             await self.app(scope, receive, _with_headers(send, verdict.headers))
 
     async def _ask_within_deadline(self, plan: _decide.Plan) -> Acquired | AcquiredEach:
-        """`_ask`, cancelled at the deadline (redis-py then closes the connection: nothing more is written to it)."""
+        """`_ask` once one of the `MAX_IN_FLIGHT` slots is free, cancelled at the deadline (redis-py then closes
+        the connection: nothing more is written to it; a call still waiting for a slot was never written)."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         if sys.version_info >= (3, 11):  # no task per call, unlike wait_for before 3.12
             async with asyncio.timeout(self.timeout):
-                return await self._ask(plan)
-        return await asyncio.wait_for(self._ask(plan), self.timeout)
+                return await self._ask_in_slot(plan, self._slots)
+        return await asyncio.wait_for(self._ask_in_slot(plan, self._slots), self.timeout)
+
+    async def _ask_in_slot(self, plan: _decide.Plan, slots: asyncio.Semaphore) -> Acquired | AcquiredEach:
+        async with slots:
+            return await self._ask(plan)
 
     async def _ask(self, plan: _decide.Plan) -> Acquired | AcquiredEach:
         parts = self.parts(plan)

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import _decide
 from ._decide import by_path, client_address
+from ._guard import MAX_IN_FLIGHT
 from .client import TokenBucket
 from .replies import Acquired, AcquiredEach
 
@@ -55,6 +56,15 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
         return self.app(environ, start_with_headers)
 
     def _ask(self, plan: _decide.Plan) -> Acquired | AcquiredEach:
+        """The plan's calls, once one of the `MAX_IN_FLIGHT` slots is free (waiting up to the deadline)."""
+        if not self.thread_slots.acquire(timeout=self.timeout):
+            raise TimeoutError(f"{MAX_IN_FLIGHT} limiter calls are out: none ended within the deadline")
+        try:
+            return self._ask_in_slot(plan)
+        finally:
+            self.thread_slots.release()
+
+    def _ask_in_slot(self, plan: _decide.Plan) -> Acquired | AcquiredEach:
         parts = self.parts(plan)
         if len(parts) == 1:
             return self.limiter._run(plan.call())
