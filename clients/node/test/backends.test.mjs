@@ -151,6 +151,19 @@ for (const kind of CLIENT_KINDS) {
       assert.ok(lines.every((line) => line.level === "info"), "a first detection is no failover");
     });
 
+    test("once the backend is known, each call is one command: no load, no detection", async () => {
+      const { server, conn } = await fresh();
+      const tb = new TbClient(conn.redis);
+      const key = freshKey("steady");
+      await tb.acquire(key, 1, 5);
+      const counted = ["fcall", "function|load", "evalsha", "eval", "script|load", "command"];
+      const before = await Promise.all(counted.map((command) => calls(server.port, command)));
+      for (let i = 0; i < 3; i++) await tb.acquire(key, 1, 5);
+      const after = await Promise.all(counted.map((command) => calls(server.port, command)));
+      const used = FUNCTIONS ? "fcall" : "evalsha";
+      assert.deepEqual(after.map((n, i) => n - before[i]), counted.map((command) => (command === used ? 3 : 0)));
+    });
+
     test("FUNCTION FLUSH mid-run costs one reload, and the bucket is kept", { skip: !FUNCTIONS && "no Redis Functions" }, async () => {
       const { server, conn } = await fresh();
       const tb = new TbClient(conn.redis);
