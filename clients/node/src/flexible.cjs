@@ -421,22 +421,14 @@ class RateLimiterTB {
     if (this._points <= 0) throw new RateLimiterRes(0, this._windowMs(options), pointsToConsume, false);
     const rate = this._rate(options);
     const reply = await this._command(key, () => this.client.acquire(rlKey, rate, this._points, pointsToConsume));
+    // As the library's: the refusal that crosses the limit blocks the key, refusals inside the block do not extend
+    // it, and after it the key starts afresh (block.cjs).
+    const blocks = this.msBlockDuration;
     if (reply.allowed) {
-      const res = this._res(reply, this._untilFull(reply, options), 0, rate);
-      res.isFirstInDuration = res.consumedPoints === pointsToConsume;
-      // Without inMemoryBlockDuration the library keeps the key in memory while Redis would refuse it anyway: for
-      // a bucket, until its next point is back.
-      if (this._reachesInMemoryBlock(res) && !(this._inMemoryBlockDuration > 0)) {
-        const nextPointMs = reply.resetAfterMs - ((this._points - 1) / rate) * 1000;
-        if (nextPointMs > 0) this._inMemoryBlockedKeys.addMs(rlKey, nextPointMs);
-      }
-      return res;
+      return this._granted(rlKey, rate, pointsToConsume, options, await this._blocker.afterGrant(rlKey, rate, this._points, pointsToConsume, blocks, reply));
     }
-    // As the library's: the refusal that crosses the limit blocks the key; refusals inside the block do not
-    // extend it, and the request after it is admitted (block.cjs).
-    const waitMs = await this._command(key, () =>
-      this._blocker.afterRefusal(rlKey, rate, this._points, pointsToConsume, this.msBlockDuration, reply),
-    );
+    const { granted, waitMs } = await this._blocker.afterRefusal(rlKey, rate, this._points, pointsToConsume, blocks, reply);
+    if (granted) return this._granted(rlKey, rate, pointsToConsume, options, granted);
     // More than `points` never fits (wait -1): as the library, the wait is the window's (where no block is set).
     const windowMs = this._windowMs(options);
     const res = this._res(reply, windowMs === -1 ? -1 : waitMs < 0 ? windowMs : waitMs, pointsToConsume, rate);
@@ -445,6 +437,19 @@ class RateLimiterTB {
       if (res.msBeforeNext > 0) this._inMemoryBlockedKeys.addMs(rlKey, res.msBeforeNext);
     }
     throw res;
+  }
+
+  /** The RateLimiterRes of a granted consume (and the in-memory block it may start). */
+  _granted(rlKey, rate, pointsToConsume, options, reply) {
+    const res = this._res(reply, this._untilFull(reply, options), 0, rate);
+    res.isFirstInDuration = res.consumedPoints === pointsToConsume;
+    // Without inMemoryBlockDuration the library keeps the key in memory while Redis would refuse it anyway: for
+    // a bucket, until its next point is back.
+    if (this._reachesInMemoryBlock(res) && !(this._inMemoryBlockDuration > 0)) {
+      const nextPointMs = reply.resetAfterMs - ((this._points - 1) / rate) * 1000;
+      if (nextPointMs > 0) this._inMemoryBlockedKeys.addMs(rlKey, nextPointMs);
+    }
+    return res;
   }
 
   _reachesInMemoryBlock(res) {

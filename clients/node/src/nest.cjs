@@ -5,8 +5,8 @@
 //   allowed  totalHits = the tokens in use (1..limit), timeToExpire = seconds until the bucket is full again
 //   refused  isBlocked, totalHits = limit + 1, timeToBlockExpire = seconds until a request can pass. As with the
 //            library's own storage, the first refusal blocks the key for `blockDuration` (the guard's default is
-//            `ttl`), a refusal while blocked does not extend the block, and the request after the block is
-//            admitted (block.cjs). blockDuration 0: no block, the wait is the next token's.
+//            `ttl`), a refusal while blocked does not extend the block, and after the block the key starts
+//            afresh (block.cjs). blockDuration 0: no block, the wait is the next token's.
 
 const { TbClient } = require("./client.cjs");
 const { TbArgumentError } = require("./errors.cjs");
@@ -38,21 +38,26 @@ class TbThrottlerStorage {
     const bucket = this.prefix + key;
     const rate = limit / (ttl / 1000);
     const reply = await this.client.acquire(bucket, rate, limit, 1);
-    if (reply.allowed) {
-      const used = Math.ceil(limit - reply.remaining);
-      return {
-        totalHits: Math.min(limit, Math.max(1, used)),
-        timeToExpire: Math.ceil(reply.resetAfterMs / 1000),
-        isBlocked: false,
-        timeToBlockExpire: 0,
-      };
-    }
-    const waitMs = await this._blocker.afterRefusal(bucket, rate, limit, 1, blockDuration, reply);
+    // As the library's: the refusal that crosses the limit blocks the key, refusals inside the block do not extend
+    // it, and after it the key starts afresh (block.cjs).
+    if (reply.allowed) return this._granted(limit, await this._blocker.afterGrant(bucket, rate, limit, 1, blockDuration, reply));
+    const { granted, waitMs } = await this._blocker.afterRefusal(bucket, rate, limit, 1, blockDuration, reply);
+    if (granted) return this._granted(limit, granted);
     return {
       totalHits: limit + 1,
       timeToExpire: Math.ceil(reply.resetAfterMs / 1000),
       isBlocked: true,
       timeToBlockExpire: Math.ceil(Math.max(0, waitMs) / 1000),
+    };
+  }
+
+  _granted(limit, reply) {
+    const used = Math.ceil(limit - reply.remaining);
+    return {
+      totalHits: Math.min(limit, Math.max(1, used)),
+      timeToExpire: Math.ceil(reply.resetAfterMs / 1000),
+      isBlocked: false,
+      timeToBlockExpire: 0,
     };
   }
 }

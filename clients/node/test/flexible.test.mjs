@@ -241,6 +241,22 @@ describe("RateLimiterTB, the rest of RateLimiterRedis's interface, against it on
     assert.deepEqual(seen.slice(0, 6), [3, 2, 0, 9, false, false]);
   });
 
+  test("after a block the key starts afresh: all of points pass again, as the library's", async () => {
+    const { theirs, ours } = pair({ points: 2, duration: 10, blockDuration: 1 });
+    const run = async (limiter) => {
+      const outcomes = [];
+      for (let i = 0; i < 3; i++) outcomes.push((await attempt(limiter, "k")).ok);
+      return outcomes;
+    };
+    const before = { theirs: await run(theirs), ours: await run(ours) };
+    assert.deepEqual(before.theirs, [true, true, false]);
+    assert.deepEqual(before.ours, before.theirs);
+    await new Promise((resolve) => setTimeout(resolve, 1100));
+    const after = { theirs: await run(theirs), ours: await run(ours) };
+    assert.deepEqual(after.theirs, [true, true, false], "the library: its window afresh, then a new block");
+    assert.deepEqual(after.ours, after.theirs);
+  });
+
   test("a request above points crosses the limit and blocks the key, as the library's", async () => {
     const { theirs, ours } = pair({ points: 1, duration: 1, blockDuration: 2 });
     const unblocked = pair({ points: 1, duration: 1 });

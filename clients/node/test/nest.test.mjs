@@ -79,6 +79,27 @@ describe("@nestjs/throttler with TbThrottlerStorage", () => {
     assert.deepEqual(blocked.ours, blocked.theirs);
   });
 
+  test("after the block the key starts afresh: the whole limit passes again, as with the library's storage", async () => {
+    const theirs = new ThrottlerStorageService();
+    const ours = new TbThrottlerStorage({ client: suite.conn.redis, prefix: `${freshKey("nestfresh")}:` });
+    const run = async (storage) => {
+      const blocked = [];
+      for (let i = 0; i < 3; i++) blocked.push((await storage.increment("client", 10_000, 2, 300, "default")).isBlocked);
+      return blocked;
+    };
+    try {
+      const before = { theirs: await run(theirs), ours: await run(ours) };
+      assert.deepEqual(before.ours, [false, false, true]);
+      assert.deepEqual(before.ours, before.theirs);
+      await new Promise((resolve) => setTimeout(resolve, 400));
+      const after = { theirs: await run(theirs), ours: await run(ours) };
+      assert.deepEqual(after.theirs, [false, false, true], "the library: two hits afresh, then a new block");
+      assert.deepEqual(after.ours, after.theirs);
+    } finally {
+      theirs.onApplicationShutdown();
+    }
+  });
+
   test("blockDuration 0: a refused request waits only for the next token", async () => {
     const storage = new TbThrottlerStorage({ client: suite.conn.redis, prefix: `${freshKey("nest0")}:` });
     const { app, url } = await nestApp(storage, [{ ttl: 8000, limit: 2, blockDuration: 0 }]);
