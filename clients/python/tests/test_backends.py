@@ -167,6 +167,21 @@ def test_failover_to_a_primary_without_the_module_switches_and_retries(
     assert len([entry for entry in logged if entry[0] == logging.WARNING]) == 1
 
 
+async def test_async_client_switches_after_a_failover_too(failover: Callable[[bool], Failover], key: str) -> None:
+    pair = failover(True)
+    conn = pair.primary.async_client()
+    try:
+        tb = AsyncTokenBucket(conn)
+        assert (await tb.acquire(key, 0.01, 10, 4)).remaining == 6
+        pair.run()
+        await conn.connection_pool.disconnect()
+        conn.connection_pool = redis.asyncio.ConnectionPool(host="127.0.0.1", port=pair.replica.port)
+        assert (await tb.acquire(key, 0.01, 10, 4)).remaining == 2
+        assert tb.backend_in_use == WITHOUT_MODULE
+    finally:
+        await conn.aclose()
+
+
 def test_a_promoted_replica_serves_without_the_module(failover: Callable[[bool], Failover], key: str) -> None:
     """Library or script, a promoted replica serves the next call: functions replicate with FUNCTION LOAD, and a
     script the new primary never cached costs one EVAL."""
