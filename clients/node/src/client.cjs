@@ -98,7 +98,7 @@ function isLibraryLoaded(error) {
 
 /** Redis Functions cannot serve this client: no FCALL/FUNCTION, or its ACL user may not run them. */
 function isFunctionsUnavailable(error) {
-  return isUnknownCommand(error) || /permissions to run the '(fcall|function)/i.test(error.message);
+  return isUnknownCommand(error) || /permissions to run the '(fcall|function)/i.test(error.message) || error.libraryRefused === true;
 }
 
 // What a script's `redis.call('TIME')` meets where TIME is refused, by server (the same table as the Python
@@ -213,7 +213,8 @@ class TbClient {
       return true;
     }
     if (backend === "function" && isFunctionsUnavailable(error)) {
-      this._switch("script", `Redis Functions are unavailable (${summary(error)})`);
+      const what = error.libraryRefused ? "the server refused the library" : "Redis Functions are unavailable";
+      this._switch("script", `${what} (${summary(error)})`);
       return true;
     }
     return false;
@@ -240,7 +241,12 @@ class TbClient {
     try {
       await this._connection.send(key, ["FUNCTION", "LOAD", script.library()]);
     } catch (error) {
-      if (!(isReplyError(error) && isLibraryLoaded(error))) throw error; // another client loaded it first
+      if (!isReplyError(error)) throw error;
+      if (isLibraryLoaded(error)) return this._connection.send(key, fcall); // another client loaded it first
+      // A plain ERR refuses the library itself (it does not compile or register there): no passing state (those
+      // have their own codes: LOADING, BUSY, OOM, READONLY, MASTERDOWN, ...) and no permission (NOPERM).
+      if (/^ERR /.test(error.message)) error.libraryRefused = true;
+      throw error;
     }
     return this._connection.send(key, fcall);
   }

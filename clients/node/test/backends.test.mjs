@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import fs from "node:fs";
 import net from "node:net";
 import path from "node:path";
+import { createRequire } from "node:module";
 import { after, before, describe, test } from "node:test";
 
 import { TbClient, luaScript } from "../src/index.mjs";
@@ -14,6 +15,7 @@ import { isFunctionMissing, isFunctionsUnavailable, isTimeRefused, isUnknownComm
 import { connect, connectCluster, CLIENT_KINDS } from "./clients.mjs";
 import { Cluster, REPOSITORY, Server, WITHOUT_MODULE, freshKey, rawCommand, waitUntil } from "./harness.mjs";
 
+const script = createRequire(import.meta.url)("../src/script.cjs");
 const FUNCTIONS = WITHOUT_MODULE === "function";
 const LIBRARY = luaScript.libraryName();
 
@@ -187,6 +189,16 @@ for (const kind of CLIENT_KINDS) {
         assert.ok(lines.some((line) => /Redis Functions are unavailable \(NOPERM .*no permissions to run the/.test(line.message)), JSON.stringify(lines));
       });
     }
+
+    test("a library the server refuses is no outage: the calls go to the script, and the log says why", { skip: !FUNCTIONS && "no Redis Functions" }, async (t) => {
+      const { conn } = await fresh();
+      t.mock.method(script, "library", () => `#!lua name=${LIBRARY}\nthis is not Lua`);
+      const { lines, log } = recorder();
+      const tb = new TbClient(conn.redis, { log });
+      assert.equal((await tb.acquire(freshKey("refused"), 10, 20)).remaining, 19);
+      assert.equal(tb.backendInUse, "script");
+      assert.match(lines.at(-1).message, /the server refused the library \(ERR Error compiling function/);
+    });
 
     test("backend 'function' or 'script' is kept, never switched", async () => {
       const { conn } = await fresh();

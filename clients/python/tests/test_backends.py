@@ -226,6 +226,20 @@ def test_acl_user_without_function_load_uses_a_library_already_there(fresh_plain
     assert tb.backend_in_use == "function"
 
 
+@needs_functions
+def test_a_library_the_server_refuses_falls_back_to_the_script(
+    fresh_plain: Server, key: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library that does not load there (here: one that does not compile) is no outage: the calls go to the
+    script, and the log says why."""
+    caplog.set_level(logging.INFO, logger="redis_tb")
+    monkeypatch.setattr(protocol, "LIBRARY", f"#!lua name={protocol.LIBRARY_NAME}\nthis is not Lua")
+    tb = TokenBucket(fresh_plain.client())
+    assert tb.acquire(key, 10, 20).remaining == 19
+    assert tb.backend_in_use == "script"
+    assert "the server refused the library (Error compiling function" in switches(caplog)[-1][1]
+
+
 @pytest.mark.parametrize("backend", ["function", "script"])
 def test_forced_backend_never_falls_back(fresh_plain: Server, key: str, backend: str) -> None:
     tb = TokenBucket(fresh_plain.client(), backend=backend)  # type: ignore[arg-type]

@@ -225,12 +225,27 @@ def is_library_loaded(error: Exception) -> bool:
     return "already exists" in str(error).lower()
 
 
+class LibraryRefused(ResponseError):
+    """FUNCTION LOAD refused the library itself with a plain `ERR` (it does not compile or register there): no
+    passing state (those have their own codes: LOADING, BUSY, OOM, READONLY, MASTERDOWN, ...) and no permission
+    (NOPERM), so the library cannot serve this server and the client goes on to the script."""
+
+
+def library_refused(error: ResponseError) -> LibraryRefused | None:
+    """`error` as a `LibraryRefused` when it is a plain `ERR` reply to FUNCTION LOAD (redis-py drops the `ERR`;
+    other codes stay at the start of the text, and some have their own exception classes)."""
+    text = str(error)
+    if type(error) is not ResponseError or is_library_loaded(error) or re.match(r"[A-Z]+ ", text):
+        return None
+    return LibraryRefused(text)
+
+
 def is_functions_unavailable(error: Exception) -> bool:
     """Whether Redis Functions cannot serve this client: the server has no FCALL/FUNCTION (Redis 6.2), or its
     ACL user may not run them (`NOPERM ... 'fcall'`, `NOPERM ... 'function|load'`)."""
     text = str(error).lower()  # redis-py drops the NOPERM prefix (NoPermissionError); other clients keep it
     refused = "permissions to run the 'fcall'" in text or "permissions to run the 'function" in text
-    return refused or is_unknown_command(error)
+    return refused or is_unknown_command(error) or isinstance(error, LibraryRefused)
 
 
 # What a script's `redis.call('TIME')` meets where TIME is refused, by server:

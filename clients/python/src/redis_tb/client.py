@@ -91,7 +91,12 @@ class Backends:
             self._switch(protocol.FUNCTION, f"the server does not know {call.name} ({protocol.summary(error)})")
             return True
         if backend == protocol.FUNCTION and protocol.is_functions_unavailable(error):
-            self._switch(protocol.SCRIPT_BACKEND, f"Redis Functions are unavailable ({protocol.summary(error)})")
+            what = (
+                "the server refused the library"
+                if isinstance(error, protocol.LibraryRefused)
+                else "Redis Functions are unavailable"
+            )
+            self._switch(protocol.SCRIPT_BACKEND, f"{what} ({protocol.summary(error)})")
             return True
         return False
 
@@ -150,7 +155,7 @@ def _fcall(call: protocol.Call[Any], caller_us: int | None) -> Generator[Send, A
         yield Send(("FUNCTION", "LOAD", protocol.LIBRARY), call.keys[0], routed=True)
     except ResponseError as error:
         if not protocol.is_library_loaded(error):  # another client loaded it first
-            raise
+            raise protocol.library_refused(error) or error from None
     return (yield fcall)
 
 
