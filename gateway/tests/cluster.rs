@@ -8,8 +8,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_within_buckets, fixture, free_port_with_bus, fresh_dir, redis_cli, request,
-    should_rate_limit, wait_until, Edge, Redis, Service,
+    assert_within_buckets, fixture, free_port_with_bus, fresh_dir, hammer, metric, redis_cli,
+    request, should_rate_limit, tokens, wait_for_recovery, wait_until, Edge, Redis, Service,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
@@ -184,5 +184,59 @@ async fn envoy_with_a_cluster_stays_within_every_bucket() {
     assert!(
         served.total as f64 >= 0.5 * common::GLOBAL_LIMIT.1 * seconds,
         "{served:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_cluster_is_no_reconnect_storm_and_nothing_is_charged_late() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start();
+    let dir = fresh_dir();
+    let config = dir.join("ratelimit.yaml");
+    std::fs::write(
+        &config,
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 1, burst: 50 }\n",
+    )
+    .expect("write the config");
+    let service = Service::start(
+        &config,
+        &cluster.urls(),
+        &["--redis-type", "cluster", "--redis-timeout", "100ms"],
+        &dir,
+    );
+    assert_eq!(tokens(&service, "api", "ann").await, 50);
+    let connects_before = metric(&service, "tb_rls_redis_connects_total");
+    // Every primary pauses writes, as a failover pauses the one it demotes.
+    for node in &cluster.nodes {
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(2500)
+            .arg("WRITE")
+            .query(&mut node.conn())
+            .expect("CLIENT PAUSE");
+    }
+    let (answered, unavailable) =
+        hammer(&service, "api", "ann", 4, Duration::from_millis(2_000)).await;
+    assert_eq!(
+        answered, unavailable,
+        "every call in the pause is unavailable"
+    );
+    let connects = metric(&service, "tb_rls_redis_connects_total") - connects_before;
+    assert!(
+        connects <= 10,
+        "{connects} cluster connections for {answered} calls:\n{}",
+        service.proc.log_text()
+    );
+    for node in &cluster.nodes {
+        let _: () = redis::cmd("CLIENT")
+            .arg("UNPAUSE")
+            .query(&mut node.conn())
+            .expect("CLIENT UNPAUSE");
+    }
+    wait_for_recovery(&service, "api").await;
+    assert_eq!(
+        tokens(&service, "api", "ann").await,
+        50,
+        "calls answered UNAVAILABLE were charged when the pause ended"
     );
 }

@@ -623,3 +623,88 @@ pub fn assert_within_buckets(served: &Served, seconds: f64) {
         bound(EXPORT_LIMIT)
     );
 }
+
+/// A counter or gauge of the service's metrics.
+pub fn metric(service: &Service, name: &str) -> u64 {
+    service
+        .metrics()
+        .lines()
+        .find_map(|line| line.strip_prefix(name))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Tokens left in `user`'s bucket of `domain`, read with a cost-0 call (it takes nothing).
+pub async fn tokens(service: &Service, domain: &str, user: &str) -> u32 {
+    let mut client = service.client().await;
+    let response = should_rate_limit(
+        &mut client,
+        request(domain, &[(&[("user", user)], Some(0))]),
+    )
+    .await
+    .expect("a decision");
+    response
+        .statuses
+        .first()
+        .map(|status| status.limit_remaining)
+        .expect("a status")
+}
+
+/// Polls with another user's requests until one is decided again (Redis is back).
+pub async fn wait_for_recovery(service: &Service, domain: &str) {
+    let mut client = service.client().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if should_rate_limit(
+            &mut client,
+            request(domain, &[(&[("user", "probe")], None)]),
+        )
+        .await
+        .is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no recovery:\n{}", service.proc.log_text());
+}
+
+/// `tasks` clients sending `user`'s requests back to back for `length`: how many were answered, and how many of
+/// those were UNAVAILABLE.
+pub async fn hammer(
+    service: &Service,
+    domain: &str,
+    user: &str,
+    tasks: usize,
+    length: Duration,
+) -> (u64, u64) {
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let mut client = service.client().await;
+        let user = user.to_owned();
+        let domain = domain.to_owned();
+        handles.push(tokio::spawn(async move {
+            let (mut answered, mut unavailable) = (0, 0);
+            let started = Instant::now();
+            while started.elapsed() < length {
+                let outcome =
+                    should_rate_limit(&mut client, request(&domain, &[(&[("user", &user)], None)]))
+                        .await;
+                answered += 1;
+                match outcome {
+                    Err(status) if status.code() == tonic::Code::Unavailable => unavailable += 1,
+                    Err(status) => panic!("unexpected {status:?}"),
+                    Ok(_) => {}
+                }
+            }
+            (answered, unavailable)
+        }));
+    }
+    let mut totals = (0, 0);
+    for handle in handles {
+        let (answered, unavailable) = handle.await.expect("a hammer task");
+        totals.0 += answered;
+        totals.1 += unavailable;
+    }
+    totals
+}
