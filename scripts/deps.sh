@@ -53,6 +53,8 @@ command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 # The HTTP load generator of `make bench` (FastAPI with the Python middleware, scripts/bench_python.py) and of
 # tb-rls's Envoy tests and bench.
 [ -x "${TB_WRK:-/usr/bin/wrk}" ] || missing+=(wrk)
+# The server's instructions per call in `make bench` (scripts/bench_lua.py, scripts/profile_lua.sh): callgrind.
+command -v valgrind >/dev/null 2>&1 && command -v callgrind_control >/dev/null 2>&1 || missing+=(valgrind)
 # HTTP/2 requests of the release tests (scripts/rls_call.py) and the demo's readiness checks and curl lines.
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 
