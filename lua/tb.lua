@@ -183,17 +183,27 @@ end
 -- Numbers as the module parses them (src/number.rs: Rust's grammar, finite values only).
 ---------------------------------------------------------------------------------------------------------------
 
--- Texts already parsed, and the values of the texts the script wrote last: a library keeps them across calls (a
--- hot key's stored fields and a caller's usual arguments are then a table lookup instead of a scan and a
--- tonumber); the EVAL form starts afresh on every call and keeps none. Bounded: cleared at MEMO_LIMIT entries.
+-- Texts already parsed (memo_*), and the texts the script wrote last with their values (recent_*): a library
+-- keeps them across calls, so a caller's usual arguments and a hot key's stored fields are a table lookup instead
+-- of a scan and a tonumber; the EVAL form starts afresh on every call and keeps none. Both bounded: cleared at
+-- MEMO_LIMIT and RECENT_LIMIT entries (every write adds three to recent_*).
 local MEMO_LIMIT = 256
-local memo_f64, memo_i64, memo_text, memo_entries
+local RECENT_LIMIT = 48
+local memo_f64, memo_i64, memo_entries
+local recent_f64, recent_i64, recent_text, recent_entries
 
 local function memo_reset()
-  memo_f64, memo_i64, memo_text, memo_entries = {}, {}, {}, 0
+  memo_f64, memo_i64, memo_entries = {}, {}, 0
 end
 
-if AS_LIBRARY then memo_reset() end
+local function recent_reset()
+  recent_f64, recent_i64, recent_text, recent_entries = {}, {}, {}, 0
+end
+
+if AS_LIBRARY then
+  memo_reset()
+  recent_reset()
+end
 
 local function memo_add(memo, text, value)
   memo[text] = value
@@ -207,7 +217,7 @@ end
 -- followed by 309 zeros are refused, as the module refuses them.
 local function parse_f64(text)
   if memo_f64 then
-    local known = memo_f64[text]
+    local known = memo_f64[text] or recent_f64[text]
     if known then return known end
   end
   if text == nil or string.find(text, '[^%d%.eE+-]') then return nil end
@@ -220,7 +230,7 @@ end
 -- An integer in i64 range: [+-] digits.
 local function parse_i64(text)
   if memo_i64 then
-    local known = memo_i64[text]
+    local known = memo_i64[text] or recent_i64[text]
     if known then return known end
   end
   if text == nil or not string.find(text, '^[+-]?%d+$') then return nil end
@@ -236,16 +246,17 @@ local function parse_i64(text)
 end
 
 local function parse_rate_burst(rate_text, burst_text)
-  local rate = parse_f64(rate_text)
+  -- The memo first, without a call: a caller's usual rate and burst.
+  local rate = memo_f64 and memo_f64[rate_text] or parse_f64(rate_text)
   if rate == nil or not (rate > 0) then refuse(ERR_RATE) end
-  local burst = parse_f64(burst_text)
+  local burst = memo_f64 and memo_f64[burst_text] or parse_f64(burst_text)
   if burst == nil or not (burst > 0) then refuse(ERR_BURST) end
   return rate, burst
 end
 
 -- A finite number >= 0, with -0 read as 0 (as Cost::new and Amount::new).
 local function parse_non_negative(text, message)
-  local value = parse_f64(text)
+  local value = memo_f64 and memo_f64[text] or parse_f64(text)
   if value == nil or not (value >= 0) then refuse(message) end
   if value == 0 then return 0 end
   return value
@@ -280,8 +291,8 @@ end
 -- 15 digits reads back to x, x rounds to it at 15 digits and '%g' drops the trailing zeros, and in that range ryu
 -- writes the same plain digits. Everything else takes the exact fallback.
 local function encode_tokens(tokens)
-  if memo_text then
-    local known = memo_text[tokens]
+  if recent_text then
+    local known = recent_text[tokens]
     if known then return known end
   end
   if tokens % 1 == 0 and tokens < MAX_EXACT_INTEGER and tokens > -MAX_EXACT_INTEGER then
@@ -367,10 +378,10 @@ local function write_bucket(key, tokens, ts, expire_at_ms, slack_ms, existed, no
     -- Redis 6.2 puts where the script called it before the reply: '@user_script: 662: -OOM ...'.
     refuse(string.match(written.err, '^@[^:]*: %d+: %-(.*)$') or written.err)
   end
-  if memo_f64 then
-    memo_f64[tokens_text], memo_i64[ts_text], memo_text[tokens] = tokens, ts, tokens_text
-    memo_entries = memo_entries + 3
-    if memo_entries > MEMO_LIMIT then memo_reset() end
+  if recent_f64 then
+    recent_f64[tokens_text], recent_i64[ts_text], recent_text[tokens] = tokens, ts, tokens_text
+    recent_entries = recent_entries + 3
+    if recent_entries > RECENT_LIMIT then recent_reset() end
   end
   if not keep then
     local at_ms = expire_at_ms + slack_ms -- both far below 2^53: at most now + 100 years, and a day
@@ -430,6 +441,31 @@ local function take(stored_tokens, stored_ts, now, rate, burst, cost)
     full_at = full_at + 1
   end
   return after, full_at
+end
+
+-- Writes what `take` decided and returns the reply's remaining (saturated as the core's) and reset: the core's
+-- write_expiring and reply, with every instant a non-negative integer below 2^53. `x % 1000` is exact there, so
+-- floor and ceil of x / 1000 need no correction (floor_div, ceil_div), and `x % 1` neither.
+local function write_taken(key, after, full_at, now, rate, burst, existed)
+  local cap_ms = (now - now % MICROS_PER_MS) / MICROS_PER_MS + MAX_TTL_MS
+  local expire_at_ms = (full_at - full_at % MICROS_PER_MS) / MICROS_PER_MS
+  if full_at % MICROS_PER_MS > 0 then expire_at_ms = expire_at_ms + 1 end
+  if expire_at_ms > cap_ms then expire_at_ms = cap_ms end
+  local slack_ms = burst / rate * 10.0 -- expiry_slack_ms, inline
+  if slack_ms <= MIN_EXPIRY_SLACK_MS then
+    slack_ms = MIN_EXPIRY_SLACK_MS
+  elseif slack_ms > MAX_EXPIRY_SLACK_MS then
+    slack_ms = MAX_EXPIRY_SLACK_MS
+  elseif slack_ms % 1 > 0 then
+    slack_ms = slack_ms - slack_ms % 1 + 1
+  end
+  write_bucket(key, after, now, expire_at_ms, slack_ms, existed, now)
+  local wait_us = full_at - now
+  local reset_ms = (wait_us - wait_us % MICROS_PER_MS) / MICROS_PER_MS
+  if wait_us % MICROS_PER_MS > 0 then reset_ms = reset_ms + 1 end
+  local left = after - after % 1 -- floor(after), after >= 0, saturated as floor_saturating
+  if left >= I64_MAX then left = I64_MAX end
+  return left, reset_ms
 end
 
 -- Everything else (the core in full, the other commands, ryu's formatting) is built by `general` on first need:
@@ -499,20 +535,22 @@ general = function()
     return at_us
   end
 
+  -- Whether `current` holds `cost` after waiting `ms` from now.
+  local function paid_after(current, now_us, p, cost, ms)
+    local at_us = sat_add(now_us, sat_mul(ms, MICROS_PER_MS))
+    return tokens_at(current, at_us, p) >= cost
+  end
+
   local function retry_after_ms(current, now_us, p, cost)
     local estimate_us = ceil_saturating(seconds_to_refill(current.tokens, cost, p) * MICROS_PER_SEC)
     local ready_us = sat_add(current.ts, estimate_us)
     local wait_ms = math.max(ms_until(now_us, ready_us), 1)
-    local function paid_after(ms)
-      local at_us = sat_add(now_us, sat_mul(ms, MICROS_PER_MS))
-      return tokens_at(current, at_us, p) >= cost
-    end
     for _ = 1, MAX_CORRECTIONS do
-      if wait_ms == I64_MAX or paid_after(wait_ms) then break end
+      if wait_ms == I64_MAX or paid_after(current, now_us, p, cost, wait_ms) then break end
       wait_ms = sat_add(wait_ms, 1)
     end
     for _ = 1, MAX_CORRECTIONS do
-      if wait_ms <= 1 or not paid_after(wait_ms - 1) then break end
+      if wait_ms <= 1 or not paid_after(current, now_us, p, cost, wait_ms - 1) then break end
       wait_ms = wait_ms - 1
     end
     return wait_ms
@@ -539,28 +577,29 @@ general = function()
   -- Outcomes, as the core's `Outcome`.
   local ALLOWED, DENIED, IMPOSSIBLE = 'allowed', 'denied', 'impossible'
 
+  local function reply_for(outcome, state, now_us, full_at, retry)
+    return {
+      outcome = outcome,
+      remaining = remaining(state),
+      retry_after_ms = retry,
+      reset_after_ms = ms_until(now_us, full_at),
+    }
+  end
+
   local function decide(current, now_us, p, cost)
-    local function reply_for(outcome, state, full_at, retry)
-      return {
-        outcome = outcome,
-        remaining = remaining(state),
-        retry_after_ms = retry,
-        reset_after_ms = ms_until(now_us, full_at),
-      }
-    end
     if cost > p.burst then
-      return reply_for(IMPOSSIBLE, current, full_at_us(current, p), -1)
+      return reply_for(IMPOSSIBLE, current, now_us, full_at_us(current, p), -1)
     end
     if cost == 0 then
-      return reply_for(ALLOWED, current, full_at_us(current, p), 0)
+      return reply_for(ALLOWED, current, now_us, full_at_us(current, p), 0)
     end
     if current.tokens < cost then
       local retry = retry_after_ms(current, now_us, p, cost)
-      return reply_for(DENIED, current, full_at_us(current, p), retry)
+      return reply_for(DENIED, current, now_us, full_at_us(current, p), retry)
     end
     local after = { tokens = math.max(current.tokens - cost, 0.0), ts = current.ts }
     local full_at = full_at_us(after, p)
-    local decision = reply_for(ALLOWED, after, full_at, 0)
+    local decision = reply_for(ALLOWED, after, now_us, full_at, 0)
     decision.write = write_expiring(after, full_at, now_us, p)
     return decision
   end
@@ -634,18 +673,20 @@ general = function()
   end
 
   -- change: nil (keep), 'delete', or a write.
+  -- A refund that refunds nothing: the bucket as it is (rebased after a clock step back).
+  local function unchanged(stored, state, now_us, p)
+    return { refunded = 0, remaining = remaining(state), reset_after_ms = ms_until(now_us, full_at_us(state, p)),
+             write = rebased_write(stored, now_us, p) }
+  end
+
   local function refund(stored, now_us, p, amount)
     if not stored then
       return { refunded = 0, remaining = floor_saturating(p.burst), reset_after_ms = 0 }
     end
     local current = refilled(stored, now_us, p)
-    local function unchanged(state)
-      return { refunded = 0, remaining = remaining(state), reset_after_ms = ms_until(now_us, full_at_us(state, p)),
-               write = rebased_write(stored, now_us, p) }
-    end
-    if current.tokens < 0 then return unchanged(current) end
+    if current.tokens < 0 then return unchanged(stored, current, now_us, p) end
     local after = { tokens = math.min(current.tokens + amount, p.burst), ts = current.ts }
-    if after.tokens <= current.tokens then return unchanged(current) end
+    if after.tokens <= current.tokens then return unchanged(stored, current, now_us, p) end
     if after.tokens >= p.burst then
       return { refunded = 1, remaining = remaining(after), reset_after_ms = 0, delete = true }
     end
@@ -839,24 +880,81 @@ general = function()
     return { d.outcome == ALLOWED and 1 or 0, int(d.remaining), int(d.retry_after_ms), int(d.reset_after_ms) }
   end
 
+  -- Pairwise below 16 keys (interned strings compare in one step), a set above.
   local function check_distinct(keys)
+    local n = #keys
+    if n <= 16 then
+      for i = 2, n do
+        for j = 1, i - 1 do
+          if keys[i] == keys[j] then refuse(ERR_DUPLICATE) end
+        end
+      end
+      return
+    end
     local seen = {}
-    for _, key in ipairs(keys) do
-      if seen[key] then refuse(ERR_DUPLICATE) end
-      seen[key] = true
+    for i = 1, n do
+      if seen[keys[i]] then refuse(ERR_DUPLICATE) end
+      seen[keys[i]] = true
     end
   end
 
-  local function read_members(keys, members)
-    for i, key in ipairs(keys) do
-      members[i].stored = read_state(key)
+  -- TB.ACQUIREALL and TB.ACQUIREEACH keep bucket i's rate, burst, cost, stored tokens and ts, and what `take` made
+  -- of it (tokens after, full-at instant) at 7i - 6 .. 7i of one table, reused by every call (a library's calls
+  -- never overlap): no table per bucket on the way to an allowed call.
+  local many = {}
+
+  -- Each bucket's parameters, checked in the module's order: (rate burst) each after a shared cost, or
+  -- (rate burst cost) each.
+  local function parse_many(n, args, shared_cost)
+    for i = 1, n do
+      local o = 7 * i - 7
+      if shared_cost then
+        many[o + 1], many[o + 2] = parse_rate_burst(args[2 * i], args[2 * i + 1])
+        many[o + 3] = shared_cost
+      else
+        many[o + 1], many[o + 2] = parse_rate_burst(args[3 * i - 2], args[3 * i - 1])
+        many[o + 3] = parse_non_negative(args[3 * i], ERR_COST)
+      end
     end
+  end
+
+  -- Reads every bucket, then the clock; true when `take` decides every bucket (all allowed, the common case).
+  local function read_and_take_many(keys, n)
+    for i = 1, n do
+      local o = 7 * i - 7
+      many[o + 4], many[o + 5] = read_bucket(keys[i])
+    end
+    local now = now_us()
+    for i = 1, n do
+      local o = 7 * i - 7
+      local after, full_at = take(many[o + 4], many[o + 5], now, many[o + 1], many[o + 2], many[o + 3])
+      if after == nil then return now, false end
+      many[o + 6], many[o + 7] = after, full_at
+    end
+    return now, true
+  end
+
+  -- Writes bucket i as `take` decided; returns its reply's remaining and reset.
+  local function write_taken_many(keys, i, now)
+    local o = 7 * i - 7
+    return write_taken(keys[i], many[o + 6], many[o + 7], now, many[o + 1], many[o + 2], many[o + 4] ~= nil)
+  end
+
+  -- The general path's members, { p, cost, stored }, from what parse_many and read_and_take_many kept.
+  local function members_of(n)
+    local members = {}
+    for i = 1, n do
+      local o = 7 * i - 7
+      members[i] = { p = { rate = many[o + 1], burst = many[o + 2] }, cost = many[o + 3],
+                     stored = state_of(many[o + 4], many[o + 5]) }
+    end
+    return members
   end
 
   local function write_members(keys, members, decisions, now)
-    for i, key in ipairs(keys) do
+    for i = 1, #keys do
       local write = decisions[i].write
-      if write then write_state(key, write, members[i].stored ~= nil, now) end
+      if write then write_state(keys[i], write, members[i].stored ~= nil, now) end
     end
   end
 
@@ -864,14 +962,19 @@ general = function()
     local n = #keys
     if n == 0 or #args ~= 1 + 2 * n then arity_error('tb.acquireall') end
     if n > MAX_BUCKETS then refuse('ERR too many buckets: TB.ACQUIREALL takes at most 1000') end
-    local cost = parse_non_negative(args[1], ERR_COST)
-    local members = {}
-    for i = 1, n do
-      members[i] = { p = parse_params(args[2 * i], args[2 * i + 1]), cost = cost }
-    end
+    parse_many(n, args, parse_non_negative(args[1], ERR_COST))
     check_distinct(keys)
-    read_members(keys, members)
-    local now = now_us()
+    local now, all_taken = read_and_take_many(keys, n)
+    if all_taken then
+      local fewest, limiting, max_reset = nil, 1, 0
+      for i = 1, n do
+        local left, reset_ms = write_taken_many(keys, i, now)
+        if fewest == nil or left < fewest then fewest, limiting = left, i end
+        if reset_ms > max_reset then max_reset = reset_ms end
+      end
+      return { 1, int(fewest), 0, max_reset, limiting - 1 }
+    end
+    local members = members_of(n)
     local combined = acquire_many(members, now)
     -- A refused call still writes the buckets that record a new time base after a clock step back.
     write_members(keys, members, combined.buckets, now)
@@ -890,14 +993,20 @@ general = function()
     local n = #keys
     if n == 0 or #args ~= 3 * n then arity_error('tb.acquireeach') end
     if n > MAX_BUCKETS then refuse('ERR too many buckets: TB.ACQUIREEACH takes at most 1000') end
-    local members = {}
-    for i = 1, n do
-      local p = parse_params(args[3 * i - 2], args[3 * i - 1])
-      members[i] = { p = p, cost = parse_non_negative(args[3 * i], ERR_COST) }
-    end
+    parse_many(n, args, nil)
     check_distinct(keys)
-    read_members(keys, members)
-    local now = now_us()
+    local now, all_taken = read_and_take_many(keys, n)
+    if all_taken then
+      local reply = { 1, 0 }
+      local fewest
+      for i = 1, n do
+        local left, reset_ms = write_taken_many(keys, i, now)
+        reply[i + 2] = { 1, int(left), 0, reset_ms }
+        if fewest == nil or left < fewest then fewest, reply[2] = left, i - 1 end
+      end
+      return reply
+    end
+    local members = members_of(n)
     local each = acquire_many(members, now)
     write_members(keys, members, each.buckets, now)
     local reply = { each.outcome == ALLOWED and 1 or 0, each.limiting - 1 }
@@ -990,25 +1099,7 @@ local function acquire_command(keys, argv, first)
     if not acquire_general then general() end
     return acquire_general(key, rate, burst, cost, tokens, ts, now)
   end
-  -- The core's write_expiring and reply, with every instant a non-negative integer below 2^53: `x % 1000` is
-  -- exact there, so floor and ceil of x / 1000 need no correction (floor_div, ceil_div), and `x % 1` neither.
-  local cap_ms = (now - now % MICROS_PER_MS) / MICROS_PER_MS + MAX_TTL_MS
-  local expire_at_ms = (full_at - full_at % MICROS_PER_MS) / MICROS_PER_MS
-  if full_at % MICROS_PER_MS > 0 then expire_at_ms = expire_at_ms + 1 end
-  if expire_at_ms > cap_ms then expire_at_ms = cap_ms end
-  local slack_ms = burst / rate * 10.0 -- expiry_slack_ms, inline
-  if slack_ms <= MIN_EXPIRY_SLACK_MS then
-    slack_ms = MIN_EXPIRY_SLACK_MS
-  elseif slack_ms > MAX_EXPIRY_SLACK_MS then
-    slack_ms = MAX_EXPIRY_SLACK_MS
-  elseif slack_ms % 1 > 0 then
-    slack_ms = slack_ms - slack_ms % 1 + 1
-  end
-  write_bucket(key, after, now, expire_at_ms, slack_ms, tokens ~= nil, now)
-  local wait_us = full_at - now
-  local reset_ms = (wait_us - wait_us % MICROS_PER_MS) / MICROS_PER_MS
-  if wait_us % MICROS_PER_MS > 0 then reset_ms = reset_ms + 1 end
-  local left = after - after % 1 -- floor(after), after >= 0; int() for a burst beyond 2^63
+  local left, reset_ms = write_taken(key, after, full_at, now, rate, burst, tokens ~= nil)
   return { 1, int(left), 0, reset_ms }
 end
 
@@ -1030,9 +1121,9 @@ local function rest_of(argv, first)
   return args
 end
 
--- A refusal's table becomes its error reply; any other error (a redis.call that failed) propagates.
-local function answer(ok, result)
-  if ok then return result end
+-- What a call that raised answers: a refusal's table becomes its error reply; any other error (a redis.call that
+-- failed) propagates.
+local function failure(result)
   if type(result) == 'table' and result.tb_error then return redis.error_reply(result.tb_error) end
   error(result)
 end
@@ -1050,9 +1141,12 @@ end
 
 -- The function form: FCALL <LIB>_<command> with [@<µs>] <arguments>.
 local function function_form(name, keys, argv)
-  local first = take_clock(argv, 1)
-  if name == 'TB.ACQUIRE' then return acquire_command(keys, argv, first) end
-  return general()[name](keys, rest_of(argv, first))
+  return general()[name](keys, rest_of(argv, take_clock(argv, 1)))
+end
+
+-- FCALL <LIB>_acquire, the hot one, without the name.
+local function acquire_form(keys, argv)
+  return acquire_command(keys, argv, take_clock(argv, 1))
 end
 
 if AS_LIBRARY then
@@ -1069,13 +1163,27 @@ if AS_LIBRARY then
   }
   for i = 1, #functions do
     local command = functions[i][2]
+    local callback = function(keys, argv)
+      local ok, result = pcall(function_form, command, keys, argv)
+      if ok then return result end
+      return failure(result)
+    end
+    if command == 'TB.ACQUIRE' then
+      callback = function(keys, argv)
+        local ok, result = pcall(acquire_form, keys, argv)
+        if ok then return result end
+        return failure(result)
+      end
+    end
     redis.register_function {
       function_name = TB_LIBRARY .. '_' .. functions[i][1],
-      callback = function(keys, argv) return answer(pcall(function_form, command, keys, argv)) end,
+      callback = callback,
       flags = functions[i][3],
     }
   end
 else
-  return answer(pcall(eval_form, KEYS, ARGV))
+  local ok, result = pcall(eval_form, KEYS, ARGV)
+  if ok then return result end
+  return failure(result)
 end
 

@@ -15,7 +15,9 @@ from conftest import Server
 
 from redis_tb import SCRIPT
 
-ENCODER = SCRIPT.replace("return answer(pcall(eval_form, KEYS, ARGV))", "return encode_tokens(tonumber(ARGV[1]))")
+ENCODER = SCRIPT.replace(
+    "local ok, result = pcall(eval_form, KEYS, ARGV)", "do return encode_tokens(tonumber(ARGV[1])) end"
+)
 
 
 def ryu_layout(value: float) -> str:
