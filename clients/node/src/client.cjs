@@ -26,10 +26,8 @@ function wallClockUs() {
   return Date.now() * 1000;
 }
 
-/** Warnings go to process.emitWarning (code REDIS_TB_BACKEND); notices are dropped unless a `log` hook takes them. */
-function defaultLog(level, message) {
-  if (level === "warn") process.emitWarning(message, { code: "REDIS_TB_BACKEND" });
-}
+/** Warnings go to process.emitWarning (code REDIS_TB_BACKEND); notices are dropped unless a `logger` takes them. */
+const DEFAULT_LOGGER = { warn: (message) => process.emitWarning(message, { code: "REDIS_TB_BACKEND" }) };
 
 function number(name, value) {
   if (typeof value !== "number" || !Number.isFinite(value)) {
@@ -125,15 +123,17 @@ class TbClient {
    * @param options.nowUs the caller's clock, integer Unix microseconds (default from Date.now()), sent only where
    *   the server refuses TIME inside scripts: the bound over a window t becomes burst + rate * (t + skew), skew
    *   being the largest difference between the callers' clocks.
-   * @param options.log (level, message) => void, level "info" or "warn": each backend switch, once, with its
-   *   reason (default: warnings through process.emitWarning with code REDIS_TB_BACKEND, notices dropped).
+   * @param options.logger { warn(message), info?(message) }, as the middleware's `logger` option (console fits):
+   *   each backend switch, once, with its reason; `info` for a first detection, `warn` when a backend that had
+   *   answered goes away or the caller's clock is taken (default: warnings through process.emitWarning with code
+   *   REDIS_TB_BACKEND, notices dropped).
    */
-  constructor(redis, { backend = "auto", nowUs = wallClockUs, log = defaultLog } = {}) {
+  constructor(redis, { backend = "auto", nowUs = wallClockUs, logger = DEFAULT_LOGGER } = {}) {
     if (!BACKENDS.includes(backend)) {
       throw new TbArgumentError(`backend must be one of ${BACKENDS.join(", ")}, got ${describe(backend)}`);
     }
     if (typeof nowUs !== "function") throw new TbArgumentError(`nowUs must be a function, got ${describe(nowUs)}`);
-    if (typeof log !== "function") throw new TbArgumentError(`log must be a function, got ${describe(log)}`);
+    if (typeof logger?.warn !== "function") throw new TbArgumentError("logger must have a warn(message) method");
     this.redis = redis;
     this._connection = connect(redis);
     this._mode = backend;
@@ -141,15 +141,20 @@ class TbClient {
     this._answered = false;
     this._callerTime = false;
     this._nowUs = nowUs;
-    this._log = log;
+    this._logger = logger;
   }
 
   /**
-   * The TbClient itself if given one, else a new TbClient (default options) wrapping the given Redis client: what
-   * the adapters (TbStore, RateLimiterTB, TbThrottlerStorage, createHttpLimiter) do with their `client` option.
+   * The TbClient itself if given one, else a new TbClient wrapping the given Redis client with `options`: what the
+   * adapters (TbStore, RateLimiterTB, TbThrottlerStorage, createHttpLimiter) do with their `client` option.
    */
-  static from(client) {
-    return client instanceof TbClient ? client : new TbClient(client);
+  static from(client, options) {
+    return client instanceof TbClient ? client : new TbClient(client, options);
+  }
+
+  _log(level, message) {
+    if (level === "warn") this._logger.warn(message);
+    else this._logger.info?.(message);
   }
 
   /** "module", "function" or "script": which backend serves the calls; undefined before the first call (auto). */

@@ -2,7 +2,7 @@
 // module while it answers, else the Redis Functions library (loaded by the client, reloaded after a FUNCTION
 // FLUSH, a failover or a restart), else the script where functions are unavailable (Redis 6.2, an ACL user
 // without them); the caller's clock where the server refuses TIME inside scripts. Each switch is reported once,
-// with its reason, through the `log` hook. The Python package's tests/test_backends.py checks the same.
+// with its reason, through the `logger` option. The Python package's tests/test_backends.py checks the same.
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import net from "node:net";
@@ -19,11 +19,11 @@ const script = createRequire(import.meta.url)("../src/script.cjs");
 const FUNCTIONS = WITHOUT_MODULE === "function";
 const LIBRARY = luaScript.libraryName();
 
-/** A `log` hook that keeps what it is told. */
+/** A `logger` that keeps what it is told. */
 function recorder() {
   const lines = [];
-  const log = (level, message) => lines.push({ level, message });
-  return { lines, log };
+  const logger = { info: (message) => lines.push({ level: "info", message }), warn: (message) => lines.push({ level: "warn", message }) };
+  return { lines, logger };
 }
 
 /** One command through either client kind. */
@@ -138,8 +138,8 @@ for (const kind of CLIENT_KINDS) {
 
     test("the first call on an empty server loads the library, and says so once", async () => {
       const { server, conn } = await fresh();
-      const { lines, log } = recorder();
-      const tb = new TbClient(conn.redis, { log });
+      const { lines, logger } = recorder();
+      const tb = new TbClient(conn.redis, { logger });
       const key = freshKey("first");
       assert.equal((await tb.acquire(key, 10, 20)).remaining, 19);
       assert.equal((await tb.acquire(key, 10, 20, 0)).remaining, 19);
@@ -180,8 +180,8 @@ for (const kind of CLIENT_KINDS) {
     for (const refused of ["-function", "-fcall"]) {
       test(`an ACL user without ${refused.slice(1).toUpperCase()} falls back to the script`, { skip: !FUNCTIONS && "no Redis Functions" }, async () => {
         const { conn } = await fresh({ user: refused });
-        const { lines, log } = recorder();
-        const tb = new TbClient(conn.redis, { log });
+        const { lines, logger } = recorder();
+        const tb = new TbClient(conn.redis, { logger });
         const key = freshKey("acl");
         assert.equal((await tb.acquire(key, 10, 20)).remaining, 19);
         assert.equal((await tb.acquire(key, 10, 20)).remaining, 18);
@@ -193,8 +193,8 @@ for (const kind of CLIENT_KINDS) {
     test("a library the server refuses is no outage: the calls go to the script, and the log says why", { skip: !FUNCTIONS && "no Redis Functions" }, async (t) => {
       const { conn } = await fresh();
       t.mock.method(script, "library", () => `#!lua name=${LIBRARY}\nthis is not Lua`);
-      const { lines, log } = recorder();
-      const tb = new TbClient(conn.redis, { log });
+      const { lines, logger } = recorder();
+      const tb = new TbClient(conn.redis, { logger });
       assert.equal((await tb.acquire(freshKey("refused"), 10, 20)).remaining, 19);
       assert.equal(tb.backendInUse, "script");
       assert.match(lines.at(-1).message, /the server refused the library \(ERR Error compiling function/);
@@ -215,8 +215,8 @@ for (const kind of CLIENT_KINDS) {
 
     test("after a failover to a primary without the module, the client switches, warns once and retries", async () => {
       const { conn, failOver } = await startFailover(kind, true, cleanups);
-      const { lines, log } = recorder();
-      const tb = new TbClient(conn.redis, { log });
+      const { lines, logger } = recorder();
+      const tb = new TbClient(conn.redis, { logger });
       const key = freshKey("failover");
       assert.equal((await tb.acquire(key, 0.01, 10, 4)).remaining, 6);
       assert.equal(tb.backendInUse, "module");
@@ -240,6 +240,20 @@ for (const kind of CLIENT_KINDS) {
       assert.equal(tb.backendInUse, WITHOUT_MODULE);
     });
 
+    test("by default a warning goes to process.emitWarning, code REDIS_TB_BACKEND", async () => {
+      const { conn } = await fresh({ user: "-time" });
+      const warned = new Promise((resolve) => {
+        const listener = (warning) => {
+          if (warning.code !== "REDIS_TB_BACKEND") return;
+          process.off("warning", listener);
+          resolve(warning.message);
+        };
+        process.on("warning", listener);
+      });
+      await new TbClient(conn.redis).acquire(freshKey("default-logger"), 1, 5);
+      assert.match(await warned, /refuses TIME inside scripts/);
+    });
+
     // TIME refused inside scripts: the caller's clock, and the bound burst + rate * (t + skew).
     for (const [how, backend] of [["acl", "auto"], ["renamed", "auto"], ["renamed", "script"]]) {
       test(`TIME refused (${how}), backend ${backend}: two callers 1 s apart stay within burst + rate * (t + skew)`, async () => {
@@ -247,9 +261,9 @@ for (const kind of CLIENT_KINDS) {
         await assert.rejects(send(conn, ["EVAL", "return redis.call('TIME')", "0"]), (error) => isTimeRefused(error) && !isUnknownCommand(error));
         const [rate, burst, skewUs, stepUs, steps] = [10, 20, 1_000_000, 50_000, 40];
         let virtualUs = Date.now() * 1000; // near the server's clock, so the bucket's expiry is a real one
-        const { lines, log } = recorder();
-        const early = new TbClient(conn.redis, { backend, log, nowUs: () => virtualUs });
-        const late = new TbClient(conn.redis, { backend, log, nowUs: () => virtualUs + skewUs });
+        const { lines, logger } = recorder();
+        const early = new TbClient(conn.redis, { backend, logger, nowUs: () => virtualUs });
+        const late = new TbClient(conn.redis, { backend, logger, nowUs: () => virtualUs + skewUs });
         const key = freshKey("skew");
         const startUs = virtualUs;
         let allowed = 0;

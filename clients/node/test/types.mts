@@ -20,7 +20,7 @@ import tbDefault, {
   type AcquireResult,
 } from "redis-tb";
 
-const tb = new TbClient(new Redis(), { backend: "auto", nowUs: () => Date.now() * 1000, log: (level, message) => console.log(level, message) });
+const tb = new TbClient(new Redis(), { backend: "auto", nowUs: () => Date.now() * 1000, logger: console });
 const inUse: "module" | "function" | "script" | undefined = tb.backendInUse;
 const viaNodeRedis = new TbClient(createClient());
 const result: AcquireResult = await tb.acquire("user:42", 10, 20);

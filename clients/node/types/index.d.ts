@@ -90,16 +90,17 @@ export interface TbClientOptions {
    */
   nowUs?: () => number;
   /**
-   * Each backend switch, once, with its reason (default: warnings through process.emitWarning with code
-   * REDIS_TB_BACKEND; notices dropped).
+   * Each backend switch, once, with its reason: `info` for a first detection, `warn` when a backend that had
+   * answered goes away or the caller's clock is taken (default: warnings through process.emitWarning with code
+   * REDIS_TB_BACKEND; notices dropped). `console` fits.
    */
-  log?: (level: "info" | "warn", message: string) => void;
+  logger?: { warn(message: string): void; info?(message: string): void };
 }
 
 export class TbClient {
   constructor(redis: RedisLike, options?: TbClientOptions);
-  /** `client` itself if it is a TbClient, else a new TbClient (default options) wrapping it. */
-  static from(client: TbClient | RedisLike): TbClient;
+  /** `client` itself if it is a TbClient, else a new TbClient wrapping it with `options`. */
+  static from(client: TbClient | RedisLike, options?: TbClientOptions): TbClient;
   readonly redis: RedisLike;
   /** Which backend serves the calls; undefined before the first call in auto mode. */
   readonly backendInUse: BackendInUse | undefined;
