@@ -21,6 +21,12 @@ const DESCRIBED = {
   script: () => "the Lua script (EVALSHA)",
 };
 
+/**
+ * How often a client that left the module after a failover tries it again (one call's module command), in ms: a
+ * failback to a primary with the module then brings the calls back to it. A property of TbClient for tests.
+ */
+const MODULE_RETRY_MS = 60_000;
+
 /** The caller's clock: integer microseconds since the Unix epoch. */
 function wallClockUs() {
   return Date.now() * 1000;
@@ -141,6 +147,8 @@ class TbClient {
     this._answered = false;
     this._callerTime = false;
     this._nowUs = nowUs;
+    /** When (performance.now()) the next call tries the module again; undefined: never (it never answered here). */
+    this._moduleRetryAt = undefined;
     this._logger = logger;
   }
 
@@ -173,6 +181,10 @@ class TbClient {
   }
 
   async _call(command, key, args) {
+    if (this._moduleRetryAt !== undefined && performance.now() >= this._moduleRetryAt) {
+      const again = await this._moduleAgain(command, key, args);
+      if (again !== undefined) return again.reply;
+    }
     let callerTime = this._callerTime;
     let refusal;
     for (;;) {
@@ -210,6 +222,23 @@ class TbClient {
     }
   }
 
+  /** Once a minute after a failover left the module: `{ reply }` if the module answers this call again. */
+  async _moduleAgain(command, key, args) {
+    this._moduleRetryAt = performance.now() + TbClient.moduleRetryMs;
+    let reply;
+    try {
+      reply = await this._connection.send(key, [command, ...args]);
+    } catch (error) {
+      if (isReplyError(error) && isUnknownCommand(error)) return undefined;
+      throw isReplyError(error) ? new TbReplyError(command, key, error) : error;
+    }
+    this._log("warn", `redis-tb: the redis-tb module answers again; calls now go to it instead of ${DESCRIBED[this._inUse]()}`);
+    this._inUse = "module";
+    this._answered = true;
+    this._moduleRetryAt = undefined;
+    return { reply };
+  }
+
   /** Whether `error` means `backend` cannot run here; if so, moves to the next backend (auto mode only). */
   _fallBack(backend, command, error) {
     if (this._mode !== "auto") return false;
@@ -229,8 +258,12 @@ class TbClient {
   _switch(to, reason) {
     const left = this._inUse ?? "module";
     if (ORDER.indexOf(to) <= ORDER.indexOf(left)) return; // another call switched first
-    if (this._answered) this._log("warn", `redis-tb: ${reason}; calls now go to ${DESCRIBED[to]()} instead of ${DESCRIBED[left]()}`);
-    else this._log("info", `redis-tb: ${reason}; calls go to ${DESCRIBED[to]()}`);
+    if (this._answered) {
+      this._log("warn", `redis-tb: ${reason}; calls now go to ${DESCRIBED[to]()} instead of ${DESCRIBED[left]()}`);
+      if (left === "module") this._moduleRetryAt = performance.now() + TbClient.moduleRetryMs;
+    } else {
+      this._log("info", `redis-tb: ${reason}; calls go to ${DESCRIBED[to]()}`);
+    }
     this._inUse = to;
     this._answered = false;
   }
@@ -350,5 +383,7 @@ class TbClient {
     }
   }
 }
+
+TbClient.moduleRetryMs = MODULE_RETRY_MS;
 
 module.exports = { TbClient, isUnknownCommand, isFunctionMissing, isFunctionsUnavailable, isTimeRefused };

@@ -115,7 +115,12 @@ async function startFailover(kind, module, cleanups) {
     forwarder.moveTo(replica.port);
     await waitUntil(() => send(conn, ["PING"]).then(() => true, () => false), 10_000, "the client to reconnect");
   };
-  return { conn, failOver };
+  /** The address moves to `server` (a failback), once the client has reconnected. */
+  const moveTo = async (server) => {
+    forwarder.moveTo(server.port);
+    await waitUntil(() => send(conn, ["PING"]).then(() => true, () => false), 10_000, "the client to reconnect");
+  };
+  return { conn, failOver, moveTo };
 }
 
 for (const kind of CLIENT_KINDS) {
@@ -228,6 +233,28 @@ for (const kind of CLIENT_KINDS) {
       assert.equal(warnings.length, 1, JSON.stringify(lines));
       assert.match(warnings[0].message, /does not know TB\.ACQUIRE \(ERR unknown command .TB\.ACQUIRE.\).*instead of the redis-tb module/);
       assert.ok(!warnings[0].message.includes(key), "no arguments, so no identities, in the log");
+    });
+
+    test("a failback to a primary with the module brings the calls back to it, logged once", async (t) => {
+      const saved = TbClient.moduleRetryMs;
+      TbClient.moduleRetryMs = 0; // one call a minute tries the module again; here every call
+      t.after(() => (TbClient.moduleRetryMs = saved));
+      const { conn, failOver, moveTo } = await startFailover(kind, true, cleanups);
+      const { lines, logger } = recorder();
+      const tb = new TbClient(conn.redis, { logger });
+      const key = freshKey("failback");
+      await tb.acquire(key, 0.01, 10, 4);
+      await failOver();
+      assert.equal((await tb.acquire(key, 0.01, 10, 4)).remaining, 2);
+      assert.equal((await tb.acquire(key, 0.01, 10, 1)).remaining, 1); // tried the module, stayed
+      assert.equal(tb.backendInUse, WITHOUT_MODULE);
+      const back = await Server.start({ module: true });
+      cleanups.push(() => back.stop());
+      await moveTo(back);
+      assert.equal((await tb.acquire(key, 0.01, 10, 4)).remaining, 6); // a new primary: its own (empty) bucket
+      assert.equal(tb.backendInUse, "module");
+      const again = lines.filter((line) => /answers again/.test(line.message));
+      assert.deepEqual(again.map((line) => line.level), ["warn"]);
     });
 
     test("a promoted replica without the module serves the next call", async () => {

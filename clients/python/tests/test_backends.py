@@ -167,6 +167,32 @@ def test_failover_to_a_primary_without_the_module_switches_and_retries(
     assert len([entry for entry in logged if entry[0] == logging.WARNING]) == 1
 
 
+def test_a_failback_to_a_primary_with_the_module_brings_the_calls_back(
+    failover: Callable[[bool], Failover], key: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a failover left the module, one call a minute (here: every call) tries the module again; when a
+    failback puts a primary with the module behind the address, the calls go back to it, logged once."""
+    monkeypatch.setattr(redis_tb.client, "MODULE_RETRY_S", 0.0)
+    caplog.set_level(logging.INFO, logger="redis_tb")
+    pair = failover(True)
+    tb = TokenBucket(pair.conn)
+    tb.acquire(key, 0.01, 10, 4)
+    pair.run()
+    assert tb.acquire(key, 0.01, 10, 4).remaining == 2
+    assert tb.acquire(key, 0.01, 10, 1).remaining == 1  # tried the module, stayed on the library
+    assert tb.backend_in_use == WITHOUT_MODULE
+    back = Server(module=True)
+    try:
+        pair.conn.connection_pool.disconnect()
+        pair.conn.connection_pool = redis.ConnectionPool(host="127.0.0.1", port=back.port)
+        assert tb.acquire(key, 0.01, 10, 4).remaining == 6  # a new primary: its own (empty) bucket
+        assert tb.backend_in_use == "module"
+        back_lines = [(level, line) for level, line in switches(caplog) if "answers again" in line]
+        assert back_lines == [(logging.WARNING, back_lines[0][1])]
+    finally:
+        back.stop()
+
+
 async def test_async_client_switches_after_a_failover_too(failover: Callable[[bool], Failover], key: str) -> None:
     pair = failover(True)
     conn = pair.primary.async_client()

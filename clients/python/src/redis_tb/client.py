@@ -23,6 +23,9 @@ SyncRedis = Redis | RedisCluster
 DETECT_KEY = "redis-tb:detect"
 #: Where backend switches are logged, once each, with their reason.
 log = logging.getLogger("redis_tb")
+#: How often a client that left the module after a failover tries it again (one call's module command): a
+#: failback to a primary with the module then brings the calls back to it.
+MODULE_RETRY_S = 60.0
 
 
 def wall_clock_us() -> int:
@@ -52,9 +55,11 @@ class Backends:
 
     In auto mode the order is: the module while its commands answer; else the Redis Functions library
     (`FCALL`, loaded with `FUNCTION LOAD` where a server lacks it); else the script (`EVALSHA`) where functions
-    are unavailable (Redis 6.2, an ACL user without FCALL or FUNCTION). A switch only moves down that order, and
-    the call that met it is retried once on the next backend: a failover to a primary without the module costs
-    no call. Where TIME is refused inside scripts, the library and the script take the caller's clock instead.
+    are unavailable (Redis 6.2, an ACL user without FCALL or FUNCTION). A switch moves down that order, and the
+    call that met it is retried once on the next backend: a failover to a primary without the module costs no
+    call. A client that left a module that had answered sends one call a minute to the module again, and goes back
+    to it when it answers (a failback). Where TIME is refused inside scripts, the library and the script take the
+    caller's clock instead.
     """
 
     ORDER: tuple[str, ...] = (protocol.MODULE, protocol.FUNCTION, protocol.SCRIPT_BACKEND)
@@ -67,6 +72,8 @@ class Backends:
         self.answered = False
         self.caller_time = False
         self.now_us = now_us
+        #: When (time.monotonic()) the next call tries the module again; None: never (it never answered here).
+        self.module_retry_at: float | None = None
 
     def _switch(self, to: str, reason: str) -> None:
         """Moves to `to` and says why, once: a warning if the backend left had been answering, else a notice."""
@@ -75,6 +82,8 @@ class Backends:
             return  # another call switched first
         if self.answered:
             log.warning("redis-tb: %s; calls now go to %s instead of %s", reason, _describe(to), _describe(left))
+            if left == protocol.MODULE:
+                self.module_retry_at = time.monotonic() + MODULE_RETRY_S
         else:
             log.info("redis-tb: %s; calls go to %s", reason, _describe(to))
         self.in_use = to
@@ -100,7 +109,27 @@ class Backends:
             return True
         return False
 
+    def _module_again(self, call: protocol.Call[T]) -> Generator[Send, Any, tuple[bool, Any]]:
+        """Once a minute after a failover left the module: whether the module answers this call again."""
+        self.module_retry_at = time.monotonic() + MODULE_RETRY_S
+        try:
+            reply = yield Send((call.name, *call.module_args), call.keys[0])
+        except RedisError as error:
+            if protocol.is_unknown_command(error):
+                return False, None
+            raise _translated(error) from None
+        log.warning(
+            "redis-tb: the redis-tb module answers again; calls now go to it instead of %s",
+            _describe(self.in_use or ""),
+        )
+        self.in_use, self.answered, self.module_retry_at = protocol.MODULE, True, None
+        return True, reply
+
     def steps(self, call: protocol.Call[T]) -> Steps[T]:
+        if self.module_retry_at is not None and time.monotonic() >= self.module_retry_at:
+            answered, reply = yield from self._module_again(call)
+            if answered:
+                return call.parse(reply)
         caller_time = self.caller_time
         refusal: RedisError | None = None
         while True:
