@@ -157,7 +157,9 @@ function pointsArgument(name, value) {
     throw new TbArgumentError(`${name} must be a finite number, got ${typeof value === "number" ? value : typeof value}`);
   }
   // The library's refusal, kept although a bucket could take fractions (TbClient takes them).
-  if (!Number.isInteger(value)) throw new TbArgumentError("Consuming decimal number of points is not supported by this package");
+  if (!Number.isInteger(value)) {
+    throw new TbArgumentError("Consuming decimal number of points is not supported by this package");
+  }
   return value;
 }
 
@@ -362,7 +364,9 @@ class RateLimiterTB {
   block(key, secDuration, options = {}) {
     return this._insured("block", [key, secDuration, options], async () => {
       this._checkBlock("block(key, secDuration)", secDuration);
-      const waitMs = await this._command(key, (rlKey) => this._blocker.block(rlKey, this.rate, this._points, 1, secDuration * 1000));
+      const waitMs = await this._command(key, (rlKey) =>
+        this._blocker.block(rlKey, this.rate, this._points, 1, secDuration * 1000),
+      );
       return new RateLimiterRes(0, waitMs, this._points + 1, false);
     });
   }
@@ -425,7 +429,8 @@ class RateLimiterTB {
     // it, and after it the key starts afresh (block.cjs).
     const blocks = this.msBlockDuration;
     if (reply.allowed) {
-      return this._granted(rlKey, rate, pointsToConsume, options, await this._blocker.afterGrant(rlKey, rate, this._points, pointsToConsume, blocks, reply));
+      const afresh = await this._blocker.afterGrant(rlKey, rate, this._points, pointsToConsume, blocks, reply);
+      return this._granted(rlKey, rate, pointsToConsume, options, afresh);
     }
     const { granted, waitMs } = await this._blocker.afterRefusal(rlKey, rate, this._points, pointsToConsume, blocks, reply);
     if (granted) return this._granted(rlKey, rate, pointsToConsume, options, granted);

@@ -33,14 +33,17 @@ class TbThrottlerStorage {
     if (!(limit > 0)) {
       // A bucket of no tokens: every request is over the limit, as the library's storage answers `limit: 0`.
       const waitMs = blockDuration > 0 ? blockDuration : ttl;
-      return { totalHits: 1, timeToExpire: Math.ceil(ttl / 1000), isBlocked: true, timeToBlockExpire: Math.ceil(waitMs / 1000) };
+      const timeToBlockExpire = Math.ceil(waitMs / 1000);
+      return { totalHits: 1, timeToExpire: Math.ceil(ttl / 1000), isBlocked: true, timeToBlockExpire };
     }
     const bucket = this.prefix + key;
     const rate = limit / (ttl / 1000);
     const reply = await this.client.acquire(bucket, rate, limit, 1);
     // As the library's: the refusal that crosses the limit blocks the key, refusals inside the block do not extend
     // it, and after it the key starts afresh (block.cjs).
-    if (reply.allowed) return this._granted(limit, await this._blocker.afterGrant(bucket, rate, limit, 1, blockDuration, reply));
+    if (reply.allowed) {
+      return this._granted(limit, await this._blocker.afterGrant(bucket, rate, limit, 1, blockDuration, reply));
+    }
     const { granted, waitMs } = await this._blocker.afterRefusal(bucket, rate, limit, 1, blockDuration, reply);
     if (granted) return this._granted(limit, granted);
     return {
