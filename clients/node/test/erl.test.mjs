@@ -9,8 +9,8 @@ import express from "express";
 import { MemoryStore, rateLimit } from "express-rate-limit";
 
 import { TbStore } from "../src/index.mjs";
-import { connect, CLIENT_KINDS } from "./clients.mjs";
-import { Server, freshKey } from "./harness.mjs";
+import { connect, connectCluster, CLIENT_KINDS } from "./clients.mjs";
+import { Cluster, Server, freshKey } from "./harness.mjs";
 import { closeServer, listen } from "./http-helpers.mjs";
 
 for (const kind of CLIENT_KINDS) {
@@ -158,4 +158,26 @@ test("a limit given as a function needs the bucket spelled out", () => {
   const explicit = new TbStore({ client: { call() {}, sendCommand() {} }, burst: 5, rate: 2 });
   explicit.init({ limit: () => 5, windowMs: 1000 });
   assert.deepEqual([explicit.burst, explicit.rate], [5, 2]);
+});
+
+test("resetAll on a cluster deletes the prefix's buckets on every primary, through both clients", async () => {
+  const cluster = await Cluster.start();
+  try {
+    for (const kind of CLIENT_KINDS) {
+      const conn = await connectCluster(kind, cluster);
+      try {
+        const store = new TbStore({ client: conn.redis, prefix: `${freshKey(`all-${kind}`)}:` });
+        store.init({ windowMs: 30_000, limit: 3 });
+        // Twenty keys without a hash tag land on every primary.
+        const keys = Array.from({ length: 20 }, (_, i) => `user${i}`);
+        for (const key of keys) await store.increment(key);
+        await store.resetAll();
+        for (const key of keys) assert.equal(await store.get(key), undefined, `${kind}: ${key}`);
+      } finally {
+        await conn.close();
+      }
+    }
+  } finally {
+    await cluster.stop();
+  }
 });
