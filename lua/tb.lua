@@ -188,7 +188,7 @@ end
 -- of a scan and a tonumber; the EVAL form starts afresh on every call and keeps none. Both bounded: cleared at
 -- MEMO_LIMIT and RECENT_LIMIT entries (every write adds three to recent_*).
 local MEMO_LIMIT = 256
-local RECENT_LIMIT = 48
+local RECENT_LIMIT = 192
 local memo_f64, memo_i64, memo_entries
 local recent_f64, recent_i64, recent_text, recent_entries
 
@@ -324,7 +324,9 @@ local function read_bucket(key)
   else
     refuse(ERR_NOT_A_BUCKET)
   end
-  local tokens, ts = parse_f64(tokens_text), parse_i64(ts_text)
+  -- What the script wrote last first, without a call: a hot key's fields.
+  local tokens = recent_f64 and recent_f64[tokens_text] or parse_f64(tokens_text)
+  local ts = recent_i64 and recent_i64[ts_text] or parse_i64(ts_text)
   if tokens == nil or ts == nil or ts < 0 then refuse(ERR_NOT_A_BUCKET) end
   return tokens, ts
 end
@@ -363,7 +365,7 @@ end
 -- set relative (PEXPIRE) to the bucket's own time (its latest reading), so that a caller whose clock is off does
 -- not set it in the server's past (the bucket would vanish and come back full) or far beyond the window.
 local function write_bucket(key, tokens, ts, expire_at_ms, slack_ms, existed, now_us)
-  local tokens_text = encode_tokens(tokens)
+  local tokens_text = recent_text and recent_text[tokens] or encode_tokens(tokens)
   local ts_text = ts == server_now_us and server_now_text or encode_integer(ts)
   if caller_now_us then now_us = ts end
   local keep = false
