@@ -4,8 +4,9 @@
 // out from the replies, never by an extra round trip (see `backendInUse`): the module while its commands answer;
 // else the Redis Functions library built from the shared Lua script (FCALL, loaded with FUNCTION LOAD where a
 // server lacks it); else the script itself (EVALSHA) where functions are unavailable (Redis 6.2, an ACL user
-// without FCALL or FUNCTION). A switch only moves down that order, is reported once with its reason, and the call
-// that met it is retried once on the next backend, so a failover to a primary without the module costs no call.
+// without FCALL or FUNCTION). A switch moves down that order, is reported once with its reason, and the call that
+// met it is retried once on the next backend, so a failover to a primary without the module costs no call; a
+// client that left a module that had answered tries it again once a minute, and goes back after a failback.
 // Where the server refuses TIME inside scripts, the library and the script take the caller's clock instead.
 
 const { connect } = require("./connection.cjs");
@@ -78,8 +79,9 @@ function bucketList(name, buckets, withCost) {
 }
 
 /**
- * The server (or its ACL) does not know the command sent: no module, or no FCALL (Redis 6.2). A command unknown
- * to a script's `redis.call` is not this: see `isTimeRefused`.
+ * The server does not know the command sent: no module, or no FCALL (Redis 6.2); the second text is redis-py's
+ * for a cluster (fixtures/backends.json holds both packages' cases). A command unknown to a script's `redis.call`
+ * is not this: see `isTimeRefused`.
  */
 function isUnknownCommand(error) {
   return /unknown command|doesn't exist in redis commands/i.test(error.message) && !/from (lua )?script/i.test(error.message);
