@@ -154,52 +154,47 @@ impl Metrics {
                 );
             }
         }
-        out.push_str("# HELP tb_rls_redis_errors_total Failed Redis calls.\n");
-        out.push_str("# TYPE tb_rls_redis_errors_total counter\n");
-        let _ = writeln!(
-            out,
-            "tb_rls_redis_errors_total{{kind=\"unavailable\"}} {}",
-            self.redis_unavailable.load(Ordering::Relaxed)
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        family(
+            &mut out,
+            "tb_rls_redis_errors_total",
+            "counter",
+            "Failed Redis calls.",
+            &[
+                ("{kind=\"unavailable\"}", load(&self.redis_unavailable)),
+                ("{kind=\"reply\"}", load(&self.redis_reply_errors)),
+            ],
         );
-        let _ = writeln!(
-            out,
-            "tb_rls_redis_errors_total{{kind=\"reply\"}} {}",
-            self.redis_reply_errors.load(Ordering::Relaxed)
+        family(
+            &mut out,
+            "tb_rls_config_reloads_total",
+            "counter",
+            "Configuration loads.",
+            &[
+                ("{result=\"ok\"}", load(&self.reloads_ok)),
+                ("{result=\"error\"}", load(&self.reloads_failed)),
+            ],
         );
-        out.push_str("# HELP tb_rls_config_reloads_total Configuration loads.\n");
-        out.push_str("# TYPE tb_rls_config_reloads_total counter\n");
-        let _ = writeln!(
-            out,
-            "tb_rls_config_reloads_total{{result=\"ok\"}} {}",
-            self.reloads_ok.load(Ordering::Relaxed)
+        family(
+            &mut out,
+            "tb_rls_redis_connected",
+            "gauge",
+            "Whether a Redis connection is up (1) or not (0).",
+            &[("", load(&self.redis_connected))],
         );
-        let _ = writeln!(
-            out,
-            "tb_rls_config_reloads_total{{result=\"error\"}} {}",
-            self.reloads_failed.load(Ordering::Relaxed)
+        family(
+            &mut out,
+            "tb_rls_redis_connects_total",
+            "counter",
+            "Redis connection attempts.",
+            &[("", load(&self.redis_connects))],
         );
-        out.push_str(
-            "# HELP tb_rls_redis_connected Whether a Redis connection is up (1) or not (0).\n",
-        );
-        out.push_str("# TYPE tb_rls_redis_connected gauge\n");
-        let _ = writeln!(
-            out,
-            "tb_rls_redis_connected {}",
-            self.redis_connected.load(Ordering::Relaxed)
-        );
-        out.push_str("# HELP tb_rls_redis_connects_total Redis connection attempts.\n");
-        out.push_str("# TYPE tb_rls_redis_connects_total counter\n");
-        let _ = writeln!(
-            out,
-            "tb_rls_redis_connects_total {}",
-            self.redis_connects.load(Ordering::Relaxed)
-        );
-        out.push_str("# HELP tb_rls_requests_refused_total Requests refused before planning.\n");
-        out.push_str("# TYPE tb_rls_requests_refused_total counter\n");
-        let _ = writeln!(
-            out,
-            "tb_rls_requests_refused_total{{reason=\"in_flight\"}} {}",
-            self.refused_in_flight.load(Ordering::Relaxed)
+        family(
+            &mut out,
+            "tb_rls_requests_refused_total",
+            "counter",
+            "Requests refused before planning.",
+            &[("{reason=\"in_flight\"}", load(&self.refused_in_flight))],
         );
         out.push_str(
             "# HELP tb_rls_request_duration_seconds ShouldRateLimit latency inside the service.\n",
@@ -223,6 +218,15 @@ impl Metrics {
         let _ = writeln!(out, "tb_rls_request_duration_seconds_sum {sum_s}");
         let _ = writeln!(out, "tb_rls_request_duration_seconds_count {count}");
         out
+    }
+}
+
+/// Writes a metric's HELP and TYPE lines, then one `<name><labels> <value>` line per row.
+fn family(out: &mut String, name: &str, kind: &str, help: &str, rows: &[(&str, u64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, value) in rows {
+        let _ = writeln!(out, "{name}{labels} {value}");
     }
 }
 
