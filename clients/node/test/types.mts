@@ -58,6 +58,19 @@ limiter.consume("ip").then(
   (res: RateLimiterRes) => res.remainingPoints,
   (rejection: RateLimiterRes | Error) => (rejection instanceof Error ? 0 : rejection.msBeforeNext),
 );
+const insured = new RateLimiterTB({
+  storeClient: tb,
+  points: 0,
+  duration: 0,
+  insuranceLimiter: limiter,
+  inMemoryBlockOnConsumed: 6,
+  inMemoryBlockDuration: 10,
+  rejectIfRedisNotReady: true,
+});
+insured.points = 10;
+await insured.set("ip", "3", 60);
+await insured.consume("ip", 2, { customDuration: 30 }).catch(() => insured.deleteInMemoryBlockedAll());
+await new TbStore({ client: tb, prefix: "rl:" }).resetAll();
 const record = await new TbThrottlerStorage({ client: tb }).increment("key", 60_000, 10, 60_000, "default");
 const blocked: boolean = record.isBlocked;
 const headers: Record<string, string> = rateLimitHeaders({
