@@ -205,6 +205,16 @@ for (const kind of CLIENT_KINDS) {
       assert.match(lines.at(-1).message, /the server refused the library \(ERR Error compiling function/);
     });
 
+    test("an ACL user without FUNCTION runs a library an administrator loaded", { skip: !FUNCTIONS && "no Redis Functions" }, async () => {
+      const { server, conn } = await fresh({ user: "-function" });
+      const admin = await connect(kind, server);
+      cleanups.push(() => admin.close());
+      assert.equal(await send(admin, ["FUNCTION", "LOAD", luaScript.library()]), LIBRARY);
+      const tb = new TbClient(conn.redis);
+      assert.equal((await tb.acquire(freshKey("preloaded"), 10, 20)).remaining, 19);
+      assert.equal(tb.backendInUse, "function");
+    });
+
     test("backend 'function' or 'script' is kept, never switched", async () => {
       const { conn } = await fresh();
       for (const backend of ["function", "script"]) {

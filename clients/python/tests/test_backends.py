@@ -245,7 +245,7 @@ def test_acl_user_without_functions_falls_back_to_the_script(
 
 @needs_functions
 def test_acl_user_without_function_load_uses_a_library_already_there(fresh_plain: Server, key: str) -> None:
-    fresh_plain.client().function_load(protocol.LIBRARY)
+    assert fresh_plain.client().function_load(redis_tb.LIBRARY) == redis_tb.LIBRARY_NAME.encode()  # an administrator
     fresh_plain.client().acl_setuser("tb", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-function"])
     tb = TokenBucket(fresh_plain.client(username="tb", password="pw"))
     assert tb.acquire(key, 10, 20).remaining == 19

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ._protocol import SCRIPT, SCRIPT_SHA
+from ._protocol import LIBRARY, LIBRARY_NAME, SCRIPT, SCRIPT_SHA
 from .aio import AsyncTokenBucket
 from .client import TokenBucket
 from .errors import (
@@ -43,6 +43,8 @@ from .replies import (
 )
 
 __all__ = [
+    "LIBRARY",
+    "LIBRARY_NAME",
     "SCRIPT",
     "SCRIPT_SHA",
     "SKIP",
