@@ -67,13 +67,22 @@ class TbStore {
     const limit = typeof options.limit === "number" ? options.limit : options.max;
     this.burst = this._burst ?? limit;
     if (typeof this.burst !== "number" || !(this.burst >= 0)) {
-      throw new TbArgumentError(
+      // express-rate-limit logs an init error and goes on: every call then fails with it, not with a stray one.
+      this._initError = new TbArgumentError(
         "TbStore: express-rate-limit's `limit` is not a number >= 0 (a function?): give the store { burst, rate }",
       );
+      throw this._initError;
     }
-    this.limit = typeof limit === "number" ? limit : this.burst;
+    this._initError = undefined;
+    // A limit given as a function is known only to the middleware, per request: a refusal then reports more hits
+    // than any limit, so the middleware refuses whatever the function answers.
+    this.limit = typeof limit === "number" ? limit : Number.MAX_SAFE_INTEGER - 1;
     this.windowMs = options.windowMs;
     this.rate = this._rate ?? this.burst / (options.windowMs / 1000);
+  }
+
+  _ready() {
+    if (this._initError) throw this._initError;
   }
 
   _key(key) {
@@ -91,12 +100,14 @@ class TbStore {
   }
 
   async increment(key) {
+    this._ready();
     // A bucket of 0 tokens holds nothing to take: every request is over the limit, as the library means `limit: 0`.
     if (this.burst === 0) return { totalHits: this.limit + 1, resetTime: new Date(Date.now() + this.windowMs) };
     return this._info(await this.client.acquire(this._key(key), this.rate, this.burst, 1), 1);
   }
 
   async decrement(key) {
+    this._ready();
     if (this.burst === 0) return;
     await this.client.refund(this._key(key), this.rate, this.burst, 1);
   }
@@ -106,6 +117,7 @@ class TbStore {
   }
 
   async get(key) {
+    this._ready();
     if (this.burst === 0) return undefined;
     const reply = await this.client.acquire(this._key(key), this.rate, this.burst, 0);
     // A full bucket is one with no hits left to refill: MemoryStore holds no record for such a key.

@@ -152,6 +152,29 @@ test("rate-limit-redis options a bucket has no use for are refused by name", () 
   assert.throws(() => new TbStore({ client, windowMs: 5 }), /unknown option windowMs/);
 });
 
+test("a limit given as a function: the bucket's refusal is the middleware's whatever the function answers", async () => {
+  const redisServer = await Server.start();
+  const conn = await connect("ioredis", redisServer);
+  const app = express();
+  const store = new TbStore({ client: conn.redis, burst: 2, rate: 0.01, prefix: `${freshKey("fn")}:` });
+  app.use(rateLimit({ windowMs: 1000, limit: () => 100, store }));
+  app.get("/", (req, res) => res.send("ok"));
+  const server = http.createServer(app);
+  try {
+    const base = await listen(server);
+    const statuses = [];
+    for (let i = 0; i < 3; i++) statuses.push((await fetch(`${base}/`)).status);
+    assert.deepEqual(statuses, [200, 200, 429]);
+    const unset = new TbStore({ client: conn.redis });
+    assert.throws(() => unset.init({ limit: () => 5, windowMs: 1000 }), /give the store \{ burst, rate \}/);
+    await assert.rejects(unset.increment("k"), /give the store \{ burst, rate \}/, "every call names the cause");
+  } finally {
+    await closeServer(server);
+    conn.close();
+    await redisServer.stop();
+  }
+});
+
 test("a limit given as a function needs the bucket spelled out", () => {
   const store = new TbStore({ client: { call() {}, sendCommand() {} } });
   assert.throws(() => store.init({ limit: () => 5, windowMs: 1000 }), /give the store \{ burst, rate \}/);
