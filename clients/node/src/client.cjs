@@ -167,6 +167,11 @@ class TbClient {
     else this._logger.info?.(message);
   }
 
+  /** A TbClient with this one's options over `redis`, another connection to the same server (the middleware's own). */
+  over(redis) {
+    return new TbClient(redis, { backend: this._mode, nowUs: this._nowUs, logger: this._logger });
+  }
+
   /** "module", "function" or "script": which backend serves the calls; undefined before the first call (auto). */
   get backendInUse() {
     return this._inUse;

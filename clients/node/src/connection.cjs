@@ -84,4 +84,4 @@ function connect(redis) {
   }
 }
 
-module.exports = { connect, keySlot };
+module.exports = { connect, keySlot, kindOf };

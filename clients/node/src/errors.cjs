@@ -103,6 +103,8 @@ function classifyFailure(error) {
     return { row: "other ERR", action: "error-fail-mode" };
   }
   if (error instanceof TbProtocolError) return { row: "other ERR", action: "error-fail-mode" };
+  // A call not sent because the connection is down falls in the row of what brought it down.
+  if (error instanceof TbUnavailableError && error.cause !== undefined) return classifyFailure(error.cause);
   const text = String(error?.message ?? error);
   for (const [pattern, row] of CONDITION_ROWS) if (pattern.test(text)) return { row, action: "fail-mode" };
   return { row: "connection reset", action: "fail-mode" };

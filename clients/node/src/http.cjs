@@ -4,7 +4,8 @@
 // (all or nothing, and a report on every bucket for the headers).
 
 const { TbClient } = require("./client.cjs");
-const { TbArgumentError, TbUnavailableError, classifyFailure } = require("./errors.cjs");
+const { TbArgumentError, classifyFailure } = require("./errors.cjs");
+const { laneFor } = require("./lane.cjs");
 const { headersFor, waitMs, FORMATS } = require("./headers.cjs");
 const { LocalBuckets } = require("./local.cjs");
 const { SKIP, DEFAULT_IPV6_SUBNET, bucketKey, checkIpv6Subnet, ipIdentity, isAnonymous } = require("./identity.cjs");
@@ -57,49 +58,6 @@ function limitList(limits) {
     }
     return { name, rate: limit.rate, burst: limit.burst, cost: limit.cost, key: limit.key };
   });
-}
-
-/**
- * Bounds the wait for Redis. One timer per limiter sweeps the calls in flight, rather than a timer and a
- * Promise.race per request (which measured more than the Redis call itself), so a call gives up between
- * `timeoutMs` and 1.25 x `timeoutMs` after it started.
- */
-function deadlines(timeoutMs) {
-  if (!(timeoutMs > 0) || !Number.isFinite(timeoutMs)) return (promise) => promise;
-  const pending = new Map();
-  let next = 0;
-  let sweeper;
-  const sweep = () => {
-    const now = performance.now();
-    for (const [id, call] of pending) {
-      if (now - call.started < timeoutMs) break; // in start order: the rest are younger
-      pending.delete(id);
-      call.reject(new TbUnavailableError(`redis-tb: no reply from Redis within ${timeoutMs} ms`));
-    }
-    if (pending.size === 0) {
-      clearInterval(sweeper);
-      sweeper = undefined;
-    }
-  };
-  return (promise) =>
-    new Promise((resolve, reject) => {
-      const id = next++;
-      pending.set(id, { started: performance.now(), reject });
-      if (sweeper === undefined) {
-        sweeper = setInterval(sweep, Math.max(1, timeoutMs / 4));
-        sweeper.unref();
-      }
-      promise.then(
-        (value) => {
-          pending.delete(id);
-          resolve(value);
-        },
-        (error) => {
-          pending.delete(id);
-          reject(error);
-        },
-      );
-    });
 }
 
 /** The Python package's body: { error, limit, retry_after_ms }, the last left out when waiting never helps. */
@@ -159,7 +117,8 @@ function failureLog(logger, fail) {
  *               limits with in-memory buckets of the same limits in this process, "open" lets the request
  *               through, "closed" answers 503 with Retry-After: 1
  *   logger      { warn(message), error(message) } for Redis failures (default: console)
- *   timeoutMs   the longest to wait for Redis (default 1000; 0 waits as long as the Redis client does)
+ *   timeoutMs   the deadline of a limiter call (default 1000), never charged after it (lane.cjs); 0 leaves it to
+ *               the Redis client, offline queue and all
  *   statusCode  for a refusal (default 429)
  *   body        the refusal's JSON body: an object, or (decision) => object
  *   onError     (error, req) => void, called for every Redis failure (then the fail mode answers)
@@ -182,8 +141,10 @@ function createHttpLimiter(options) {
   }
   if (typeof key !== "function") throw new TbArgumentError("key must be a function of the request");
   const limits = limitList(options.limits);
-  const tb = TbClient.from(client);
-  const withTimeout = deadlines(timeoutMs);
+  const tb = TbClient.from(client, { logger });
+  // Each call under its deadline through the lane (lane.cjs: never charged after it), or as the client sends it.
+  const lane = timeoutMs > 0 && Number.isFinite(timeoutMs) ? laneFor(client, tb, timeoutMs) : undefined;
+  const run = (send) => (lane === undefined ? send(tb) : lane.run(send));
   const local = fail === "local" ? new LocalBuckets() : undefined;
   const failures = failureLog(logger, fail);
 
@@ -207,10 +168,10 @@ function createHttpLimiter(options) {
   async function decide(buckets) {
     if (buckets.length === 1) {
       const [bucket] = buckets;
-      const reply = await withTimeout(tb.acquire(bucket.key, bucket.rate, bucket.burst, bucket.cost));
+      const reply = await run((redis) => redis.acquire(bucket.key, bucket.rate, bucket.burst, bucket.cost));
       return { allowed: reply.allowed, limitingIndex: 0, buckets: [{ ...bucket, ...reply, key: bucket.key, fits: reply.allowed }] };
     }
-    const reply = await withTimeout(tb.acquireEach(buckets));
+    const reply = await run((redis) => redis.acquireEach(buckets));
     return {
       allowed: reply.allowed,
       limitingIndex: reply.limitingIndex,

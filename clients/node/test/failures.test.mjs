@@ -211,6 +211,27 @@ describe("each row on a real server", () => {
     }
   });
 
+  test("NOAUTH: a password set after the application connected (the middleware opens its own connection)", async () => {
+    await withServer({}, async (server) => {
+      await withClient("ioredis", server, {}, async (redis) => {
+        await rawCommand(server.port, "CONFIG SET requirepass s3cret");
+        await meetsFailModes(redis, { rows: ["NOAUTH"], configError: true });
+      });
+    });
+  });
+
+  for (const kind of ["ioredis", "node-redis"]) {
+    test(`WRONGPASS (${kind}): the user's password changed after the application connected`, async () => {
+      await withServer({}, async (server) => {
+        await rawCommand(server.port, "ACL SETUSER limiter on >pw ~* +@all");
+        await withClient(kind, server, { username: "limiter", password: "pw" }, async (redis) => {
+          await rawCommand(server.port, "ACL SETUSER limiter resetpass >changed");
+          await meetsFailModes(redis, { rows: ["WRONGPASS", "NOAUTH"], configError: true });
+        });
+      });
+    });
+  }
+
   for (const kind of ["ioredis", "node-redis"]) {
     test(`NOPERM (${kind}): an ACL user without the limiter's commands`, async () => {
       await withServer({}, async (server) => {

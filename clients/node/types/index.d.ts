@@ -101,6 +101,8 @@ export class TbClient {
   constructor(redis: RedisLike, options?: TbClientOptions);
   /** `client` itself if it is a TbClient, else a new TbClient wrapping it with `options`. */
   static from(client: TbClient | RedisLike, options?: TbClientOptions): TbClient;
+  /** A TbClient with this one's options over `redis`, another connection to the same server. */
+  over(redis: RedisLike): TbClient;
   readonly redis: RedisLike;
   /** Which backend serves the calls; undefined before the first call in auto mode. */
   readonly backendInUse: BackendInUse | undefined;

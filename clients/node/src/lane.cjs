@@ -1,0 +1,292 @@
+"use strict";
+// The middleware's way to Redis, and its deadlines (docs/clients.md, "Deadlines"): a limiter call that timed out
+// is never charged later.
+//
+//   - A call is written only while the connection is known to answer: never queued in a Redis client's offline
+//     queue, never resent after a reconnect. Before the first connection is up, a call waits (unwritten) for it
+//     within its deadline; after a fault, calls fail at once until a probe answers.
+//   - A call that misses its deadline marks the connection faulty: nothing more is written to it. A standalone
+//     client's connection is the middleware's own (a duplicate of the client given, without offline queue or
+//     automatic reconnection), so it is reset and dropped, and a probe (PING on a new connection) runs with a
+//     backoff from 250 ms to 2 s until one answers. A Cluster client is the application's and is kept: calls are
+//     held back until a PING through it answers.
+//   - While a written call has waited longer than a quarter of the deadline, new calls are not written (they wait,
+//     unwritten, within their own deadline): when Redis stalls, only the calls written in that first quarter are
+//     on the socket, and those are the one case left (Redis runs them when it resumes).
+
+const { TbArgumentError, TbProtocolError, TbReplyError, TbUnavailableError, isReplyError } = require("./errors.cjs");
+
+const FIRST_PROBE_DELAY_MS = 250;
+const MAX_PROBE_DELAY_MS = 2000;
+
+/** Opens the middleware's own connection to the server of `redis`, a standalone ioredis or node-redis client. */
+function openOwn(kind, redis, timeoutMs) {
+  let own;
+  if (kind === "ioredis") {
+    own = redis.duplicate({
+      lazyConnect: true,
+      enableReadyCheck: false, // the probe's PING checks it, and passes on a BUSY or LOADING reply as itself
+      enableOfflineQueue: false,
+      autoResendUnfulfilledCommands: false,
+      maxRetriesPerRequest: 0,
+      retryStrategy: () => null,
+      reconnectOnError: () => false,
+      connectTimeout: timeoutMs,
+    });
+  } else {
+    const socket = { ...redis.options?.socket, reconnectStrategy: false, connectTimeout: timeoutMs };
+    own = redis.duplicate({ disableOfflineQueue: true, socket });
+  }
+  // Every failure reaches the call or the probe that meets it; a refusal while connecting (NOAUTH, WRONGPASS)
+  // is kept, since ioredis then rejects connect() with "Connection is closed." only.
+  let refusal;
+  own.on("error", (error) => {
+    if (isReplyError(error)) refusal = error;
+  });
+  return {
+    redis: own,
+    async open() {
+      try {
+        await own.connect();
+      } catch (error) {
+        throw refusal ?? error;
+      }
+      if (kind === "ioredis") own.stream?.unref?.();
+      else own.unref?.();
+      await (kind === "ioredis" ? own.call("PING") : own.sendCommand(["PING"]));
+    },
+    ready: () => (kind === "ioredis" ? own.status === "ready" : own.isReady !== false),
+    onClose: (listener) => own.once("end", listener),
+    drop() {
+      try {
+        if (kind !== "ioredis") {
+          if (typeof own.destroy === "function") own.destroy();
+          else own.disconnect();
+        } else if (own.stream !== undefined && !own.stream.destroyed && own.stream.readyState === "open") {
+          // A reset: no FIN, nothing more written or read. (No disconnect() before it: its FIN would leave a
+          // shutdown request pending on the socket, which can hold the process at exit.) Without a retry
+          // strategy, ioredis then ends the client.
+          own.stream.resetAndDestroy();
+        } else if (own.status !== "end") {
+          own.disconnect();
+        }
+      } catch {
+        // already closed
+      }
+    },
+  };
+}
+
+/** Whether the application's cluster client would write a call now rather than queue it. */
+function sharedReady(tb) {
+  const { redis } = tb;
+  if (tb.clientKind === "ioredis-cluster") return redis.status === "ready";
+  return redis.isReady !== false;
+}
+
+/** Rejects with a TbUnavailableError after `ms` unless `promise` settles first. */
+function within(promise, ms, what) {
+  let timer;
+  const expired = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new TbUnavailableError(`redis-tb: ${what}: no reply from Redis within ${ms} ms`)), ms);
+    timer.unref();
+  });
+  return Promise.race([promise, expired]).finally(() => clearTimeout(timer));
+}
+
+class Lane {
+  /** `tb`: the TbClient over the application's client; `timeoutMs` > 0: each call's deadline. */
+  constructor(tb, timeoutMs) {
+    this.given = tb;
+    this.timeoutMs = timeoutMs;
+    this.stallMs = timeoutMs / 4;
+    this.own = tb.clientKind === "ioredis" || tb.clientKind === "node-redis";
+    this.state = "idle"; // idle (never used), connecting, up, down, closed
+    this.everUp = false;
+    this.tb = this.own ? undefined : tb;
+    this.connection = undefined;
+    this.lastError = undefined;
+    this.probeDelayMs = 0;
+    /** Calls not yet settled, in the order they came: { startedMs, writtenMs?, send, resolve, reject }. */
+    this.calls = new Set();
+    this.sweeper = undefined;
+    if (typeof tb.redis?.once === "function") tb.redis.once("end", () => this.close());
+  }
+
+  /** Runs `send(tbClient)` under the rules above; rejects with TbUnavailableError when it is not sent in time. */
+  run(send) {
+    if (this.state === "idle") this._probe();
+    if (this.state === "down" || this.state === "closed" || (this.state === "connecting" && this.everUp)) {
+      return Promise.reject(this._unavailable());
+    }
+    return new Promise((resolve, reject) => {
+      const call = { startedMs: performance.now(), writtenMs: undefined, send, resolve, reject };
+      this.calls.add(call);
+      if (this.sweeper === undefined) {
+        this.sweeper = setInterval(() => this._sweep(), Math.max(1, this.timeoutMs / 4));
+        this.sweeper.unref();
+      }
+      this._release();
+    });
+  }
+
+  /** Stops probing and drops the middleware's own connection (the application's client has ended). */
+  close() {
+    this.state = "closed";
+    clearTimeout(this.probeTimer);
+    this.connection?.drop();
+    this._rejectUnwritten();
+  }
+
+  _unavailable() {
+    // A refusal at connection time (a wrong password, a user without rights) is a configuration error: pass it on
+    // as itself, so that it is logged as one.
+    if (isReplyError(this.lastError)) return this.lastError;
+    return new TbUnavailableError("redis-tb: not sent: Redis has not answered since its last failure; a probe is pending", {
+      cause: this.lastError,
+    });
+  }
+
+  _stalled(nowMs) {
+    for (const call of this.calls) if (call.writtenMs !== undefined && nowMs - call.writtenMs > this.stallMs) return true;
+    return false;
+  }
+
+  /** Writes the calls waiting, if the connection is up, ready and not stalled. */
+  _release() {
+    if (this.state !== "up") return;
+    if (!(this.connection === undefined ? sharedReady(this.given) : this.connection.ready())) {
+      this._fault(new TbUnavailableError("redis-tb: the connection to Redis is not ready"));
+      return;
+    }
+    const nowMs = performance.now();
+    if (this._stalled(nowMs)) return;
+    for (const call of this.calls) {
+      if (call.writtenMs !== undefined) continue;
+      call.writtenMs = nowMs;
+      call.send(this.tb).then(
+        (value) => this._settle(call, () => call.resolve(value)),
+        (error) => {
+          this._settle(call, () => call.reject(error));
+          // An answer from the server (an error reply included) shows the connection works.
+          const answered = isReplyError(error) || [TbReplyError, TbArgumentError, TbProtocolError].some((type) => error instanceof type);
+          if (!answered) this._fault(error);
+        },
+      );
+    }
+  }
+
+  _settle(call, answer) {
+    if (!this.calls.delete(call)) return; // its deadline answered first
+    answer();
+    this._release();
+  }
+
+  _sweep() {
+    const nowMs = performance.now();
+    let missed;
+    for (const call of this.calls) {
+      if (nowMs - call.startedMs < this.timeoutMs) continue;
+      this.calls.delete(call);
+      const written = call.writtenMs !== undefined;
+      const error = new TbUnavailableError(`redis-tb: no reply from Redis within ${this.timeoutMs} ms${written ? "" : " (not sent)"}`);
+      call.reject(error);
+      if (written) missed = error;
+    }
+    if (missed !== undefined) this._fault(missed);
+    if (this.calls.size === 0) {
+      clearInterval(this.sweeper);
+      this.sweeper = undefined;
+    }
+  }
+
+  /** The connection failed or missed a deadline: nothing more is written to it, and a probe is scheduled. */
+  _fault(error) {
+    if (this.state !== "up") return;
+    this.state = "down";
+    this.lastError = error;
+    if (this.own) {
+      this.connection?.drop();
+      this.connection = undefined;
+      this.tb = undefined;
+    }
+    this._rejectUnwritten();
+    this._schedule();
+  }
+
+  _rejectUnwritten() {
+    for (const call of this.calls) {
+      if (call.writtenMs !== undefined) continue;
+      this.calls.delete(call);
+      call.reject(this._unavailable());
+    }
+  }
+
+  _schedule() {
+    if (this.state === "closed") return;
+    this.probeDelayMs = Math.min(MAX_PROBE_DELAY_MS, Math.max(FIRST_PROBE_DELAY_MS, this.probeDelayMs * 2));
+    this.probeTimer = setTimeout(() => this._probe(), this.probeDelayMs);
+    this.probeTimer.unref();
+  }
+
+  async _probe() {
+    if (this.given.redis.status === "end") this.close(); // the application's ioredis client has been closed
+    if (this.state === "closed") return;
+    this.state = "connecting";
+    let connection;
+    try {
+      if (this.own) {
+        connection = openOwn(this.given.clientKind, this.given.redis, this.timeoutMs);
+        await within(connection.open(), this.timeoutMs, "connecting");
+      } else {
+        await within(this.given._connection.send("redis-tb:probe", ["PING"]), this.timeoutMs, "PING");
+      }
+    } catch (error) {
+      connection?.drop();
+      if (this.state === "closed") return;
+      this.state = "down";
+      this.lastError = error;
+      this._rejectUnwritten();
+      this._schedule();
+      return;
+    }
+    if (this.state === "closed") {
+      connection?.drop();
+      return;
+    }
+    if (this.own) {
+      this.connection = connection;
+      this.tb = this.given.over(connection.redis);
+      connection.onClose(() => {
+        if (this.connection === connection) this._fault(new TbUnavailableError("redis-tb: the connection to Redis closed"));
+      });
+    }
+    this.state = "up";
+    this.everUp = true;
+    this.probeDelayMs = 0;
+    this._release();
+  }
+}
+
+const lanes = new WeakMap();
+
+/**
+ * The lane for calls with deadline `timeoutMs` through `tb`, the TbClient over `client` (what the application
+ * gave: a TbClient or a Redis client): one per client and deadline, so the limiters of one application (a
+ * Fastify plugin's routes) share one connection.
+ */
+function laneFor(client, tb, timeoutMs) {
+  let byTimeout = lanes.get(client);
+  if (byTimeout === undefined) {
+    byTimeout = new Map();
+    lanes.set(client, byTimeout);
+  }
+  let lane = byTimeout.get(timeoutMs);
+  if (lane === undefined) {
+    lane = new Lane(tb, timeoutMs);
+    byTimeout.set(timeoutMs, lane);
+  }
+  return lane;
+}
+
+module.exports = { laneFor };

@@ -1,0 +1,63 @@
+// A limiter call is never charged after its deadline (docs/clients.md, "Deadlines"): Redis stalled with SIGSTOP,
+// 30 requests answered by the fail mode, then SIGCONT. Only the call already on the socket when Redis stopped
+// may take its cost when it resumes; the 29 made during the stall are never sent, and fail at once instead of
+// each waiting for the deadline.
+import assert from "node:assert/strict";
+import http from "node:http";
+import { describe, test } from "node:test";
+
+import express from "express";
+
+import { rateLimit } from "../src/index.mjs";
+import { CLIENT_KINDS, connect } from "./clients.mjs";
+import { Server, freshKey, rawCommand, waitUntil } from "./harness.mjs";
+import { closeServer, listen } from "./http-helpers.mjs";
+
+const TIMEOUT_MS = 300;
+const BURST = 5;
+
+describe("a Redis stall (SIGSTOP) is never charged later", () => {
+  for (const kind of CLIENT_KINDS) {
+    test(`${kind}: 30 requests during a stall take at most the one call in flight`, async () => {
+      const server = await Server.start();
+      const conn = await connect(kind, server);
+      const prefix = `${freshKey("stall")}:`;
+      const bucket = `${prefix}{stalled}:api`;
+      const app = express();
+      const silent = { warn() {}, error() {} };
+      const limits = { name: "api", rate: 0.001, burst: BURST };
+      app.use(rateLimit({ client: conn.redis, prefix, limits, key: () => "stalled", fail: "closed", timeoutMs: TIMEOUT_MS, logger: silent }));
+      app.get("/", (req, res) => res.send("ok"));
+      const httpServer = http.createServer(app);
+      const base = await listen(httpServer);
+      let stopped = false;
+      try {
+        assert.equal((await fetch(base)).status, 200);
+        server.child.kill("SIGSTOP");
+        stopped = true;
+        const started = performance.now();
+        const statuses = [];
+        for (let i = 0; i < 30; i++) statuses.push((await fetch(base)).status);
+        const stallMs = performance.now() - started;
+        assert.deepEqual(new Set(statuses), new Set([503]));
+        // The first waits for its deadline; the others are answered at once (old code: 30 deadlines, 9 s).
+        assert.ok(stallMs < TIMEOUT_MS * 4, `30 answers took ${stallMs} ms`);
+        server.child.kill("SIGCONT");
+        stopped = false;
+        // Redis runs what was on the socket as soon as it resumes; the limiter is back once a probe answers.
+        await waitUntil(async () => (await rawCommand(server.port, "PING")).startsWith("+PONG"), 5000, "Redis back");
+        let first;
+        await waitUntil(async () => (first = await fetch(base)).status === 200, 5000, "the limiter back");
+        const tokens = Number((await rawCommand(server.port, `HGET ${bucket} tokens`)).split("\r\n")[1]);
+        // 5 - the first request - the call in flight when Redis stopped - the request that found it back.
+        assert.ok(tokens >= BURST - 3, `${tokens} tokens left: calls made during the stall were charged`);
+        assert.equal(first.headers.get("ratelimit-remaining"), String(Math.floor(tokens)));
+      } finally {
+        if (stopped) server.child.kill("SIGCONT");
+        await closeServer(httpServer);
+        await conn.close();
+        await server.stop();
+      }
+    });
+  }
+});
