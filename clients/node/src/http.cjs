@@ -141,7 +141,8 @@ function createHttpLimiter(options) {
   }
   if (typeof key !== "function") throw new TbArgumentError("key must be a function of the request");
   const limits = limitList(options.limits);
-  const tb = TbClient.from(client, { logger });
+  // A logger of the application also hears of backend switches; by default those stay warnings (emitWarning).
+  const tb = TbClient.from(client, options.logger === undefined ? undefined : { logger });
   // Each call under its deadline through the lane (lane.cjs: never charged after it), or as the client sends it.
   const lane = timeoutMs > 0 && Number.isFinite(timeoutMs) ? laneFor(client, tb, timeoutMs) : undefined;
   const run = (send) => (lane === undefined ? send(tb) : lane.run(send));
