@@ -579,3 +579,42 @@ fn replies_are_read_and_misshapen_ones_refused() {
     )
     .is_err());
 }
+
+#[test]
+fn bucket_keys_match_the_shared_fixture() {
+    // fixtures/keys.json's "gateway" section (its last): awkward values, domains and prefixes, and their keys.
+    // Only that section is parsed: serde_yaml reads JSON, but not the surrogate pairs of the other sections.
+    let text = include_str!("../../fixtures/keys.json");
+    let section = text
+        .find("\"gateway\"")
+        .and_then(|at| text.get(at..))
+        .expect("a gateway section");
+    let fixture: serde_yaml::Value =
+        serde_yaml::from_str(&format!("{{{section}")).expect("the section parses");
+    let rows = fixture["gateway"]["keys"]
+        .as_sequence()
+        .expect("a gateway section");
+    assert!(rows.len() >= 10);
+    let mut seen = std::collections::HashSet::new();
+    for row in rows {
+        let text = |field: &str| row[field].as_str().expect("a string").to_owned();
+        let entries: Vec<(String, String)> = row["entries"]
+            .as_sequence()
+            .expect("entries")
+            .iter()
+            .map(|pair| {
+                let part = |index: usize| pair[index].as_str().expect("a string").to_owned();
+                (part(0), part(1))
+            })
+            .collect();
+        let key = bucket_key(&text("prefix"), &text("domain"), &entries);
+        assert_eq!(key, text("key"), "{entries:?}");
+        // One `{` and one `}` after the prefix: the hash tag is exactly the escaped domain.
+        let tagged = key
+            .strip_prefix(text("prefix").as_str())
+            .expect("the prefix");
+        assert_eq!(tagged.matches('{').count(), 1, "{key}");
+        assert_eq!(tagged.matches('}').count(), 1, "{key}");
+        assert!(seen.insert(key), "two rows share a key");
+    }
+}
