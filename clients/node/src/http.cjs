@@ -131,6 +131,7 @@ function createHttpLimiter(options) {
   const { fail = "local", timeoutMs = 1000, statusCode = 429, body = defaultBody, onError, logger = console } = options;
   if (client === undefined) throw new TbArgumentError("client is required: a TbClient or a Redis client");
   if (!FORMATS.includes(standard)) throw new TbArgumentError(`standard must be one of ${FORMATS.join(", ")}`);
+  if (typeof timeoutMs !== "number" || !(timeoutMs >= 0)) throw new TbArgumentError(`timeoutMs must be a number >= 0, got ${timeoutMs}`);
   if (!FAIL_MODES.includes(fail)) throw new TbArgumentError(`fail must be one of ${FAIL_MODES.join(", ")}, got ${fail}`);
   if (typeof logger?.warn !== "function" || typeof logger?.error !== "function") {
     throw new TbArgumentError("logger must have warn(message) and error(message) methods");

@@ -29,6 +29,13 @@ const CONDITIONS = {
 };
 
 describe("the failure table's classifier", () => {
+  test("fail, timeoutMs, logger and prefix are checked when the middleware is built", () => {
+    const limits = { rate: 1, burst: 1 };
+    for (const bad of [{ fail: "maybe" }, { timeoutMs: -1 }, { timeoutMs: "1000" }, { logger: { warn() {} } }, { prefix: "rl{}:" }]) {
+      assert.throws(() => rateLimit({ client: {}, limits, ...bad }), /fail|timeoutMs|logger|prefix/, JSON.stringify(bad));
+    }
+  });
+
   test("every reply of fixtures/failures.json falls in its row, from either client", () => {
     for (const row of FIXTURE.cases.filter((c) => c.reply !== undefined)) {
       const expected = { row: row.row, action: row.action };

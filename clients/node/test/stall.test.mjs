@@ -60,4 +60,40 @@ describe("a Redis stall (SIGSTOP) is never charged later", () => {
       }
     });
   }
+
+  test("calls made once a written call has waited a quarter of the deadline are not written", async () => {
+    const server = await Server.start();
+    const conn = await connect("ioredis", server);
+    const prefix = `${freshKey("gate")}:`;
+    const limiter = rateLimit({
+      client: conn.redis,
+      prefix,
+      limits: { name: "api", rate: 0.001, burst: 20 },
+      key: () => "gated",
+      fail: "closed",
+      timeoutMs: TIMEOUT_MS,
+      logger: { warn() {}, error() {} },
+    }).limiter;
+    let stopped = false;
+    try {
+      assert.equal((await limiter.check({})).action, "allow");
+      server.child.kill("SIGSTOP");
+      stopped = true;
+      const first = limiter.check({}); // written: the one case left
+      await new Promise((resolve) => setTimeout(resolve, TIMEOUT_MS / 2));
+      const later = await Promise.all(Array.from({ length: 10 }, () => limiter.check({})));
+      assert.deepEqual(new Set(later.map((outcome) => outcome.action)), new Set(["unavailable"]));
+      assert.equal((await first).action, "unavailable");
+      server.child.kill("SIGCONT");
+      stopped = false;
+      await waitUntil(async () => (await limiter.check({})).action === "allow", 5000, "the limiter back");
+      const tokens = Number((await rawCommand(server.port, `HGET ${prefix}{gated}:api tokens`)).split("\r\n")[1]);
+      // 20 - the first check - the one written before the stall showed - the check that found it back.
+      assert.ok(tokens >= 17, `${tokens} tokens left: the 10 held calls were written`);
+    } finally {
+      if (stopped) server.child.kill("SIGCONT");
+      await conn.close();
+      await server.stop();
+    }
+  });
 });
