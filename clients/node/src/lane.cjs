@@ -107,8 +107,10 @@ class Lane {
     this.connection = undefined;
     this.lastError = undefined;
     this.probeDelayMs = 0;
-    /** Calls not yet settled, in the order they came: { startedMs, writtenMs?, send, resolve, reject }. */
-    this.calls = new Set();
+    // Calls not yet settled, { startedMs, writtenMs?, send, resolve, reject }: those written, in the order they
+    // were written (so the first is the oldest: the stall check is O(1)), and those waiting unwritten.
+    this.written = new Set();
+    this.held = new Set();
     this.sweeper = undefined;
     if (typeof tb.redis?.once === "function") tb.redis.once("end", () => this.close());
   }
@@ -121,7 +123,7 @@ class Lane {
     }
     return new Promise((resolve, reject) => {
       const call = { startedMs: performance.now(), writtenMs: undefined, send, resolve, reject };
-      this.calls.add(call);
+      this.held.add(call);
       if (this.sweeper === undefined) {
         this.sweeper = setInterval(() => this._sweep(), Math.max(1, this.timeoutMs / 4));
         this.sweeper.unref();
@@ -148,21 +150,22 @@ class Lane {
   }
 
   _stalled(nowMs) {
-    for (const call of this.calls) if (call.writtenMs !== undefined && nowMs - call.writtenMs > this.stallMs) return true;
-    return false;
+    const oldest = this.written.values().next().value;
+    return oldest !== undefined && nowMs - oldest.writtenMs > this.stallMs;
   }
 
   /** Writes the calls waiting, if the connection is up, ready and not stalled. */
   _release() {
-    if (this.state !== "up") return;
+    if (this.state !== "up" || this.held.size === 0) return;
     if (!(this.connection === undefined ? sharedReady(this.given) : this.connection.ready())) {
       this._fault(new TbUnavailableError("redis-tb: the connection to Redis is not ready"));
       return;
     }
     const nowMs = performance.now();
     if (this._stalled(nowMs)) return;
-    for (const call of this.calls) {
-      if (call.writtenMs !== undefined) continue;
+    for (const call of this.held) {
+      this.held.delete(call);
+      this.written.add(call);
       call.writtenMs = nowMs;
       call.send(this.tb).then(
         (value) => this._settle(call, () => call.resolve(value)),
@@ -177,7 +180,7 @@ class Lane {
   }
 
   _settle(call, answer) {
-    if (!this.calls.delete(call)) return; // its deadline answered first
+    if (!this.written.delete(call)) return; // its deadline answered first
     answer();
     this._release();
   }
@@ -185,16 +188,18 @@ class Lane {
   _sweep() {
     const nowMs = performance.now();
     let missed;
-    for (const call of this.calls) {
-      if (nowMs - call.startedMs < this.timeoutMs) continue;
-      this.calls.delete(call);
-      const written = call.writtenMs !== undefined;
-      const error = new TbUnavailableError(`redis-tb: no reply from Redis within ${this.timeoutMs} ms${written ? "" : " (not sent)"}`);
-      call.reject(error);
-      if (written) missed = error;
+    for (const calls of [this.written, this.held]) {
+      for (const call of calls) {
+        if (nowMs - call.startedMs < this.timeoutMs) continue;
+        calls.delete(call);
+        const written = calls === this.written;
+        const error = new TbUnavailableError(`redis-tb: no reply from Redis within ${this.timeoutMs} ms${written ? "" : " (not sent)"}`);
+        call.reject(error);
+        if (written) missed = error;
+      }
     }
     if (missed !== undefined) this._fault(missed);
-    if (this.calls.size === 0) {
+    if (this.written.size === 0 && this.held.size === 0) {
       clearInterval(this.sweeper);
       this.sweeper = undefined;
     }
@@ -215,9 +220,8 @@ class Lane {
   }
 
   _rejectUnwritten() {
-    for (const call of this.calls) {
-      if (call.writtenMs !== undefined) continue;
-      this.calls.delete(call);
+    for (const call of this.held) {
+      this.held.delete(call);
       call.reject(this._unavailable());
     }
   }
