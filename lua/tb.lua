@@ -138,51 +138,6 @@ local function refuse(text)
   error({ tb_error = text })
 end
 
-local function arity_error(name)
-  refuse("ERR wrong number of arguments for '" .. name .. "' command")
-end
-
----------------------------------------------------------------------------------------------------------------
--- Saturating integer arithmetic on doubles (exact below 2^53), as the core's i64 arithmetic.
----------------------------------------------------------------------------------------------------------------
-
-local function clamp_i64(x)
-  if x >= I64_MAX then return I64_MAX end
-  if x <= I64_MIN then return I64_MIN end
-  return x
-end
-
-local function sat_add(a, b) return clamp_i64(a + b) end
-local function sat_sub(a, b) return clamp_i64(a - b) end
-local function sat_mul(a, b) return clamp_i64(a * b) end
-
-local function ceil_saturating(x)
-  if x ~= x then return I64_MAX end
-  return clamp_i64(math.ceil(x))
-end
-
-local function floor_saturating(x)
-  if x ~= x then return 0 end
-  return clamp_i64(math.floor(x))
-end
-
--- floor(n / d) for d > 0; the quotient of two doubles may round across an integer, so correct it by one.
-local function floor_div(n, d)
-  local q = math.floor(n / d)
-  if q * d > n then
-    q = q - 1
-  elseif (q + 1) * d <= n then
-    q = q + 1
-  end
-  return q
-end
-
-local function ceil_div(n, d)
-  local q = floor_div(n, d)
-  if n - q * d == 0 then return q end
-  return sat_add(q, 1)
-end
-
 ---------------------------------------------------------------------------------------------------------------
 -- Numbers as the module parses them (src/number.rs: Rust's grammar, finite values only).
 ---------------------------------------------------------------------------------------------------------------
@@ -196,23 +151,26 @@ local RECENT_LIMIT = 192
 local memo_f64, memo_i64, memo_entries
 local recent_f64, recent_i64, recent_text, recent_entries
 
-local function memo_reset()
-  memo_f64, memo_i64, memo_entries = {}, {}, 0
-end
+local memo_reset, recent_reset, memo_add
 
-local function recent_reset()
-  recent_f64, recent_i64, recent_text, recent_entries = {}, {}, {}, 0
-end
-
+-- Defined in the library only: the EVAL form, which keeps nothing, would create them on every call for nothing.
 if AS_LIBRARY then
+  memo_reset = function()
+    memo_f64, memo_i64, memo_entries = {}, {}, 0
+  end
+
+  recent_reset = function()
+    recent_f64, recent_i64, recent_text, recent_entries = {}, {}, {}, 0
+  end
+
+  memo_add = function(memo, text, value)
+    memo[text] = value
+    memo_entries = memo_entries + 1
+    if memo_entries > MEMO_LIMIT then memo_reset() end
+  end
+
   memo_reset()
   recent_reset()
-end
-
-local function memo_add(memo, text, value)
-  memo[text] = value
-  memo_entries = memo_entries + 1
-  if memo_entries > MEMO_LIMIT then memo_reset() end
 end
 
 -- A finite decimal: [+-] (digits [. digits] | . digits) [e [+-] digits]. Lua's tonumber reads that grammar (C's
@@ -361,7 +319,7 @@ local function current_expiry_ms(key, now_us)
   end
   local ttl_ms = redis.call('PTTL', key)
   if ttl_ms < 0 then return nil end
-  return floor_div(now_us, MICROS_PER_MS) + ttl_ms
+  return (now_us - now_us % MICROS_PER_MS) / MICROS_PER_MS + ttl_ms -- floor, exact below 2^53
 end
 
 -- Writes the bucket (tokens, ts) and moves its expiry only when it falls outside [expire_at_ms, + slack_ms], as
@@ -392,24 +350,11 @@ local function write_bucket(key, tokens, ts, expire_at_ms, slack_ms, existed, no
   if not keep then
     local at_ms = expire_at_ms + slack_ms -- both far below 2^53: at most now + 100 years, and a day
     if caller_now_us then
-      redis.call('PEXPIRE', key, encode_integer(at_ms - floor_div(now_us, MICROS_PER_MS)))
+      redis.call('PEXPIRE', key, encode_integer(at_ms - (now_us - now_us % MICROS_PER_MS) / MICROS_PER_MS))
     else
       redis.call('PEXPIREAT', key, encode_integer(at_ms))
     end
   end
-end
-
--- A reply integer: saturated values become the largest double a reply can carry.
-local function int(value)
-  if value >= REPLY_MAX then return REPLY_MAX end
-  return value
-end
-
-local function expiry_slack_ms(rate, burst)
-  local slack = ceil_saturating(burst / rate * 10.0)
-  if slack < MIN_EXPIRY_SLACK_MS then return MIN_EXPIRY_SLACK_MS end
-  if slack > MAX_EXPIRY_SLACK_MS then return MAX_EXPIRY_SLACK_MS end
-  return slack
 end
 
 ---------------------------------------------------------------------------------------------------------------
@@ -482,6 +427,64 @@ local acquire_general, general_commands
 -- The rest of the script; returns the commands table (also left in general_commands).
 general = function()
   if general_commands then return general_commands end
+  local function arity_error(name)
+    refuse("ERR wrong number of arguments for '" .. name .. "' command")
+  end
+
+  -- A reply integer: saturated values become the largest double a reply can carry.
+  local function int(value)
+    if value >= REPLY_MAX then return REPLY_MAX end
+    return value
+  end
+
+  ---------------------------------------------------------------------------------------------------------------
+  -- Saturating integer arithmetic on doubles (exact below 2^53), as the core's i64 arithmetic.
+  ---------------------------------------------------------------------------------------------------------------
+
+  local function clamp_i64(x)
+    if x >= I64_MAX then return I64_MAX end
+    if x <= I64_MIN then return I64_MIN end
+    return x
+  end
+
+  local function sat_add(a, b) return clamp_i64(a + b) end
+  local function sat_sub(a, b) return clamp_i64(a - b) end
+  local function sat_mul(a, b) return clamp_i64(a * b) end
+
+  local function ceil_saturating(x)
+    if x ~= x then return I64_MAX end
+    return clamp_i64(math.ceil(x))
+  end
+
+  local function floor_saturating(x)
+    if x ~= x then return 0 end
+    return clamp_i64(math.floor(x))
+  end
+
+  -- floor(n / d) for d > 0; the quotient of two doubles may round across an integer, so correct it by one.
+  local function floor_div(n, d)
+    local q = math.floor(n / d)
+    if q * d > n then
+      q = q - 1
+    elseif (q + 1) * d <= n then
+      q = q + 1
+    end
+    return q
+  end
+
+  local function ceil_div(n, d)
+    local q = floor_div(n, d)
+    if n - q * d == 0 then return q end
+    return sat_add(q, 1)
+  end
+
+  local function expiry_slack_ms(rate, burst)
+    local slack = ceil_saturating(burst / rate * 10.0)
+    if slack < MIN_EXPIRY_SLACK_MS then return MIN_EXPIRY_SLACK_MS end
+    if slack > MAX_EXPIRY_SLACK_MS then return MAX_EXPIRY_SLACK_MS end
+    return slack
+  end
+
   ---------------------------------------------------------------------------------------------------------------
   -- The core: src/bucket.rs, function by function. A state is { tokens = <double>, ts = <µs> }.
   ---------------------------------------------------------------------------------------------------------------
@@ -1093,7 +1096,7 @@ end
 -- argv[first] onwards are TB.ACQUIRE's arguments (rate burst [cost]).
 local function acquire_command(keys, argv, first)
   local n = #argv - first + 1
-  if #keys ~= 1 or n < 2 or n > 3 then arity_error('tb.acquire') end
+  if #keys ~= 1 or n < 2 or n > 3 then refuse("ERR wrong number of arguments for 'tb.acquire' command") end
   local rate, burst = parse_rate_burst(argv[first], argv[first + 1])
   local cost = 1
   if n == 3 then cost = parse_non_negative(argv[first + 2], ERR_COST) end
@@ -1106,7 +1109,8 @@ local function acquire_command(keys, argv, first)
     return acquire_general(key, rate, burst, cost, tokens, ts, now)
   end
   local left, reset_ms = write_taken(key, after, full_at, now, rate, burst, tokens ~= nil)
-  return { 1, int(left), 0, reset_ms }
+  if left >= REPLY_MAX then left = REPLY_MAX end -- int(), as a reply carries it
+  return { 1, left, 0, reset_ms }
 end
 
 -- Reads an optional leading `@<µs>` at argv[first]; returns the index of the argument after it.
@@ -1145,17 +1149,17 @@ local function eval_form(keys, argv)
   return command(keys, rest_of(argv, at + 1))
 end
 
--- The function form: FCALL <LIB>_<command> with [@<µs>] <arguments>.
-local function function_form(name, keys, argv)
-  return general()[name](keys, rest_of(argv, take_clock(argv, 1)))
-end
-
--- FCALL <LIB>_acquire, the hot one, without the name.
-local function acquire_form(keys, argv)
-  return acquire_command(keys, argv, take_clock(argv, 1))
-end
-
 if AS_LIBRARY then
+  -- The function form: FCALL <LIB>_<command> with [@<µs>] <arguments>.
+  local function function_form(name, keys, argv)
+    return general()[name](keys, rest_of(argv, take_clock(argv, 1)))
+  end
+
+  -- FCALL <LIB>_acquire, the hot one, without the name.
+  local function acquire_form(keys, argv)
+    return acquire_command(keys, argv, take_clock(argv, 1))
+  end
+
   -- name, command, flags: the module's TB.REFUND is not deny-oom, every other command is.
   local functions = {
     { 'acquire', 'TB.ACQUIRE', {} },
