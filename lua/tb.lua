@@ -97,6 +97,15 @@ local caller_now_us
 -- Builds the rest of the script on first need (defined below).
 local general
 
+-- What the EVAL form's hot path raises when a call needs the rest of the script before the file has defined
+-- `general` (see "Everything else" below).
+local NEEDS_GENERAL = {}
+
+local function need_general()
+  if general == nil then error(NEEDS_GENERAL) end
+  return general()
+end
+
 local FIELD_TOKENS = 'tokens'
 local FIELD_UPDATED_US = 'ts'
 
@@ -262,7 +271,7 @@ local function encode_tokens(tokens)
   end
   local text = string.format('%.15g', tokens)
   if tonumber(text) == tokens and not string.find(text, 'e', 1, true) then return text end
-  if not ryu_format then general() end
+  if not ryu_format then need_general() end
   return ryu_format(tokens)
 end
 
@@ -420,9 +429,78 @@ local function write_taken(key, after, full_at, now, rate, burst, existed)
 end
 
 -- Everything else (the core in full, the other commands, ryu's formatting) is built by `general` on first need:
--- once per FUNCTION LOAD in the library, and in the EVAL form (where Redis runs the whole file on every call) only
--- by a call that needs it, so that an allowed TB.ACQUIRE creates a dozen functions per call instead of ninety.
+-- once per FUNCTION LOAD in the library. In the EVAL form, where Redis runs the whole file on every call, even
+-- defining `general` costs: there it is defined below the hot path's first attempt, which raises NEEDS_GENERAL
+-- (before any write) when it needs the rest; the file then defines it and runs the call again.
 local acquire_general, general_commands
+
+
+---------------------------------------------------------------------------------------------------------------
+-- TB.ACQUIRE: the hot path, then the general one for what it leaves.
+---------------------------------------------------------------------------------------------------------------
+
+-- argv[first] onwards are TB.ACQUIRE's arguments (rate burst [cost]).
+local function acquire_command(keys, argv, first)
+  local n = #argv - first + 1
+  if #keys ~= 1 or n < 2 or n > 3 then refuse("ERR wrong number of arguments for 'tb.acquire' command") end
+  local rate, burst = parse_rate_burst(argv[first], argv[first + 1])
+  local cost = 1
+  if n == 3 then cost = parse_non_negative(argv[first + 2], ERR_COST) end
+  local key = keys[1]
+  local tokens, ts = read_bucket(key)
+  local now = now_us()
+  local after, full_at = take(tokens, ts, now, rate, burst, cost)
+  if after == nil then
+    if not acquire_general then need_general() end
+    return acquire_general(key, rate, burst, cost, tokens, ts, now)
+  end
+  local left, reset_ms = write_taken(key, after, full_at, now, rate, burst, tokens ~= nil)
+  if left >= REPLY_MAX then left = REPLY_MAX end -- int(), as a reply carries it
+  return { 1, left, 0, reset_ms }
+end
+
+-- Reads an optional leading `@<µs>` at argv[first]; returns the index of the argument after it.
+local function take_clock(argv, first)
+  local text = argv[first]
+  caller_now_us, server_now_us, server_now_text = nil, nil, nil
+  if text and string.byte(text, 1) == 64 then -- '@'
+    caller_now_us = parse_ranged_integer(string.sub(text, 2), 0, MAX_EXACT_INTEGER, ERR_CLOCK)
+    return first + 1
+  end
+  return first
+end
+
+local function rest_of(argv, first)
+  if first == 1 then return argv end
+  local args = {}
+  for i = first, #argv do args[i - first + 1] = argv[i] end
+  return args
+end
+
+-- What a call that raised answers: a refusal's table becomes its error reply; any other error (a redis.call that
+-- failed) propagates.
+local function failure(result)
+  if type(result) == 'table' and result.tb_error then return redis.error_reply(result.tb_error) end
+  error(result)
+end
+
+-- The EVAL form: [@<µs>] <command> <arguments>.
+local function eval_form(keys, argv)
+  local at = take_clock(argv, 1)
+  local name = argv[at]
+  if name ~= 'TB.ACQUIRE' then name = name and string.upper(name) end
+  if name == 'TB.ACQUIRE' then return acquire_command(keys, argv, at + 1) end
+  local command = name and need_general()[name]
+  if not command then refuse('ERR unknown redis-tb command: ' .. tostring(argv[at])) end
+  return command(keys, rest_of(argv, at + 1))
+end
+
+if not AS_LIBRARY then
+  -- The EVAL form, first attempt: the hot path, before the rest of the script exists.
+  local ok, result = pcall(eval_form, KEYS, ARGV)
+  if ok then return result end
+  if result ~= NEEDS_GENERAL then return failure(result) end
+end
 
 -- The rest of the script; returns the commands table (also left in general_commands).
 general = function()
@@ -1087,66 +1165,6 @@ general = function()
   end
 
   return commands
-end
-
----------------------------------------------------------------------------------------------------------------
--- TB.ACQUIRE: the hot path, then the general one for what it leaves.
----------------------------------------------------------------------------------------------------------------
-
--- argv[first] onwards are TB.ACQUIRE's arguments (rate burst [cost]).
-local function acquire_command(keys, argv, first)
-  local n = #argv - first + 1
-  if #keys ~= 1 or n < 2 or n > 3 then refuse("ERR wrong number of arguments for 'tb.acquire' command") end
-  local rate, burst = parse_rate_burst(argv[first], argv[first + 1])
-  local cost = 1
-  if n == 3 then cost = parse_non_negative(argv[first + 2], ERR_COST) end
-  local key = keys[1]
-  local tokens, ts = read_bucket(key)
-  local now = now_us()
-  local after, full_at = take(tokens, ts, now, rate, burst, cost)
-  if after == nil then
-    if not acquire_general then general() end
-    return acquire_general(key, rate, burst, cost, tokens, ts, now)
-  end
-  local left, reset_ms = write_taken(key, after, full_at, now, rate, burst, tokens ~= nil)
-  if left >= REPLY_MAX then left = REPLY_MAX end -- int(), as a reply carries it
-  return { 1, left, 0, reset_ms }
-end
-
--- Reads an optional leading `@<µs>` at argv[first]; returns the index of the argument after it.
-local function take_clock(argv, first)
-  local text = argv[first]
-  caller_now_us, server_now_us, server_now_text = nil, nil, nil
-  if text and string.byte(text, 1) == 64 then -- '@'
-    caller_now_us = parse_ranged_integer(string.sub(text, 2), 0, MAX_EXACT_INTEGER, ERR_CLOCK)
-    return first + 1
-  end
-  return first
-end
-
-local function rest_of(argv, first)
-  if first == 1 then return argv end
-  local args = {}
-  for i = first, #argv do args[i - first + 1] = argv[i] end
-  return args
-end
-
--- What a call that raised answers: a refusal's table becomes its error reply; any other error (a redis.call that
--- failed) propagates.
-local function failure(result)
-  if type(result) == 'table' and result.tb_error then return redis.error_reply(result.tb_error) end
-  error(result)
-end
-
--- The EVAL form: [@<µs>] <command> <arguments>.
-local function eval_form(keys, argv)
-  local at = take_clock(argv, 1)
-  local name = argv[at]
-  if name ~= 'TB.ACQUIRE' then name = name and string.upper(name) end
-  if name == 'TB.ACQUIRE' then return acquire_command(keys, argv, at + 1) end
-  local command = name and general()[name]
-  if not command then refuse('ERR unknown redis-tb command: ' .. tostring(argv[at])) end
-  return command(keys, rest_of(argv, at + 1))
 end
 
 if AS_LIBRARY then

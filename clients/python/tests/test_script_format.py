@@ -16,7 +16,8 @@ from conftest import Server
 from redis_tb import SCRIPT
 
 ENCODER = SCRIPT.replace(
-    "local ok, result = pcall(eval_form, KEYS, ARGV)", "do return encode_tokens(tonumber(ARGV[1])) end"
+    "local ok, result = pcall(eval_form, KEYS, ARGV)\n  if ok then return result end\n  return failure(result)",
+    "do return encode_tokens(tonumber(ARGV[1])) end",
 )
 
 
