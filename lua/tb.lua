@@ -1142,26 +1142,28 @@ general = function()
     return { r.refunded, int(r.remaining), int(r.reset_after_ms) }
   end
 
-  commands['TB.CHARGE'] = function(keys, args)
-    if #keys ~= 1 or #args ~= 3 then arity_error('tb.charge') end
+  -- TB.CHARGE and TB.BLOCK: key rate burst and a third argument (already checked), one charge-shaped answer.
+  local function charge_command(keys, args, third, decide)
     local p = parse_params(args[1], args[2])
-    local cost = parse_non_negative(args[3], ERR_COST)
+    local value = third(args[3])
     local stored = read_state(keys[1])
     local now = now_us()
-    local c = charge(stored, now, p, cost)
+    local c = decide(stored, now, p, value)
     if c.write then write_state(keys[1], c.write, stored ~= nil, now) end
     return { int(c.remaining), int(c.retry_after_ms), int(c.reset_after_ms) }
   end
 
+  local function charge_cost(text) return parse_non_negative(text, ERR_COST) end
+  local function block_ms(text) return parse_ranged_integer(text, 1, MAX_WAIT_LIMIT_MS, ERR_BLOCK_MS) end
+
+  commands['TB.CHARGE'] = function(keys, args)
+    if #keys ~= 1 or #args ~= 3 then arity_error('tb.charge') end
+    return charge_command(keys, args, charge_cost, charge)
+  end
+
   commands['TB.BLOCK'] = function(keys, args)
     if #keys ~= 1 or #args ~= 3 then arity_error('tb.block') end
-    local p = parse_params(args[1], args[2])
-    local ms = parse_ranged_integer(args[3], 1, MAX_WAIT_LIMIT_MS, ERR_BLOCK_MS)
-    local stored = read_state(keys[1])
-    local now = now_us()
-    local c = block(stored, now, p, ms)
-    if c.write then write_state(keys[1], c.write, stored ~= nil, now) end
-    return { int(c.remaining), int(c.retry_after_ms), int(c.reset_after_ms) }
+    return charge_command(keys, args, block_ms, block)
   end
 
   return commands
