@@ -43,7 +43,8 @@ const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// A connection lost later than this after it was made resets the backoff.
 const STABLE: Duration = Duration::from_secs(5);
-/// After a timeout, the health service says NOT_SERVING until a call succeeds or this long passes quietly.
+/// After a call fails as unavailable, the health service says NOT_SERVING until a call succeeds or this long
+/// passes quietly.
 const SUSPECT_FOR_MS: u64 = 2_000;
 
 /// Error codes of a server that cannot take the call now (the failure table of docs/clients.md): a failover, a
@@ -154,12 +155,14 @@ struct Inner {
     generation: AtomicU64,
     reconnecting: AtomicBool,
     pace: Mutex<Pace>,
-    /// Connect and disconnect lines.
-    log: Throttle,
+    /// "connected" lines, and the lines of lost connections and failed attempts: each at most once a second, so
+    /// a recovery is not hidden behind the failure just before it.
+    log_up: Throttle,
+    log_down: Throttle,
     metrics: Arc<Metrics>,
     epoch: Instant,
-    /// Milliseconds since `epoch` (plus 1) of the last timeout and the last successful call.
-    last_timeout_ms: AtomicU64,
+    /// Milliseconds since `epoch` (plus 1) of the last call that failed as unavailable, and of the last success.
+    last_failure_ms: AtomicU64,
     last_success_ms: AtomicU64,
 }
 
@@ -212,10 +215,11 @@ impl Backend {
                 pace: Mutex::new(Pace {
                     backoff: Duration::ZERO,
                 }),
-                log: Throttle::default(),
+                log_up: Throttle::default(),
+                log_down: Throttle::default(),
                 metrics,
                 epoch: Instant::now(),
-                last_timeout_ms: AtomicU64::new(0),
+                last_failure_ms: AtomicU64::new(0),
                 last_success_ms: AtomicU64::new(0),
             }),
         };
@@ -232,14 +236,14 @@ impl Backend {
             .unwrap_or(false)
     }
 
-    /// Whether requests can be served (for the health service): connected, and no call has timed out in the last
-    /// two seconds without a call succeeding since, so a stall that keeps replacing the connection does not make
-    /// the health flap.
+    /// Whether requests can be served (for the health service): connected, and no call has failed as unavailable
+    /// (a timeout, a lost connection, BUSY...) in the last two seconds without a call succeeding since, so a stall
+    /// that keeps replacing the connection does not make the health flap.
     pub fn is_serving(&self) -> bool {
         if !self.is_connected() {
             return false;
         }
-        let timeout = self.inner.last_timeout_ms.load(Ordering::Relaxed);
+        let timeout = self.inner.last_failure_ms.load(Ordering::Relaxed);
         let success = self.inner.last_success_ms.load(Ordering::Relaxed);
         timeout == 0
             || success >= timeout
@@ -255,35 +259,40 @@ impl Backend {
         let mut command = Cmd::new();
         command.arg(ACQUIRE_EACH).arg(args);
         let outcome = tokio::time::timeout(self.inner.timeout, query(connection, &command)).await;
-        match outcome {
+        let result = match outcome {
             Err(_) => {
-                self.inner
-                    .last_timeout_ms
-                    .store(self.inner.now_ms(), Ordering::Relaxed);
                 self.drop_connection(generation, "a call timed out");
                 Err(BackendError::Unavailable(format!(
                     "no reply within {} ms",
                     self.inner.timeout.as_millis()
                 )))
             }
-            Ok(Ok(value)) => {
-                self.inner
-                    .last_success_ms
-                    .store(self.inner.now_ms(), Ordering::Relaxed);
-                Ok(value)
-            }
+            Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => {
                 if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
-                    self.drop_connection(generation, "connection lost");
-                    return Err(BackendError::Unavailable(err.to_string()));
-                }
-                if is_unavailable(&err) {
+                    let why = if err.is_timeout() {
+                        "a call timed out"
+                    } else {
+                        "connection lost"
+                    };
+                    self.drop_connection(generation, why);
+                    Err(BackendError::Unavailable(err.to_string()))
+                } else if is_unavailable(&err) {
                     Err(BackendError::Unavailable(err.to_string()))
                 } else {
                     Err(BackendError::Reply(err.to_string()))
                 }
             }
+        };
+        let mark = match &result {
+            Ok(_) => Some(&self.inner.last_success_ms),
+            Err(BackendError::Unavailable(_)) => Some(&self.inner.last_failure_ms),
+            Err(BackendError::Reply(_)) => None,
+        };
+        if let Some(mark) = mark {
+            mark.store(self.inner.now_ms(), Ordering::Relaxed);
         }
+        result
     }
 
     fn current(&self) -> Option<(u64, Connection)> {
@@ -316,7 +325,7 @@ impl Backend {
                 Duration::ZERO
             };
         }
-        if let Some(suppressed) = self.inner.log.admit() {
+        if let Some(suppressed) = self.inner.log_down.admit() {
             tracing::warn!(reason = why, suppressed, "dropped the redis connection");
         }
         self.reconnect();
@@ -349,13 +358,13 @@ impl Backend {
                                 made: Instant::now(),
                             });
                         }
-                        if let Some(suppressed) = inner.log.admit() {
+                        if let Some(suppressed) = inner.log_up.admit() {
                             tracing::info!(suppressed, "connected to redis");
                         }
                         break;
                     }
                     Err(why) => {
-                        if let Some(suppressed) = inner.log.admit() {
+                        if let Some(suppressed) = inner.log_down.admit() {
                             tracing::warn!(error = %why, suppressed, "cannot connect to redis; retrying");
                         }
                         if let Ok(mut pace) = inner.pace.lock() {

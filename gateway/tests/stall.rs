@@ -49,11 +49,41 @@ async fn a_write_pause_is_no_reconnect_storm_and_nothing_is_charged_late() {
     let connects_before = metric(&service, "tb_rls_redis_connects_total");
     let logged_before = lines(&service, "connected to redis");
 
+    // The health service, sampled through the pause: it may turn NOT_SERVING once, and must not flap.
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{}", service.grpc_port))
+            .expect("a URI")
+            .connect()
+            .await
+            .expect("connect to the health service");
+    let health = tokio::spawn(async move {
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        let mut statuses: Vec<i32> = Vec::new();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(2_000) {
+            let status = health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .expect("a health answer")
+                .into_inner()
+                .status;
+            if statuses.last() != Some(&status) {
+                statuses.push(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        statuses
+    });
+
     redis_command(&redis, &["CLIENT", "PAUSE", "2500", "WRITE"]);
     let started = Instant::now();
     let (answered, unavailable) =
         hammer(&service, "api", "ann", 8, Duration::from_millis(2_000)).await;
     let stalled = started.elapsed();
+    let statuses = health.await.expect("the health task");
+    assert!(statuses.len() <= 2, "the health flapped: {statuses:?}");
     assert_eq!(
         answered, unavailable,
         "every call in the pause is unavailable"
