@@ -513,3 +513,38 @@ async fn files_vanishing_keep_the_last_good_configuration() {
         .metrics()
         .contains("tb_rls_config_reloads_total{result=\"ok\"} 0"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_domain_config_merges_files_naming_one_domain() {
+    let redis = Redis::start(&[]);
+    let dir = fresh_dir();
+    let conf = dir.join("conf");
+    std::fs::create_dir_all(&conf).expect("a config directory");
+    for (file, key) in [("a.yaml", "user"), ("b.yaml", "team")] {
+        std::fs::write(
+            conf.join(file),
+            format!("domain: api\ndescriptors:\n  - key: {key}\n    rate_limit: {{ unit: hour, requests_per_unit: 1 }}\n"),
+        )
+        .expect("write a file");
+    }
+    let (code, log) = exits_at_start(
+        "tb-rls-unmerged",
+        &["--config", conf.to_str().expect("a UTF-8 path")],
+        &dir,
+    );
+    assert_eq!(code, Some(2), "{log}");
+    assert!(log.contains("duplicate domain 'api'"), "{log}");
+
+    let service = Service::start(&conf, &redis.url(), &["--merge-domain-config"], &dir);
+    let mut client = service.client().await;
+    for key in ["user", "team"] {
+        let mut codes = Vec::new();
+        for _ in 0..2 {
+            let response = should_rate_limit(&mut client, request("api", &[(&[(key, "x")], None)]))
+                .await
+                .expect("a decision");
+            codes.push(response.overall_code);
+        }
+        assert_eq!(codes, vec![OK, OVER], "{key}");
+    }
+}
