@@ -106,9 +106,12 @@ local function need_general()
   return general()
 end
 
-local FIELD_TOKENS = 'tokens'
-local FIELD_UPDATED_US = 'ts'
-
+-- The constants below serve the rest of the script (`general`). The hot path, defined before it, spells the ones it
+-- needs as literals instead: the EVAL form runs the whole file on every call, and each top-level local that a
+-- function captures costs it an upvalue to create, find and close on every call. There 'tokens' and 'ts' are the
+-- stored fields, 1000000.0 and 1000 the µs in a second and in a ms, 3155760000000 MAX_TTL_MS, 4 MAX_CORRECTIONS,
+-- 1000 and 86400000 the expiry slack's bounds, 9007199254740992 2^53 (the largest exact integer),
+-- 9223372036854775808 I64_MAX, 9223372036854774784 REPLY_MAX, and 1e309 HUGE (the literal reads as infinity).
 local MICROS_PER_SEC = 1000000.0
 local MICROS_PER_MS = 1000
 local MAX_TTL_MS = 36525 * 24 * 3600 * 1000
@@ -118,7 +121,6 @@ local MIN_EXPIRY_SLACK_MS = 1000
 local MAX_EXPIRY_SLACK_MS = 86400000
 local MAX_BUCKETS = 1000
 local MAX_AT_MOST = 9007199254740992
-local MAX_EXACT_INTEGER = 9007199254740992
 -- i64::MAX and i64::MIN as the module saturates to them; 2^63 is the double nearest to i64::MAX.
 local I64_MAX = 9223372036854775808
 local I64_MIN = -9223372036854775808
@@ -127,19 +129,13 @@ local REPLY_MAX = 9223372036854774784
 -- math.huge, spelled without `math`, which the top level cannot reach at FUNCTION LOAD.
 local HUGE = 1 / 0
 
-local ERR_RATE = 'ERR rate must be a positive number'
-local ERR_BURST = 'ERR burst must be a positive number'
 local ERR_COST = 'ERR cost must be a non-negative number'
 local ERR_MAX_WAIT = 'ERR max_wait_ms must be an integer from 0 to 86400000'
 local ERR_AMOUNT = 'ERR amount must be a non-negative number'
 local ERR_AT_MOST = 'ERR max must be an integer from 1 to 9007199254740992'
 local ERR_BLOCK_MS = 'ERR ms must be an integer from 1 to 86400000'
 local ERR_DEBT = 'ERR charge would put the bucket more than 24 hours of refill into debt'
-local ERR_WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
-local ERR_NOT_A_BUCKET =
-  'ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)'
 local ERR_DUPLICATE = 'ERR each key may appear only once'
-local ERR_CLOCK = 'ERR the caller clock must be @ then integer microseconds since the epoch, up to 9007199254740992'
 
 -- A refusal travels as a Lua error carrying this table, and leaves as the error reply; nothing is written
 -- before every check has passed, as in the module.
@@ -193,7 +189,7 @@ local function parse_f64(text)
   end
   if text == nil or string.find(text, '[^%d%.eE+-]') then return nil end
   local value = tonumber(text)
-  if value == nil or value ~= value or value == HUGE or value == -HUGE then return nil end
+  if value == nil or value ~= value or value == 1e309 or value == -1e309 then return nil end
   if memo_f64 and #text <= 32 then memo_add(memo_f64, text, value) end
   return value
 end
@@ -219,9 +215,9 @@ end
 local function parse_rate_burst(rate_text, burst_text)
   -- The memo first, without a call: a caller's usual rate and burst.
   local rate = memo_f64 and memo_f64[rate_text] or parse_f64(rate_text)
-  if rate == nil or not (rate > 0) then refuse(ERR_RATE) end
+  if rate == nil or not (rate > 0) then refuse('ERR rate must be a positive number') end
   local burst = memo_f64 and memo_f64[burst_text] or parse_f64(burst_text)
-  if burst == nil or not (burst > 0) then refuse(ERR_BURST) end
+  if burst == nil or not (burst > 0) then refuse('ERR burst must be a positive number') end
   return rate, burst
 end
 
@@ -237,7 +233,7 @@ local function parse_ranged_integer(text, low, high, message)
   local value = parse_i64(text)
   if value == nil or value < low or value > high then refuse(message) end
   -- From 2^53 on a double no longer tells neighbours apart (2^53 + 1 reads as 2^53): compare the digits.
-  if value >= MAX_EXACT_INTEGER and string.format('%.0f', value) ~= string.match(text, '^%+?0*(%d+)$') then
+  if value >= 9007199254740992 and string.format('%.0f', value) ~= string.match(text, '^%+?0*(%d+)$') then
     refuse(message)
   end
   return value
@@ -252,7 +248,7 @@ local ryu_format
 
 -- An integer below 2^53 as its digits ('%d' formats a C long: cheaper than '%.0f'), anything else through '%.0f'.
 local function encode_integer(value)
-  if value < MAX_EXACT_INTEGER and value > -MAX_EXACT_INTEGER then return string.format('%d', value) end
+  if value < 9007199254740992 and value > -9007199254740992 then return string.format('%d', value) end
   return string.format('%.0f', value)
 end
 
@@ -266,7 +262,7 @@ local function encode_tokens(tokens)
     local known = recent_text[tokens]
     if known then return known end
   end
-  if tokens % 1 == 0 and tokens < MAX_EXACT_INTEGER and tokens > -MAX_EXACT_INTEGER then
+  if tokens % 1 == 0 and tokens < 9007199254740992 and tokens > -9007199254740992 then
     return string.format('%d', tokens)
   end
   local text = string.format('%.15g', tokens)
@@ -280,25 +276,29 @@ end
 local function read_bucket(key)
   local fields = redis.pcall('HGETALL', key)
   if fields.err then
-    if string.sub(fields.err, 1, 9) == 'WRONGTYPE' then refuse(ERR_WRONGTYPE) end
+    if string.sub(fields.err, 1, 9) == 'WRONGTYPE' then
+      refuse('WRONGTYPE Operation against a key holding the wrong kind of value')
+    end
     refuse(fields.err)
   end
   local n = #fields
   if n == 0 then return nil end
   local tokens_text, ts_text
   if n ~= 4 then
-    refuse(ERR_NOT_A_BUCKET)
-  elseif fields[1] == FIELD_TOKENS and fields[3] == FIELD_UPDATED_US then
+    refuse('ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)')
+  elseif fields[1] == 'tokens' and fields[3] == 'ts' then
     tokens_text, ts_text = fields[2], fields[4]
-  elseif fields[1] == FIELD_UPDATED_US and fields[3] == FIELD_TOKENS then
+  elseif fields[1] == 'ts' and fields[3] == 'tokens' then
     tokens_text, ts_text = fields[4], fields[2]
   else
-    refuse(ERR_NOT_A_BUCKET)
+    refuse('ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)')
   end
   -- What the script wrote last first, without a call: a hot key's fields.
   local tokens = recent_f64 and recent_f64[tokens_text] or parse_f64(tokens_text)
   local ts = recent_i64 and recent_i64[ts_text] or parse_i64(ts_text)
-  if tokens == nil or ts == nil or ts < 0 then refuse(ERR_NOT_A_BUCKET) end
+  if tokens == nil or ts == nil or ts < 0 then
+    refuse('ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)')
+  end
   return tokens, ts
 end
 
@@ -328,7 +328,7 @@ local function current_expiry_ms(key, now_us)
   end
   local ttl_ms = redis.call('PTTL', key)
   if ttl_ms < 0 then return nil end
-  return (now_us - now_us % MICROS_PER_MS) / MICROS_PER_MS + ttl_ms -- floor, exact below 2^53
+  return (now_us - now_us % 1000) / 1000 + ttl_ms -- floor, exact below 2^53
 end
 
 -- Writes the bucket (tokens, ts) and moves its expiry only when it falls outside [expire_at_ms, + slack_ms], as
@@ -346,7 +346,7 @@ local function write_bucket(key, tokens, ts, expire_at_ms, slack_ms, existed, no
   end
   -- Above maxmemory Redis refuses a script's first write (this HSET) in the EVAL form: that refusal is
   -- the module's reply, OOM without the script's error wrapping. Nothing is written before it.
-  local written = redis.pcall('HSET', key, FIELD_TOKENS, tokens_text, FIELD_UPDATED_US, ts_text)
+  local written = redis.pcall('HSET', key, 'tokens', tokens_text, 'ts', ts_text)
   if written ~= 0 and written ~= 1 and written ~= 2 then -- not the count of new fields: an error table
     -- Redis 6.2 puts where the script called it before the reply: '@user_script: 662: -OOM ...'.
     refuse(string.match(written.err, '^@[^:]*: %d+: %-(.*)$') or written.err)
@@ -359,7 +359,7 @@ local function write_bucket(key, tokens, ts, expire_at_ms, slack_ms, existed, no
   if not keep then
     local at_ms = expire_at_ms + slack_ms -- both far below 2^53: at most now + 100 years, and a day
     if caller_now_us then
-      redis.call('PEXPIRE', key, encode_integer(at_ms - (now_us - now_us % MICROS_PER_MS) / MICROS_PER_MS))
+      redis.call('PEXPIRE', key, encode_integer(at_ms - (now_us - now_us % 1000) / 1000))
     else
       redis.call('PEXPIREAT', key, encode_integer(at_ms))
     end
@@ -378,8 +378,8 @@ local function take(stored_tokens, stored_ts, now, rate, burst, cost)
   local tokens = burst
   if stored_ts then
     if now < stored_ts then return nil end
-    local refill = (now - stored_ts) / MICROS_PER_SEC * rate
-    if refill == HUGE then return nil end
+    local refill = (now - stored_ts) / 1000000.0 * rate
+    if refill == 1e309 then return nil end
     tokens = stored_tokens + refill
     if tokens > burst then tokens = burst end
   end
@@ -388,15 +388,15 @@ local function take(stored_tokens, stored_ts, now, rate, burst, cost)
   if after < 0 then after = 0 end
   if after >= burst then return after, now end
   local missing = burst - after
-  if missing == HUGE then return nil end
-  local wait_us = missing / rate * MICROS_PER_SEC
-  if not (wait_us < MAX_EXACT_INTEGER) then return nil end
+  if missing == 1e309 then return nil end
+  local wait_us = missing / rate * 1000000.0
+  if not (wait_us < 9007199254740992) then return nil end
   local full_at = now + (wait_us - wait_us % 1) -- now + ceil(wait_us)
   if wait_us % 1 > 0 then full_at = full_at + 1 end
-  if not (full_at < MAX_EXACT_INTEGER) then return nil end
-  for _ = 1, MAX_CORRECTIONS do
-    local refill = (full_at - now) / MICROS_PER_SEC * rate
-    if refill == HUGE then return nil end
+  if not (full_at < 9007199254740992) then return nil end
+  for _ = 1, 4 do
+    local refill = (full_at - now) / 1000000.0 * rate
+    if refill == 1e309 then return nil end
     if after + refill >= burst then break end
     full_at = full_at + 1
   end
@@ -407,24 +407,24 @@ end
 -- write_expiring and reply, with every instant a non-negative integer below 2^53. `x % 1000` is exact there, so
 -- floor and ceil of x / 1000 need no correction (floor_div, ceil_div), and `x % 1` neither.
 local function write_taken(key, after, full_at, now, rate, burst, existed)
-  local cap_ms = (now - now % MICROS_PER_MS) / MICROS_PER_MS + MAX_TTL_MS
-  local expire_at_ms = (full_at - full_at % MICROS_PER_MS) / MICROS_PER_MS
-  if full_at % MICROS_PER_MS > 0 then expire_at_ms = expire_at_ms + 1 end
+  local cap_ms = (now - now % 1000) / 1000 + 3155760000000
+  local expire_at_ms = (full_at - full_at % 1000) / 1000
+  if full_at % 1000 > 0 then expire_at_ms = expire_at_ms + 1 end
   if expire_at_ms > cap_ms then expire_at_ms = cap_ms end
   local slack_ms = burst / rate * 10.0 -- expiry_slack_ms, inline
-  if slack_ms <= MIN_EXPIRY_SLACK_MS then
-    slack_ms = MIN_EXPIRY_SLACK_MS
-  elseif slack_ms > MAX_EXPIRY_SLACK_MS then
-    slack_ms = MAX_EXPIRY_SLACK_MS
+  if slack_ms <= 1000 then
+    slack_ms = 1000
+  elseif slack_ms > 86400000 then
+    slack_ms = 86400000
   elseif slack_ms % 1 > 0 then
     slack_ms = slack_ms - slack_ms % 1 + 1
   end
   write_bucket(key, after, now, expire_at_ms, slack_ms, existed, now)
   local wait_us = full_at - now
-  local reset_ms = (wait_us - wait_us % MICROS_PER_MS) / MICROS_PER_MS
-  if wait_us % MICROS_PER_MS > 0 then reset_ms = reset_ms + 1 end
+  local reset_ms = (wait_us - wait_us % 1000) / 1000
+  if wait_us % 1000 > 0 then reset_ms = reset_ms + 1 end
   local left = after - after % 1 -- floor(after), after >= 0, saturated as floor_saturating
-  if left >= I64_MAX then left = I64_MAX end
+  if left >= 9223372036854775808 then left = 9223372036854775808 end
   return left, reset_ms
 end
 
@@ -455,7 +455,7 @@ local function acquire_command(keys, argv, first)
     return acquire_general(key, rate, burst, cost, tokens, ts, now)
   end
   local left, reset_ms = write_taken(key, after, full_at, now, rate, burst, tokens ~= nil)
-  if left >= REPLY_MAX then left = REPLY_MAX end -- int(), as a reply carries it
+  if left >= 9223372036854774784 then left = 9223372036854774784 end -- int(), as a reply carries it
   return { 1, left, 0, reset_ms }
 end
 
@@ -464,7 +464,8 @@ local function take_clock(argv, first)
   local text = argv[first]
   caller_now_us, server_now_us, server_now_text = nil, nil, nil
   if text and string.byte(text, 1) == 64 then -- '@'
-    caller_now_us = parse_ranged_integer(string.sub(text, 2), 0, MAX_EXACT_INTEGER, ERR_CLOCK)
+    caller_now_us = parse_ranged_integer(string.sub(text, 2), 0, 9007199254740992,
+      'ERR the caller clock must be @ then integer microseconds since the epoch, up to 9007199254740992')
     return first + 1
   end
   return first
