@@ -147,35 +147,36 @@ end
 -- Numbers as the module parses them (src/number.rs: Rust's grammar, finite values only).
 ---------------------------------------------------------------------------------------------------------------
 
--- Texts already parsed (memo_*), and the texts the script wrote last with their values (recent_*): a library
--- keeps them across calls, so a caller's usual arguments and a hot key's stored fields are a table lookup instead
--- of a scan and a tonumber; the EVAL form starts afresh on every call and keeps none. Both bounded: cleared at
--- MEMO_LIMIT and RECENT_LIMIT entries (every write adds three to recent_*).
+-- Texts already parsed (`memo`: f64, i64), and the texts the script wrote last with their values (`recent`: f64,
+-- i64, and text by value): a library keeps them across calls, so a caller's usual arguments and a hot key's stored
+-- fields are a table lookup instead of a scan and a tonumber; the EVAL form starts afresh on every call and keeps
+-- none. Both bounded: cleared at MEMO_LIMIT and RECENT_LIMIT entries (every write adds three to `recent`). One
+-- table holds all of them, nil in the EVAL form: one variable for the functions below to capture, where each
+-- captured variable costs the EVAL form an upvalue on every call.
 local MEMO_LIMIT = 256
 local RECENT_LIMIT = 192
-local memo_f64, memo_i64, memo_entries
-local recent_f64, recent_i64, recent_text, recent_entries
+local cache
 
-local memo_reset, recent_reset, memo_add
-
--- Defined in the library only: the EVAL form, which keeps nothing, would create them on every call for nothing.
+-- The library only: the EVAL form, which keeps nothing, would create them on every call for nothing.
 if AS_LIBRARY then
-  memo_reset = function()
-    memo_f64, memo_i64, memo_entries = {}, {}, 0
+  cache = {}
+
+  local function memo_reset()
+    cache.memo_f64, cache.memo_i64, cache.memo_entries = {}, {}, 0
   end
 
-  recent_reset = function()
-    recent_f64, recent_i64, recent_text, recent_entries = {}, {}, {}, 0
+  cache.recent_reset = function()
+    cache.recent_f64, cache.recent_i64, cache.recent_text, cache.recent_entries = {}, {}, {}, 0
   end
 
-  memo_add = function(memo, text, value)
+  cache.memo_add = function(memo, text, value)
     memo[text] = value
-    memo_entries = memo_entries + 1
-    if memo_entries > MEMO_LIMIT then memo_reset() end
+    cache.memo_entries = cache.memo_entries + 1
+    if cache.memo_entries > MEMO_LIMIT then memo_reset() end
   end
 
   memo_reset()
-  recent_reset()
+  cache.recent_reset()
 end
 
 -- A finite decimal: [+-] (digits [. digits] | . digits) [e [+-] digits]. Lua's tonumber reads that grammar (C's
@@ -183,21 +184,21 @@ end
 -- byte outside [0-9.eE+-]. So one scan for such a byte, then tonumber, then finite values only: `1e400` and `1`
 -- followed by 309 zeros are refused, as the module refuses them.
 local function parse_f64(text)
-  if memo_f64 then
-    local known = memo_f64[text] or recent_f64[text]
+  if cache then
+    local known = cache.memo_f64[text] or cache.recent_f64[text]
     if known then return known end
   end
   if text == nil or string.find(text, '[^%d%.eE+-]') then return nil end
   local value = tonumber(text)
   if value == nil or value ~= value or value == 1e309 or value == -1e309 then return nil end
-  if memo_f64 and #text <= 32 then memo_add(memo_f64, text, value) end
+  if cache and #text <= 32 then cache.memo_add(cache.memo_f64, text, value) end
   return value
 end
 
 -- An integer in i64 range: [+-] digits.
 local function parse_i64(text)
-  if memo_i64 then
-    local known = memo_i64[text] or recent_i64[text]
+  if cache then
+    local known = cache.memo_i64[text] or cache.recent_i64[text]
     if known then return known end
   end
   if text == nil or not string.find(text, '^[+-]?%d+$') then return nil end
@@ -208,22 +209,23 @@ local function parse_i64(text)
     if #significant > #limit or (#significant == #limit and significant > limit) then return nil end
   end
   local value = tonumber(text)
-  if memo_i64 and #text <= 32 then memo_add(memo_i64, text, value) end
+  if cache and #text <= 32 then cache.memo_add(cache.memo_i64, text, value) end
   return value
 end
 
 local function parse_rate_burst(rate_text, burst_text)
   -- The memo first, without a call: a caller's usual rate and burst.
-  local rate = memo_f64 and memo_f64[rate_text] or parse_f64(rate_text)
+  local memo = cache and cache.memo_f64
+  local rate = memo and memo[rate_text] or parse_f64(rate_text)
   if rate == nil or not (rate > 0) then refuse('ERR rate must be a positive number') end
-  local burst = memo_f64 and memo_f64[burst_text] or parse_f64(burst_text)
+  local burst = memo and memo[burst_text] or parse_f64(burst_text)
   if burst == nil or not (burst > 0) then refuse('ERR burst must be a positive number') end
   return rate, burst
 end
 
 -- A finite number >= 0, with -0 read as 0 (as Cost::new and Amount::new).
 local function parse_non_negative(text, message)
-  local value = memo_f64 and memo_f64[text] or parse_f64(text)
+  local value = cache and cache.memo_f64[text] or parse_f64(text)
   if value == nil or not (value >= 0) then refuse(message) end
   if value == 0 then return 0 end
   return value
@@ -256,12 +258,9 @@ end
 -- back to the same double in ryu's layout. The common case, a value whose shortest form has at most 15
 -- significant digits written without an exponent (1e-4 <= |x| < 1e15), is '%.15g' as is: when a decimal of at most
 -- 15 digits reads back to x, x rounds to it at 15 digits and '%g' drops the trailing zeros, and in that range ryu
--- writes the same plain digits. Everything else takes the exact fallback.
+-- writes the same plain digits. Everything else takes the exact fallback. (Its caller, write_bucket, looks in
+-- `recent` first.)
 local function encode_tokens(tokens)
-  if recent_text then
-    local known = recent_text[tokens]
-    if known then return known end
-  end
   if tokens % 1 == 0 and tokens < 9007199254740992 and tokens > -9007199254740992 then
     return string.format('%d', tokens)
   end
@@ -294,8 +293,8 @@ local function read_bucket(key)
     refuse('ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)')
   end
   -- What the script wrote last first, without a call: a hot key's fields.
-  local tokens = recent_f64 and recent_f64[tokens_text] or parse_f64(tokens_text)
-  local ts = recent_i64 and recent_i64[ts_text] or parse_i64(ts_text)
+  local tokens = cache and cache.recent_f64[tokens_text] or parse_f64(tokens_text)
+  local ts = cache and cache.recent_i64[ts_text] or parse_i64(ts_text)
   if tokens == nil or ts == nil or ts < 0 then
     refuse('ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)')
   end
@@ -336,6 +335,7 @@ end
 -- set relative (PEXPIRE) to the bucket's own time (its latest reading), so that a caller whose clock is off does
 -- not set it in the server's past (the bucket would vanish and come back full) or far beyond the window.
 local function write_bucket(key, tokens, ts, expire_at_ms, slack_ms, existed, now_us)
+  local recent_text = cache and cache.recent_text
   local tokens_text = recent_text and recent_text[tokens] or encode_tokens(tokens)
   local ts_text = ts == server_now_us and server_now_text or encode_integer(ts)
   if caller_now_us then now_us = ts end
@@ -351,10 +351,10 @@ local function write_bucket(key, tokens, ts, expire_at_ms, slack_ms, existed, no
     -- Redis 6.2 puts where the script called it before the reply: '@user_script: 662: -OOM ...'.
     refuse(string.match(written.err, '^@[^:]*: %d+: %-(.*)$') or written.err)
   end
-  if recent_f64 then
-    recent_f64[tokens_text], recent_i64[ts_text], recent_text[tokens] = tokens, ts, tokens_text
-    recent_entries = recent_entries + 3
-    if recent_entries > RECENT_LIMIT then recent_reset() end
+  if recent_text then
+    cache.recent_f64[tokens_text], cache.recent_i64[ts_text], recent_text[tokens] = tokens, ts, tokens_text
+    cache.recent_entries = cache.recent_entries + 3
+    if cache.recent_entries > RECENT_LIMIT then cache.recent_reset() end
   end
   if not keep then
     local at_ms = expire_at_ms + slack_ms -- both far below 2^53: at most now + 100 years, and a day
