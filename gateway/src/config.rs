@@ -28,7 +28,7 @@
 //! the keys the format knows (plus our `burst`), a known key where it means nothing is ignored, every list holds
 //! mappings, and every scalar is a string, integer, boolean or null (`1.5` is refused). `detailed_metric`,
 //! `value_to_metric` and `metadata` are read and have no effect here (they shape that service's statsd metrics and
-//! response metadata); `quota_mode: true` is refused by name, as it is not implemented.
+//! response metadata).
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
@@ -132,6 +132,8 @@ pub struct Limit {
     pub replaces: Vec<String>,
     /// Count and report, but never deny.
     pub shadow_mode: bool,
+    /// Over its limit, the request is refused only when every quota descriptor of it is over.
+    pub quota_mode: bool,
     /// The path in the file, `domain.key_value.key`, for logs.
     pub path: String,
 }
@@ -213,6 +215,7 @@ struct RawDescriptor {
     rate_limit: Option<RawRateLimit>,
     descriptors: Vec<RawDescriptor>,
     shadow_mode: bool,
+    quota_mode: bool,
     share_threshold: bool,
 }
 
@@ -252,12 +255,6 @@ impl TryFrom<RawDescriptorFields> for RawDescriptor {
             return Err("descriptor has empty key".to_owned());
         }
         let value = raw.value.unwrap_or_default();
-        if raw.quota_mode {
-            return Err(format!(
-                "quota_mode is not supported by tb-rls (descriptor '{}'): remove it, or set it false",
-                composite_key(&key, &value)
-            ));
-        }
         if raw.share_threshold && !value.contains('*') {
             return Err(format!(
                 "share_threshold can only be used with wildcard values (containing '*'), but found key '{}'",
@@ -270,6 +267,7 @@ impl TryFrom<RawDescriptorFields> for RawDescriptor {
             rate_limit: raw.rate_limit,
             descriptors: raw.descriptors.unwrap_or_default(),
             shadow_mode: raw.shadow_mode,
+            quota_mode: raw.quota_mode,
             share_threshold: raw.share_threshold,
         })
     }
@@ -638,6 +636,7 @@ impl Node {
                     name: rate_limit.name,
                     replaces: rate_limit.replaces,
                     shadow_mode: raw.shadow_mode,
+                    quota_mode: raw.quota_mode,
                     path: path.clone(),
                 })
             });

@@ -19,6 +19,11 @@
 //! too. `Plan::unshadow` takes such buckets out of the charge (cost 0) for one more call. As envoyproxy/ratelimit
 //! answers: a limit's own `shadow_mode` reports its descriptor OK; the global `SHADOW_MODE` keeps each descriptor's
 //! OVER_LIMIT and makes only the overall code OK. Both count in the shadow metric.
+//!
+//! Quota mode (a limit's `quota_mode`, or `QUOTA_MODE` for every descriptor): a quota descriptor over its limit is
+//! reported OVER_LIMIT, but refuses the request only when every quota descriptor of it is over (as
+//! envoyproxy/ratelimit). Until then its bucket is taken out of the charge like a shadow one, so the others are
+//! charged; when they all are over, the request is refused and, as any refusal, takes nothing.
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
@@ -71,6 +76,8 @@ pub struct Bucket {
     pub cost: u64,
     /// Every descriptor on this bucket is in shadow mode.
     pub shadow: bool,
+    /// Every descriptor on this bucket is in quota mode.
+    pub quota: bool,
     /// It did not fit on an earlier call and is shadow-only, so it is now charged 0 (see `Plan::unshadow`).
     pub charged_zero: bool,
     /// The limit (for headers: its name, burst and rate).
@@ -96,6 +103,8 @@ pub struct Plan {
     pub buckets: Vec<Bucket>,
     /// One per request descriptor, in order.
     pub slots: Vec<Slot>,
+    /// Per slot: a quota descriptor (its limit's `quota_mode`, or the global one; never an unlimited one).
+    pub quota: Vec<bool>,
 }
 
 /// The command's reply for one bucket.
@@ -157,6 +166,8 @@ pub struct Options {
     pub key_prefix: String,
     /// Every limit in shadow mode (envoyproxy/ratelimit's `SHADOW_MODE`).
     pub global_shadow: bool,
+    /// Every descriptor in quota mode (envoyproxy/ratelimit's `QUOTA_MODE`).
+    pub global_quota: bool,
     pub headers: HeaderFormat,
     pub header_names: HeaderNames,
 }
@@ -166,6 +177,7 @@ impl Default for Options {
         Options {
             key_prefix: "tb-rls:".to_owned(),
             global_shadow: false,
+            global_quota: false,
             headers: HeaderFormat::None,
             header_names: HeaderNames::default(),
         }
@@ -187,6 +199,7 @@ pub fn plan(
     let request_cost = u64::from(request.hits_addend.max(1));
     let mut buckets: Vec<Bucket> = Vec::new();
     let mut slots = Vec::with_capacity(request.descriptors.len());
+    let mut quota = Vec::with_capacity(request.descriptors.len());
     // Envoy's `replaces`: a matched limit named in another matched limit's `replaces` is dropped.
     let mut matched = Vec::with_capacity(request.descriptors.len());
     for descriptor in &request.descriptors {
@@ -216,6 +229,7 @@ pub fn plan(
                     name: String::new(),
                     replaces: Vec::new(),
                     shadow_mode: false,
+                    quota_mode: false,
                     path: override_path(&request.domain, &entries),
                 }),
                 entries
@@ -245,13 +259,18 @@ pub fn plan(
     for (found, cost) in matched {
         let Some((limit, bucket_entries)) = found else {
             slots.push(Slot::NoLimit);
+            quota.push(options.global_quota);
             continue;
         };
         if !limit.name.is_empty() && replaced.contains(&limit.name) {
             slots.push(Slot::NoLimit);
+            quota.push(options.global_quota);
             continue;
         }
         let shadow = limit.shadow_mode || options.global_shadow;
+        let in_quota =
+            (limit.quota_mode || options.global_quota) && limit.policy != Policy::Unlimited;
+        quota.push(in_quota);
         match limit.policy {
             Policy::Unlimited => slots.push(Slot::Unlimited),
             Policy::Bucket {
@@ -265,6 +284,7 @@ pub fn plan(
                     if let Some(bucket) = buckets.get_mut(index) {
                         bucket.cost = bucket.cost.saturating_add(cost);
                         bucket.shadow &= shadow;
+                        bucket.quota &= in_quota;
                     }
                     slots.push(Slot::Bucket(index));
                 } else {
@@ -278,6 +298,7 @@ pub fn plan(
                         burst,
                         cost,
                         shadow,
+                        quota: in_quota,
                         charged_zero: false,
                         limit,
                     });
@@ -285,7 +306,11 @@ pub fn plan(
             }
         }
     }
-    Ok(Plan { buckets, slots })
+    Ok(Plan {
+        buckets,
+        slots,
+        quota,
+    })
 }
 
 /// An override's name in headers: the domain and the entries' keys, `<domain>.<key>[.<key>...]`.
@@ -345,12 +370,14 @@ impl Plan {
         args
     }
 
-    /// After a refused call: if every bucket that did not fit is shadow-only, charge those 0 and return true (call
-    /// again); otherwise the refusal stands and this returns false.
+    /// After a refused call: if every bucket that did not fit is shadow-only, or quota-only while some quota
+    /// descriptor still fits, charge those 0 and return true (call again); otherwise the refusal stands and this
+    /// returns false.
     pub fn unshadow(&mut self, reply: &EachReply) -> bool {
         if reply.allowed {
             return false;
         }
+        let quota_refuses = self.every_quota_over(Some(reply));
         let misfits: Vec<usize> = reply
             .buckets
             .iter()
@@ -358,13 +385,13 @@ impl Plan {
             .filter(|(_, bucket)| !bucket.fits)
             .map(|(index, _)| index)
             .collect();
-        let all_shadow = !misfits.is_empty()
+        let all_soft = !misfits.is_empty()
             && misfits.iter().all(|&index| {
-                self.buckets
-                    .get(index)
-                    .is_some_and(|bucket| bucket.shadow && !bucket.charged_zero)
+                self.buckets.get(index).is_some_and(|bucket| {
+                    !bucket.charged_zero && (bucket.shadow || (bucket.quota && !quota_refuses))
+                })
             });
-        if !all_shadow {
+        if !all_soft {
             return false;
         }
         for index in misfits {
@@ -375,21 +402,51 @@ impl Plan {
         true
     }
 
+    /// Whether the bucket at `index` is over its limit: charged 0 after an earlier refusal, or not fitting.
+    fn bucket_over(&self, index: usize, reply: Option<&EachReply>) -> bool {
+        self.buckets
+            .get(index)
+            .is_some_and(|bucket| bucket.charged_zero)
+            || reply
+                .and_then(|reply| reply.buckets.get(index))
+                .is_some_and(|bucket| !bucket.fits)
+    }
+
+    /// For one slot: over its limit, and reported OK anyway by its limit's own shadow mode.
+    fn slot_over(&self, slot: &Slot, reply: Option<&EachReply>) -> (bool, bool) {
+        match slot {
+            Slot::NoLimit | Slot::Unlimited => (false, false),
+            Slot::Zero(limit) => (true, limit.shadow_mode),
+            Slot::Bucket(index) => (
+                self.bucket_over(*index, reply),
+                self.buckets
+                    .get(*index)
+                    .is_some_and(|bucket| bucket.limit.shadow_mode),
+            ),
+        }
+    }
+
+    /// Whether the request has quota descriptors and every one is reported OVER_LIMIT, so quota refuses it.
+    fn every_quota_over(&self, reply: Option<&EachReply>) -> bool {
+        let mut quotas = self
+            .slots
+            .iter()
+            .zip(&self.quota)
+            .filter(|(_, &quota)| quota)
+            .peekable();
+        quotas.peek().is_some()
+            && quotas.all(|(slot, _)| {
+                let (over, shadow) = self.slot_over(slot, reply);
+                over && !shadow
+            })
+    }
+
     /// The response for `reply` (`None` when the plan had no bucket and nothing was called).
     pub fn respond(&self, options: &Options, reply: Option<&EachReply>) -> Verdict {
         let mut statuses = Vec::with_capacity(self.slots.len());
-        let mut over_limit = false;
-        // Per bucket: over its limit (charged 0 after a shadow-only refusal, or reported as not fitting).
-        let bucket_over = |index: usize| -> bool {
-            self.buckets
-                .get(index)
-                .is_some_and(|bucket| bucket.charged_zero)
-                || reply
-                    .and_then(|reply| reply.buckets.get(index))
-                    .is_some_and(|bucket| !bucket.fits)
-        };
+        let mut over_limit = self.every_quota_over(reply);
         let mut shadow_hits = 0;
-        for slot in &self.slots {
+        for (slot, &quota) in self.slots.iter().zip(&self.quota) {
             let status = match slot {
                 Slot::NoLimit => DescriptorStatus {
                     code: Code::Ok.into(),
@@ -401,7 +458,7 @@ impl Plan {
                     ..DescriptorStatus::default()
                 },
                 Slot::Zero(limit) => {
-                    over_limit |= !limit.shadow_mode;
+                    over_limit |= !limit.shadow_mode && !quota;
                     shadow_hits += usize::from(limit.shadow_mode || options.global_shadow);
                     DescriptorStatus {
                         code: if limit.shadow_mode {
@@ -418,11 +475,11 @@ impl Plan {
                     let index = *index;
                     let bucket = self.buckets.get(index);
                     let result = reply.and_then(|reply| reply.buckets.get(index));
-                    let over = bucket_over(index);
                     // The limit's own shadow_mode answers OK; the global one keeps OVER_LIMIT here and only
-                    // turns the overall code OK (below), as envoyproxy/ratelimit does.
-                    let limit_shadow = bucket.is_some_and(|bucket| bucket.limit.shadow_mode);
-                    over_limit |= over && !limit_shadow;
+                    // turns the overall code OK (below), as envoyproxy/ratelimit does. A quota descriptor over
+                    // its limit refuses only with every other quota descriptor (above).
+                    let (over, limit_shadow) = self.slot_over(slot, reply);
+                    over_limit |= over && !limit_shadow && !quota;
                     shadow_hits += usize::from(over && (limit_shadow || options.global_shadow));
                     DescriptorStatus {
                         code: if over && !limit_shadow {

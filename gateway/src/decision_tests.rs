@@ -618,3 +618,144 @@ fn bucket_keys_match_the_shared_fixture() {
         assert!(seen.insert(key), "two rows share a key");
     }
 }
+
+#[test]
+fn quota_descriptors_refuse_only_when_every_one_is_over() {
+    // envoyproxy/ratelimit's quota tests (test/service/ratelimit_test.go), as token buckets: `n` an ordinary
+    // limit, `q1` and `q2` in quota mode; which buckets fit the first call; then the codes and the overall code.
+    let config = Config::from_yaml(
+        "q.yaml",
+        "domain: web\ndescriptors:\n  - key: n\n    rate_limit: { unit: minute, requests_per_unit: 10 }\n  - key: q1\n    quota_mode: true\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n  - key: q2\n    quota_mode: true\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n  - key: g\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n",
+    )
+    .expect("parses");
+    let (ok, over) = (i32::from(Code::Ok), i32::from(Code::OverLimit));
+    // (name, keys, global shadow, global quota, fits on the first call, expected codes, expected overall)
+    type Case = (
+        &'static str,
+        [&'static str; 2],
+        bool,
+        bool,
+        [bool; 2],
+        [i32; 2],
+        i32,
+    );
+    let cases: [Case; 8] = [
+        (
+            "PerDescriptorQuotaMode",
+            ["n", "q1"],
+            false,
+            false,
+            [false, true],
+            [over, ok],
+            over,
+        ),
+        (
+            "MixedPerDescriptorModes",
+            ["n", "q1"],
+            false,
+            false,
+            [true, false],
+            [ok, over],
+            over,
+        ),
+        (
+            "MixedPerDescriptorModesUnderLimit",
+            ["n", "q1"],
+            false,
+            false,
+            [true, true],
+            [ok, ok],
+            ok,
+        ),
+        (
+            "QuotaModeOnlyAllOverTheLimit",
+            ["q1", "q2"],
+            false,
+            false,
+            [false, false],
+            [over, over],
+            over,
+        ),
+        (
+            "QuotaModeOnlySomeOverTheLimit",
+            ["q1", "q2"],
+            false,
+            false,
+            [false, true],
+            [over, ok],
+            ok,
+        ),
+        (
+            "QuotaModeWithShadowMode",
+            ["q1", "q2"],
+            true,
+            false,
+            [false, false],
+            [over, over],
+            ok,
+        ),
+        (
+            "MixedModeWithShadowMode",
+            ["n", "q1"],
+            true,
+            false,
+            [false, false],
+            [over, over],
+            ok,
+        ),
+        (
+            "GlobalQuotaMode",
+            ["n", "g"],
+            false,
+            true,
+            [false, false],
+            [over, over],
+            over,
+        ),
+    ];
+    for (name, keys, global_shadow, global_quota, fits, codes, overall) in cases {
+        let options = Options {
+            global_shadow,
+            global_quota,
+            ..Options::default()
+        };
+        let mut planned = plan(
+            &config,
+            &options,
+            &request(
+                keys.iter()
+                    .map(|&key| descriptor(&[(key, "x")], None))
+                    .collect(),
+                0,
+            ),
+        )
+        .expect("plans");
+        let first = EachReply {
+            allowed: fits.iter().all(|&fit| fit),
+            limiting_index: 0,
+            buckets: fits
+                .iter()
+                .map(|&fit| row(fit, i64::from(fit), if fit { 0 } else { 1_000 }, 6_000))
+                .collect(),
+        };
+        // When the misfits may be let through, they are charged 0 and the call is made again: it fits.
+        let reply = if planned.unshadow(&first) {
+            EachReply {
+                allowed: true,
+                limiting_index: 0,
+                buckets: fits.iter().map(|_| row(true, 1, 0, 6_000)).collect(),
+            }
+        } else {
+            first
+        };
+        let verdict = planned.respond(&options, Some(&reply));
+        let got: Vec<i32> = verdict
+            .response
+            .statuses
+            .iter()
+            .map(|status| status.code)
+            .collect();
+        assert_eq!(got, codes.to_vec(), "{name}");
+        assert_eq!(verdict.response.overall_code, overall, "{name}");
+    }
+}

@@ -59,12 +59,6 @@ pub fn init_logging(settings: &Settings) {
 
 /// Runs the service until SIGINT or SIGTERM. `Err` says why it could not start.
 pub async fn run(settings: Settings) -> Result<(), String> {
-    if settings.quota_mode {
-        return Err(
-            "QUOTA_MODE is not supported by tb-rls: unset it (quota_mode in a file is refused too)"
-                .to_owned(),
-        );
-    }
     let policy = settings.config_policy();
     let sources = reload::read_sources(&settings.config).map_err(|err| err.to_string())?;
     let config = reload::parse(&sources, policy).map_err(|err| err.to_string())?;

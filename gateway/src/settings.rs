@@ -56,8 +56,9 @@ pub struct Settings {
     /// Merge files that name the same domain (a descriptor path defined twice is still refused)
     #[arg(long, env = "MERGE_DOMAIN_CONFIG")]
     pub merge_domain_config: bool,
-    /// envoyproxy/ratelimit's global quota mode: not supported, refused at start when set
-    #[arg(long, env = "QUOTA_MODE", hide = true)]
+    /// Every descriptor in quota mode: over its limit it is reported, and refuses only when every quota
+    /// descriptor of the request is over
+    #[arg(long, env = "QUOTA_MODE")]
     pub quota_mode: bool,
     /// How often the configuration is checked for changes
     #[arg(long, env = "TB_RLS_CONFIG_POLL", default_value = "1s", value_parser = parse_duration)]
@@ -146,6 +147,7 @@ impl Settings {
         Options {
             key_prefix: self.cache_key_prefix.clone(),
             global_shadow: self.shadow_mode,
+            global_quota: self.quota_mode,
             headers,
             header_names: HeaderNames {
                 limit: self.limit_limit_header.clone(),

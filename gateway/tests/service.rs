@@ -548,3 +548,39 @@ async fn merge_domain_config_merges_files_naming_one_domain() {
         assert_eq!(codes, vec![OK, OVER], "{key}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_descriptors_refuse_only_together() {
+    let redis = Redis::start(&[]);
+    let dir = fresh_dir();
+    let config = write_config(
+        &dir,
+        "domain: api\ndescriptors:\n  - key: q1\n    quota_mode: true\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n  - key: q2\n    quota_mode: true\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n",
+    );
+    let service = Service::start(&config, &redis.url(), &[], &dir);
+    let mut client = service.client().await;
+    let ask =
+        |second: &'static str| request("api", &[(&[("q1", "a")], None), (&[("q2", second)], None)]);
+    let codes = |response: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        let statuses: Vec<i32> = response.statuses.iter().map(|status| status.code).collect();
+        (response.overall_code, statuses)
+    };
+    let first = should_rate_limit(&mut client, ask("a"))
+        .await
+        .expect("a decision");
+    assert_eq!(codes(&first), (OK, vec![OK, OK]));
+    // Both over: refused.
+    let second = should_rate_limit(&mut client, ask("a"))
+        .await
+        .expect("a decision");
+    assert_eq!(codes(&second), (OVER, vec![OVER, OVER]));
+    // One over, one not: let through, and only the one under its limit is charged.
+    let third = should_rate_limit(&mut client, ask("b"))
+        .await
+        .expect("a decision");
+    assert_eq!(codes(&third), (OK, vec![OVER, OK]));
+    let fourth = should_rate_limit(&mut client, ask("b"))
+        .await
+        .expect("a decision");
+    assert_eq!(codes(&fourth), (OVER, vec![OVER, OVER]), "q2=b was charged");
+}

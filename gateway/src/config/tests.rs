@@ -369,11 +369,14 @@ fn scalars_are_strings_integers_booleans_or_null_as_upstream_checks() {
 }
 
 #[test]
-fn quota_mode_is_refused_by_name() {
-    let message = refusal("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: { unit: second, requests_per_unit: 1 }\n");
+fn quota_mode_is_carried() {
+    let config = Config::from_yaml("q.yaml", "domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: { unit: second, requests_per_unit: 1 }\n").expect("parses");
     assert!(
-        message.contains("quota_mode is not supported by tb-rls (descriptor 'a')"),
-        "{message}"
+        config
+            .find("d", &[("a", "x")])
+            .expect("matches")
+            .limit
+            .quota_mode
     );
 }
 
