@@ -239,6 +239,27 @@ fn wait_ready(port: u16, child: &mut Child) -> Result<(), ()> {
     Err(())
 }
 
+/// Real time since it started, in whole milliseconds rounded up: the most the server's clock can have moved
+/// between the calls made meanwhile. A wait computed from a bucket first touched after the start is its value at
+/// that first call less at most `ms()`, so a bound of `value - ms()..=value` follows the machine's load instead of
+/// a fixed margin that a busy machine overruns.
+pub struct Stopwatch(Instant);
+
+impl Stopwatch {
+    pub fn start() -> Stopwatch {
+        Stopwatch(Instant::now())
+    }
+
+    pub fn ms(&self) -> i64 {
+        i64::try_from(self.0.elapsed().as_micros().div_ceil(1_000)).unwrap_or(i64::MAX)
+    }
+
+    /// `value - ms()..=value`: the wait `value` (at the first call) less the time that may have passed since.
+    pub fn since(&self, value: i64) -> std::ops::RangeInclusive<i64> {
+        value.saturating_sub(self.ms())..=value
+    }
+}
+
 /// Polls `condition` every few milliseconds until it holds or `deadline` passes; returns whether it held.
 pub fn wait_until(deadline: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
