@@ -298,15 +298,20 @@ def test_calls_during_a_stall_are_not_charged_when_redis_resumes(kind: str, fres
     with served(kind, client, limits=limits, prefix=key, fail="open", timeout=0.3) as app:
         assert app.get().status == 200
         fresh.process.send_signal(signal.SIGSTOP)
+        durations = []
         try:
-            begin = time.monotonic()
-            during = [app.get() for _ in range(20)]
-            elapsed = time.monotonic() - begin
+            during = []
+            for _ in range(20):
+                begin = time.monotonic()
+                during.append(app.get())
+                durations.append(time.monotonic() - begin)
         finally:
             fresh.process.send_signal(signal.SIGCONT)
         assert [response.status for response in during] == [200] * 20
         assert not any(response.remaining is not None for response in during)
-        assert elapsed < 2, elapsed  # one deadline (0.3 s), then the fail mode answers at once
+        # One deadline (0.3 s), then the fail mode answers at once: 0.3.0 waited a deadline or more for each. The
+        # median, not the total, so that a busy machine starving a few answers does not count.
+        assert sorted(durations)[len(durations) // 2] < 0.3, durations
         deadline = time.monotonic() + 10
         while (answered := app.get()).remaining is None:  # until the gate reopens and Redis answers
             assert time.monotonic() < deadline, "the middleware never sent a call again"
