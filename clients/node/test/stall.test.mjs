@@ -35,13 +35,18 @@ describe("a Redis stall (SIGSTOP) is never charged later", () => {
         assert.equal((await fetch(base)).status, 200);
         server.child.kill("SIGSTOP");
         stopped = true;
-        const started = performance.now();
         const statuses = [];
-        for (let i = 0; i < 30; i++) statuses.push((await fetch(base)).status);
-        const stallMs = performance.now() - started;
+        const durations = [];
+        for (let i = 0; i < 30; i++) {
+          const started = performance.now();
+          statuses.push((await fetch(base)).status);
+          durations.push(performance.now() - started);
+        }
         assert.deepEqual(new Set(statuses), new Set([503]));
-        // The first waits for its deadline; the others are answered at once (old code: 30 deadlines, 9 s).
-        assert.ok(stallMs < TIMEOUT_MS * 4, `30 answers took ${stallMs} ms`);
+        // The first waits for its deadline; the others are answered at once (old code: 30 deadlines, 9 s). The
+        // median, not the total, so that a busy machine starving a few answers does not count.
+        const median = [...durations].sort((a, b) => a - b)[durations.length >> 1];
+        assert.ok(median < TIMEOUT_MS, `answers took ${durations.map(Math.round).join(", ")} ms`);
         server.child.kill("SIGCONT");
         stopped = false;
         // Redis runs what was on the socket as soon as it resumes; the limiter is back once a probe answers.
