@@ -315,25 +315,14 @@ local function now_us()
   return server_now_us
 end
 
--- The key's absolute expiry in ms on the clock of `now_us` (nil: none). On the server's clock it is PEXPIRETIME;
--- Redis 6.2 lacks it, and the caller's clock may differ from the server's: there it is now + PTTL. PTTL counts from
--- the server's clock a moment after `now_us` was read, so the sum is never above the true expiry (by a millisecond
--- at most): a kept expiry is then never before the window, at worst 1 ms past its end.
-local function current_expiry_ms(key, now_us)
-  if redis.REDIS_VERSION_NUM and not caller_now_us then
-    local at_ms = redis.call('PEXPIRETIME', key)
-    if at_ms < 0 then return nil end
-    return at_ms
-  end
-  local ttl_ms = redis.call('PTTL', key)
-  if ttl_ms < 0 then return nil end
-  return (now_us - now_us % 1000) / 1000 + ttl_ms -- floor, exact below 2^53
-end
-
 -- Writes the bucket (tokens, ts) and moves its expiry only when it falls outside [expire_at_ms, + slack_ms], as
 -- the module does: one HSET on a live bucket, HSET and PEXPIREAT otherwise. On the caller's clock the expiry is
 -- set relative (PEXPIRE) to the bucket's own time (its latest reading), so that a caller whose clock is off does
 -- not set it in the server's past (the bucket would vanish and come back full) or far beyond the window.
+-- The key's current expiry is read in ms on the clock of `now_us`: on the server's clock it is PEXPIRETIME; Redis
+-- 6.2 lacks it, and the caller's clock may differ from the server's: there it is now + PTTL. PTTL counts from the
+-- server's clock a moment after `now_us` was read, so the sum is never above the true expiry (by a millisecond at
+-- most): a kept expiry is then never before the window, at worst 1 ms past its end.
 local function write_bucket(key, tokens, ts, expire_at_ms, slack_ms, existed, now_us)
   local recent_text = cache and cache.recent_text
   local tokens_text = recent_text and recent_text[tokens] or encode_tokens(tokens)
@@ -341,8 +330,15 @@ local function write_bucket(key, tokens, ts, expire_at_ms, slack_ms, existed, no
   if caller_now_us then now_us = ts end
   local keep = false
   if existed then
-    local at_ms = current_expiry_ms(key, now_us)
-    keep = at_ms ~= nil and at_ms >= expire_at_ms and at_ms <= expire_at_ms + slack_ms
+    local at_ms
+    if redis.REDIS_VERSION_NUM and not caller_now_us then
+      at_ms = redis.call('PEXPIRETIME', key)
+    else
+      at_ms = redis.call('PTTL', key)
+      if at_ms >= 0 then at_ms = (now_us - now_us % 1000) / 1000 + at_ms end -- floor, exact below 2^53
+    end
+    -- A negative at_ms (no expiry, or no key) is below any window.
+    keep = at_ms >= expire_at_ms and at_ms <= expire_at_ms + slack_ms
   end
   -- Above maxmemory Redis refuses a script's first write (this HSET) in the EVAL form: that refusal is
   -- the module's reply, OOM without the script's error wrapping. Nothing is written before it.
@@ -478,13 +474,6 @@ local function rest_of(argv, first)
   return args
 end
 
--- What a call that raised answers: a refusal's table becomes its error reply; any other error (a redis.call that
--- failed) propagates.
-local function failure(result)
-  if type(result) == 'table' and result.tb_error then return redis.error_reply(result.tb_error) end
-  error(result)
-end
-
 -- The EVAL form: [@<µs>] <command> <arguments>.
 local function eval_form(keys, argv)
   local at = take_clock(argv, 1)
@@ -496,12 +485,23 @@ local function eval_form(keys, argv)
   return command(keys, rest_of(argv, at + 1))
 end
 
+-- The EVAL form, first attempt: the hot path, before the rest of the script exists. A call that raised is
+-- answered below (`failure`, defined after this attempt, which an allowed call then never creates).
+local first_failed, first_failure = false, nil
 if not AS_LIBRARY then
-  -- The EVAL form, first attempt: the hot path, before the rest of the script exists.
   local ok, result = pcall(eval_form, KEYS, ARGV)
   if ok then return result end
-  if result ~= NEEDS_GENERAL then return failure(result) end
+  first_failed, first_failure = true, result
 end
+
+-- What a call that raised answers: a refusal's table becomes its error reply; any other error (a redis.call that
+-- failed) propagates.
+local function failure(result)
+  if type(result) == 'table' and result.tb_error then return redis.error_reply(result.tb_error) end
+  error(result)
+end
+
+if first_failed and first_failure ~= NEEDS_GENERAL then return failure(first_failure) end
 
 -- The rest of the script; returns the commands table (also left in general_commands).
 general = function()
