@@ -78,8 +78,8 @@ WHERE IT DIFFERS FROM THE MODULE
     a caller's own `redis.set_repl` or `lua-replicate-commands no` is theirs to avoid (the module cannot stop
     them either on 6.2).
   - Cost: an allowed TB.ACQUIRE through the library costs the server about what the usual Lua hash token bucket
-    costs (5.5 times the module's instructions); through EVAL about twice that, because Redis runs the whole file
-    on every EVAL call (see docs/performance.md).
+    costs (5.5 times the module's instructions); through EVAL 1.6 to 1.8 times that, because Redis runs the whole
+    file on every EVAL call (see docs/performance.md).
 ]]
 
 -- Which form runs: FUNCTION LOAD offers redis.register_function, EVAL does not. (The top level runs at FUNCTION LOAD
