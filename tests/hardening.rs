@@ -27,9 +27,9 @@ fn acquire_all_over(count: usize, prefix: &str) -> redis::Cmd {
 /// One call naming 30,000 buckets used to hold the server 2-3 s (a pairwise duplicate check). Such a call is now
 /// refused at once, before anything is read or written; the largest call allowed (1,000 buckets, with a
 /// duplicate at the very end or not) answers quickly, and other clients do not wait on it for long. Each call's
-/// own time is the server's (SLOWLOG: the command alone, not the megabyte on the wire or the client's encoding,
-/// which a loaded machine stretches past any bound); the bounds are generous (shared 2-core machines): the
-/// quadratic check took seconds.
+/// own time is the server's (INFO commandstats: the command alone, not the megabyte on the wire or the client's
+/// encoding, which a loaded machine stretches past any bound); the bounds are generous (shared 2-core machines):
+/// the quadratic check took seconds.
 #[test]
 fn acquireall_over_many_buckets_answers_without_stalling_others() {
     const BOUND: Duration = Duration::from_millis(250);
@@ -49,19 +49,10 @@ fn acquireall_over_many_buckets_answers_without_stalling_others() {
             slowest
         })
     };
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("slowlog-log-slower-than")
-        .arg(0)
-        .query(&mut conn)
-        .expect("CONFIG SET slowlog-log-slower-than");
     let timed = |conn: &mut redis::Connection, command: &redis::Cmd| {
-        let _: () = redis::cmd("SLOWLOG")
-            .arg("RESET")
-            .query(conn)
-            .expect("SLOWLOG RESET");
+        let before = server_time(conn);
         let result: redis::RedisResult<Vec<i64>> = command.query(conn);
-        (result, server_time(conn))
+        (result, server_time(conn).saturating_sub(before))
     };
 
     let (huge, huge_in) = timed(&mut conn, &acquire_all_over(30_000, "h"));
@@ -101,30 +92,17 @@ fn acquireall_over_many_buckets_answers_without_stalling_others() {
     );
 }
 
-/// How long the server spent in the TB.ACQUIREALL call since the last SLOWLOG RESET (every call is logged: the
-/// threshold is 0), skipping the SLOWLOG RESET itself.
+/// How long the server has spent in TB.ACQUIREALL calls so far (`INFO commandstats`: the time inside the command,
+/// refusals included), zero before the first.
 fn server_time(conn: &mut redis::Connection) -> Duration {
-    let entries: Vec<Value> = redis::cmd("SLOWLOG")
-        .arg("GET")
-        .arg(-1)
-        .query(conn)
-        .expect("SLOWLOG GET");
-    let micros = entries
-        .iter()
-        .filter_map(|entry| match entry {
-            Value::Array(fields) => Some(fields),
-            _ => None,
+    let micros = info_field(conn, "commandstats", "cmdstat_tb.acquireall")
+        .and_then(|stats| {
+            stats
+                .split(',')
+                .find_map(|field| field.strip_prefix("usec="))
+                .and_then(|usec| usec.parse::<u64>().ok())
         })
-        .filter(|fields| {
-            matches!(fields.get(3), Some(Value::Array(args))
-                if matches!(args.first(), Some(Value::BulkString(name)) if name.eq_ignore_ascii_case(b"TB.ACQUIREALL")))
-        })
-        .filter_map(|fields| match fields.get(2) {
-            Some(Value::Int(micros)) => u64::try_from(*micros).ok(),
-            _ => None,
-        })
-        .max()
-        .expect("the call is in the slow log");
+        .unwrap_or(0);
     Duration::from_micros(micros)
 }
 
