@@ -185,21 +185,9 @@ fn a_bad_file_is_refused_at_start_with_its_line_and_reason() {
         &dir,
         "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
     );
-    let mut command = std::process::Command::new(common::tb_rls());
-    command
-        .env_clear()
-        .args([
-            "--grpc-port",
-            &common::free_port().to_string(),
-            "--prometheus-addr",
-            "off",
-            "--config",
-        ])
-        .arg(&config);
-    let mut proc = common::Proc::spawn("tb-rls-bad", &mut command, &dir);
-    let code = proc.wait_exit(Duration::from_secs(20));
-    assert_eq!(code, Some(2), "{}", proc.log_text());
-    let log = proc.log_text();
+    let config = config.to_str().expect("a UTF-8 temporary path");
+    let (code, log) = exits_at_start("tb-rls-bad", &["--config", config], &dir);
+    assert_eq!(code, Some(2), "{log}");
     assert!(log.contains("invalid rate limit unit 'fortnight'"), "{log}");
     assert!(log.contains("line 5"), "{log}");
 }
