@@ -45,18 +45,23 @@ class Blocker {
   /**
    * After TB.ACQUIRE refused `cost` on `key` (reply `refused`), with blocks of `blockMs`: blocks the key if this
    * refusal crossed the limit, or starts it afresh if its block is over. Resolves with `{ waitMs }` for a refusal,
-   * or `{ granted }`, the reply of a take that succeeded on the afresh bucket.
+   * or `{ granted }`, the reply of a take that succeeded on the afresh bucket. With `manual` (the caller blocks keys
+   * itself, with `block`), a marker is read even where `blockMs` is 0, so that such a block is reported and ends
+   * as one started by a refusal.
    */
-  async afterRefusal(key, rate, burst, cost, blockMs, refused) {
+  async afterRefusal(key, rate, burst, cost, blockMs, refused, manual = false) {
     const waitMs = refused.retryAfterMs;
+    const blocks = blockMs > 0;
     // Longer than an empty bucket's wait (a millisecond of rounding aside): a debt, so a block or a penalty is
     // running, and nothing is asked of Redis.
-    if (!(blockMs > 0) || waitMs > refillMs(rate, cost) + 1) return { waitMs };
-    // A cost above the burst never fits (wait -1), but crosses the limit all the same: the library blocks the key,
-    // and the block ends with room for an ordinary request (one token).
-    const fits = waitMs >= 0 ? cost : 1;
-    const blockedMs = await this._block(key, rate, burst, fits, Math.ceil(blockMs), ["NX"]);
-    if (blockedMs !== undefined) return { waitMs: waitMs < 0 ? blockedMs : Math.max(waitMs, blockedMs) };
+    if (!(blocks || manual) || waitMs > refillMs(rate, cost) + 1) return { waitMs };
+    if (blocks) {
+      // A cost above the burst never fits (wait -1), but crosses the limit all the same: the library blocks the
+      // key, and the block ends with room for an ordinary request (one token).
+      const fits = waitMs >= 0 ? cost : 1;
+      const blockedMs = await this._block(key, rate, burst, fits, Math.ceil(blockMs), ["NX"]);
+      if (blockedMs !== undefined) return { waitMs: waitMs < 0 ? blockedMs : Math.max(waitMs, blockedMs) };
+    }
     // A marker is there: the block is running (its end is the marker's less the refill of the whole bucket), or
     // it is over and the key starts afresh.
     const marker = markerKey(key);
@@ -70,10 +75,10 @@ class Blocker {
   /**
    * After TB.ACQUIRE granted `cost` on `key` (reply `granted`) with blocks of `blockMs`: if that left the bucket
    * empty after a block of this key ended, the key starts afresh (the rest of the bucket refunded). Resolves with
-   * the reply to report: the refund's remaining and reset, or `granted` as it was.
+   * the reply to report: the refund's remaining and reset, or `granted` as it was. `manual` as for afterRefusal.
    */
-  async afterGrant(key, rate, burst, cost, blockMs, granted) {
-    if (!(blockMs > 0) || granted.remaining > 0) return granted;
+  async afterGrant(key, rate, burst, cost, blockMs, granted, manual = false) {
+    if (!(blockMs > 0 || manual) || granted.remaining > 0) return granted;
     const marker = markerKey(key);
     const pttl = await this._send(marker, ["PTTL", marker]);
     // More than the refill of the whole bucket left: the block is running (a grant inside it is a penalty's or a

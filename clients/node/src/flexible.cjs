@@ -426,13 +426,16 @@ class RateLimiterTB {
     const rate = this._rate(options);
     const reply = await this._command(key, () => this.client.acquire(rlKey, rate, this._points, pointsToConsume));
     // As the library's: the refusal that crosses the limit blocks the key, refusals inside the block do not extend
-    // it, and after it the key starts afresh (block.cjs).
+    // it, and after it the key starts afresh (block.cjs). A block set by block() or set() is read with or without
+    // blockDuration: one shorter than a point's refill leaves the bucket empty past its end.
     const blocks = this.msBlockDuration;
     if (reply.allowed) {
-      const afresh = await this._blocker.afterGrant(rlKey, rate, this._points, pointsToConsume, blocks, reply);
+      const afresh = await this._blocker.afterGrant(rlKey, rate, this._points, pointsToConsume, blocks, reply, true);
       return this._granted(rlKey, rate, pointsToConsume, options, afresh);
     }
-    const { granted, waitMs } = await this._blocker.afterRefusal(rlKey, rate, this._points, pointsToConsume, blocks, reply);
+    const { granted, waitMs } = await this._blocker.afterRefusal(
+      rlKey, rate, this._points, pointsToConsume, blocks, reply, true,
+    );
     if (granted) return this._granted(rlKey, rate, pointsToConsume, options, granted);
     // More than `points` never fits (wait -1): as the library, the wait is the window's (where no block is set).
     const windowMs = this._windowMs(options);

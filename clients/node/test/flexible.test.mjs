@@ -257,6 +257,28 @@ describe("RateLimiterTB, the rest of RateLimiterRedis's interface, against it on
     assert.deepEqual(after.ours, after.theirs);
   });
 
+  test("block() shorter than a point's refill refuses until the block's end, then the key starts afresh, as the library's", async () => {
+    // Without blockDuration: one point is back every 12 s, the block lasts 1 s.
+    const { theirs, ours } = pair({ points: 5, duration: 60 });
+    const waits = [];
+    for (const limiter of [theirs, ours]) {
+      await limiter.consume("d", 5);
+      await limiter.block("d", 1);
+      const refused = await attempt(limiter, "d");
+      assert.equal(refused.ok, false);
+      waits.push(refused.res.msBeforeNext);
+    }
+    for (const wait of waits) assert.ok(wait > 900 && wait <= 1001, `${waits}: the block's end, not a point's refill`);
+    await new Promise((resolve) => setTimeout(resolve, Math.max(...waits) + 20));
+    const outcomes = { theirs: [], ours: [] };
+    for (let i = 0; i < 6; i++) {
+      outcomes.theirs.push((await attempt(theirs, "d")).ok);
+      outcomes.ours.push((await attempt(ours, "d")).ok);
+    }
+    assert.deepEqual(outcomes.theirs, [true, true, true, true, true, false], "the library: afresh after the block");
+    assert.deepEqual(outcomes.ours, outcomes.theirs);
+  });
+
   test("a request above points crosses the limit and blocks the key, as the library's", async () => {
     const { theirs, ours } = pair({ points: 1, duration: 1, blockDuration: 2 });
     const unblocked = pair({ points: 1, duration: 1 });
