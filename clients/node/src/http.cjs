@@ -7,7 +7,7 @@ const { TbClient } = require("./client.cjs");
 const { TbArgumentError, classifyFailure } = require("./errors.cjs");
 const { laneFor } = require("./lane.cjs");
 const { headersFor, waitMs, FORMATS } = require("./headers.cjs");
-const { LocalBuckets } = require("./local.cjs");
+const { LocalBuckets, CAPACITY, checkCapacity } = require("./local.cjs");
 const { SKIP, DEFAULT_IPV6_SUBNET, bucketKey, checkIpv6Subnet, ipIdentity, isAnonymous } = require("./identity.cjs");
 
 let anonymousWarned = false;
@@ -74,25 +74,32 @@ const ERROR_LOG_INTERVAL_MS = 60_000;
 
 /**
  * What the limiter logs about Redis failures (docs/clients.md, "When Redis fails"): a warning when a fault
- * begins (then nothing until Redis has answered again), and configuration errors (auth, ACL, a key of another
+ * begins (then nothing until Redis has answered again, and for the same row at most once a minute, since a fault
+ * of one shard or of some calls alternates with answers), and configuration errors (auth, ACL, a key of another
  * type, any unexpected error reply) at error level whatever the fail mode, at most once a minute per row.
  */
 function failureLog(logger, fail) {
   let faulty = false;
+  const lastWarningMs = new Map();
   const lastErrorMs = new Map();
+  const due = (times, row) => {
+    const now = performance.now();
+    const last = times.get(row);
+    if (last !== undefined && now - last < ERROR_LOG_INTERVAL_MS) return false;
+    times.set(row, now);
+    return true;
+  };
   return {
     failed(error, failure) {
       if (failure.action === "fail-mode") {
         if (faulty) return;
         faulty = true;
+        if (!due(lastWarningMs, failure.row)) return;
         logger.warn(`redis-tb: Redis is unavailable (${failure.row}: ${error?.message ?? error}); fail mode "${fail}" until it answers`);
         return;
       }
       faulty = true;
-      const now = performance.now();
-      const last = lastErrorMs.get(failure.row);
-      if (last !== undefined && now - last < ERROR_LOG_INTERVAL_MS) return;
-      lastErrorMs.set(failure.row, now);
+      if (!due(lastErrorMs, failure.row)) return;
       logger.error(`redis-tb: a limiter call failed (${failure.row}, a configuration error: ${error?.message ?? error}); fail mode "${fail}"`);
     },
     answered() {
@@ -114,8 +121,9 @@ function failureLog(logger, fail) {
  *   prefix      the Redis key is `${prefix}{${escaped identity}}:${name}` (default "ratelimit:")
  *   standard    which header fields: "both" (default), "draft", "legacy" or "none"
  *   fail        when Redis fails or does not answer in time (docs/clients.md's failure table): "local" (default)
- *               limits with in-memory buckets of the same limits in this process, "open" lets the request
- *               through, "closed" answers 503 with Retry-After: 1
+ *               limits with in-memory buckets of the same limits in this process (local.cjs), "open" lets the
+ *               request through, "closed" answers 503 with Retry-After: 1
+ *   localCapacity  the keys fail "local" keeps in memory (default 10,000); beyond, a limit's overflow bucket
  *   logger      { warn(message), error(message) } for Redis failures (default: console)
  *   timeoutMs   the deadline of a limiter call (default 1000), never charged after it (lane.cjs); 0 leaves it to
  *               the Redis client, offline queue and all
@@ -129,6 +137,8 @@ function createHttpLimiter(options) {
   checkIpv6Subnet(ipv6Subnet);
   const { key = (req) => ipIdentity(req.ip ?? req.socket?.remoteAddress, { ipv6Subnet }) } = options;
   const { fail = "local", timeoutMs = 1000, statusCode = 429, body = defaultBody, onError, logger = console } = options;
+  const { localCapacity = CAPACITY } = options;
+  checkCapacity(localCapacity);
   if (client === undefined) throw new TbArgumentError("client is required: a TbClient or a Redis client");
   if (!FORMATS.includes(standard)) throw new TbArgumentError(`standard must be one of ${FORMATS.join(", ")}`);
   if (typeof timeoutMs !== "number" || !(timeoutMs >= 0)) throw new TbArgumentError(`timeoutMs must be a number >= 0, got ${timeoutMs}`);
@@ -147,7 +157,7 @@ function createHttpLimiter(options) {
   // Each call under its deadline through the lane (lane.cjs: never charged after it), or as the client sends it.
   const lane = timeoutMs > 0 && Number.isFinite(timeoutMs) ? laneFor(client, tb, timeoutMs) : undefined;
   const run = (send) => (lane === undefined ? send(tb) : lane.run(send));
-  const local = fail === "local" ? new LocalBuckets() : undefined;
+  const local = fail === "local" ? new LocalBuckets({ capacity: localCapacity, logger }) : undefined;
   const failures = failureLog(logger, fail);
 
   /** The buckets `req` takes from (identity and cost found), or an empty list when every limit is skipped. */
@@ -166,14 +176,14 @@ function createHttpLimiter(options) {
     return buckets;
   }
 
-  /** One call to Redis for `buckets`: TB.ACQUIRE for one, TB.ACQUIREEACH for several. */
-  async function decide(buckets) {
+  /** One call to Redis for `buckets` through `redis`: TB.ACQUIRE for one, TB.ACQUIREEACH for several. */
+  async function decide(redis, buckets) {
     if (buckets.length === 1) {
       const [bucket] = buckets;
-      const reply = await run((redis) => redis.acquire(bucket.key, bucket.rate, bucket.burst, bucket.cost));
+      const reply = await redis.acquire(bucket.key, bucket.rate, bucket.burst, bucket.cost);
       return { allowed: reply.allowed, limitingIndex: 0, buckets: [{ ...bucket, ...reply, key: bucket.key, fits: reply.allowed }] };
     }
-    const reply = await run((redis) => redis.acquireEach(buckets));
+    const reply = await redis.acquireEach(buckets);
     return {
       allowed: reply.allowed,
       limitingIndex: reply.limitingIndex,
@@ -181,15 +191,14 @@ function createHttpLimiter(options) {
     };
   }
 
-  /** What the fail mode answers for `buckets` when Redis failed with `error`. */
-  function failed(req, buckets, error) {
+  /** What the fail mode answers for `buckets` when Redis failed with `error` ("local": `reply`, decided in memory). */
+  function failed(req, buckets, error, reply) {
     failures.failed(error, classifyFailure(error));
     if (onError) onError(error, req);
     if (fail === "open") return { action: "allow", headers: {}, error };
     if (fail === "closed") {
       return { action: "unavailable", headers: { "retry-after": "1" }, status: 503, body: { error: "rate limiter unavailable" }, error };
     }
-    const reply = local.acquire(buckets);
     return { ...answer({ ...reply, buckets: buckets.map((bucket, index) => ({ ...bucket, ...reply.buckets[index] })) }), error };
   }
 
@@ -210,14 +219,20 @@ function createHttpLimiter(options) {
     const buckets = await bucketsFor(req);
     if (buckets.length === 0) return { action: "allow", headers: {} };
     let decision;
-    try {
-      decision = await decide(buckets);
-    } catch (error) {
-      if (error instanceof TbArgumentError) throw error;
-      return failed(req, buckets, error);
+    if (local !== undefined) {
+      // The charge-backs of what these keys owe, then the call, or the in-memory decision (local.cjs).
+      const outcome = await local.decide(buckets, run, (redis) => decide(redis, buckets));
+      if (outcome.error !== undefined) return failed(req, buckets, outcome.error, outcome.decision);
+      decision = outcome.decision;
+    } else {
+      try {
+        decision = await run((redis) => decide(redis, buckets));
+      } catch (error) {
+        if (error instanceof TbArgumentError) throw error;
+        return failed(req, buckets, error);
+      }
     }
     failures.answered();
-    local?.clear();
     return answer(decision);
   }
 

@@ -1,54 +1,205 @@
 "use strict";
-// The in-memory token buckets of `fail: "local"`: while Redis fails, each process limits with buckets of the same
-// limits, so a request is neither let through unlimited nor refused for want of Redis. They start full, are
-// dropped when Redis answers again, and are bounded (the least recently used go first), so a flood of identities
-// cannot grow the process. Decisions have the shape of a TB.ACQUIREEACH reply, so headers come out as usual.
+// The in-memory token buckets of `fail: "local"` and their rule (docs/clients.md, "When Redis fails";
+// fixtures/local.json holds it as call sequences): one process admits at most burst + rate * t per key over any
+// interval t, however Redis fails or flaps.
+//   - A fault is per call: a call that fails is decided by its own keys' buckets; an answer for another key never
+//     clears or refills them.
+//   - Each Redis answer is remembered: the key's bucket then holds burst - rate * reset_after_ms / 1000 tokens as of
+//     the moment it arrived (negative in debt), and a later failure refills from there. A key never answered for
+//     starts full.
+//   - What the buckets admit is owed to Redis: before the next call that reaches Redis for a key, one
+//     TB.CHARGE key rate burst <owed> takes it back. A charge-back that fails stays owed (and the call is decided
+//     here); one that Redis refuses (beyond the debt it allows) is dropped and logged.
+//   - At most `capacity` keys: a new key takes the place of one of the 16 least recently used keys that is full
+//     again and owes nothing; where none is, it shares the overflow bucket of its limit (never charged back).
+// The arithmetic is the module's, in floating point on a monotonic clock; decisions have the shape of a
+// TB.ACQUIREEACH reply, so headers come out as usual.
 
-const MAX_BUCKETS = 10_000;
+const { TbArgumentError, classifyFailure, isReplyError } = require("./errors.cjs");
+
+const CAPACITY = 10_000;
+/** How many of the least recently used keys a new key may take the place of. */
+const EVICTION_WINDOW = 16;
+
+/** Milliseconds, rounded up, with the float noise of a division that should be whole (3.5000000001) dropped. */
+function ceilMs(ms) {
+  return Math.ceil(ms - 1e-6);
+}
+
+/** Whether Redis answered `error` and refused the call (not a passing state): resending it will not help. */
+function refusedByRedis(error) {
+  const reply = isReplyError(error) || isReplyError(error?.cause);
+  return reply && classifyFailure(error).action !== "fail-mode";
+}
+
+function checkCapacity(capacity) {
+  if (!Number.isSafeInteger(capacity) || capacity < 0) {
+    throw new TbArgumentError(`localCapacity must be an integer >= 0 (keys kept in memory), got ${capacity}`);
+  }
+  return capacity;
+}
 
 class LocalBuckets {
-  constructor(maxBuckets = MAX_BUCKETS) {
-    this.maxBuckets = maxBuckets;
-    /** Redis key -> { tokens, atMs }: 0 <= tokens <= burst, as of `atMs` (performance.now() milliseconds). */
-    this.buckets = new Map();
-  }
-
-  /** Forgets every bucket: Redis answers again and holds the truth. */
-  clear() {
-    this.buckets.clear();
-  }
-
-  /** The tokens of `bucket` now, refilled since it was last seen; marks it most recently used. */
-  _tokens(bucket, nowMs) {
-    const state = this.buckets.get(bucket.key);
-    if (state === undefined) return bucket.burst;
-    this.buckets.delete(bucket.key);
-    return Math.min(bucket.burst, state.tokens + ((nowMs - state.atMs) / 1000) * bucket.rate);
-  }
-
-  _store(key, tokens, nowMs) {
-    this.buckets.set(key, { tokens, atMs: nowMs });
-    if (this.buckets.size > this.maxBuckets) this.buckets.delete(this.buckets.keys().next().value);
+  /**
+   * @param options.capacity how many keys are kept (default 10,000); beyond, a limit's keys share its overflow bucket
+   * @param options.now      the monotonic clock, in milliseconds (default performance.now)
+   * @param options.logger   { warn(message) }: hears of a charge-back Redis refused (default: process.emitWarning)
+   */
+  constructor({ capacity = CAPACITY, now = () => performance.now(), logger } = {}) {
+    this.capacity = checkCapacity(capacity);
+    this.now = now;
+    this.logger = logger ?? { warn: (message) => process.emitWarning(message, { code: "REDIS_TB_LOCAL" }) };
+    /**
+     * Redis key -> { rate, burst, tokens, atMs, owed, charging }: tokens <= burst as of atMs (negative in debt);
+     * owed, the costs admitted here and not yet charged back; charging, those in a TB.CHARGE not yet answered. The
+     * Map's order is the order of last use (least recent first).
+     */
+    this.entries = new Map();
+    /** A limit (name, rate, burst) -> its overflow bucket { rate, burst, tokens, atMs }, starting full. */
+    this.overflow = new Map();
   }
 
   /**
-   * Takes each bucket's cost from every bucket, or nothing from any: `buckets` [{ key, rate, burst, cost }].
-   * Returns { allowed, limitingIndex, buckets: [{ fits, remaining, retryAfterMs, resetAfterMs }] }.
+   * One limiter call under the rule: `run(work)` runs `work(tb)` on Redis under the call's deadline and resolves
+   * with its result (the middleware's lane); in it, the charge-backs of the call's keys, then `call(tb)`, which
+   * resolves with a decision in TB.ACQUIREEACH's shape. Resolves with { decision } when Redis answered, or with
+   * { decision, error } decided here when the call (or a charge-back) failed. A TbArgumentError rejects.
+   * `buckets`: [{ key, rate, burst, cost, name? }], `name` the limit's.
    */
-  acquire(buckets, nowMs = performance.now()) {
-    const tokens = buckets.map((bucket) => this._tokens(bucket, nowMs));
-    const fits = buckets.map((bucket, index) => bucket.cost <= tokens[index]);
+  async decide(buckets, run, call) {
+    try {
+      const decision = await run(async (tb) => {
+        const charged = new Set();
+        for (const bucket of buckets) {
+          if (charged.has(bucket.key)) continue;
+          charged.add(bucket.key);
+          await this._chargeBack(bucket, (owed) => tb.charge(bucket.key, bucket.rate, bucket.burst, owed));
+        }
+        const reply = await call(tb);
+        this.observe(buckets, reply);
+        return reply;
+      });
+      return { decision };
+    } catch (error) {
+      if (error instanceof TbArgumentError) throw error;
+      return { decision: this.acquire(buckets), error };
+    }
+  }
+
+  /** Sends what `bucket`'s key owes, if anything, through `charge(owed)`; rejects (it stays owed) if that fails. */
+  async _chargeBack(bucket, charge) {
+    const entry = this.entries.get(bucket.key);
+    if (entry === undefined || !(entry.owed > 0)) return;
+    const owed = entry.owed;
+    entry.owed = 0;
+    entry.charging += owed;
+    try {
+      await charge(owed);
+    } catch (error) {
+      if (refusedByRedis(error)) {
+        this.logger.warn(`redis-tb: Redis refused the charge-back of ${owed} admitted in memory (${error.cause?.message ?? error.message}); it is dropped`);
+      } else {
+        entry.owed += owed;
+        throw error;
+      }
+    } finally {
+      entry.charging -= owed;
+    }
+  }
+
+  /**
+   * Remembers Redis's answer for `buckets` (`decision.buckets[i].resetAfterMs`): each key's bucket holds
+   * burst - rate * resetAfterMs / 1000 tokens now, less what it still owes Redis. A new key that finds no place
+   * is not remembered.
+   */
+  observe(buckets, decision, nowMs = this.now()) {
+    buckets.forEach((bucket, index) => {
+      const resetAfterMs = decision?.buckets?.[index]?.resetAfterMs;
+      if (!Number.isFinite(resetAfterMs)) return;
+      const entry = this._place(bucket, nowMs);
+      if (entry === undefined) return;
+      entry.tokens = bucket.burst - (bucket.rate * resetAfterMs) / 1000 - entry.owed - entry.charging;
+      entry.atMs = nowMs;
+    });
+  }
+
+  /**
+   * Decides a call in memory: takes each bucket's cost from every bucket, or nothing from any; what a key's own
+   * bucket admits is owed to Redis. Returns { allowed, limitingIndex, buckets: [{ fits, remaining, retryAfterMs,
+   * resetAfterMs }] }.
+   */
+  acquire(buckets, nowMs = this.now()) {
+    const slots = buckets.map((bucket) => this._place(bucket, nowMs) ?? this._overflowOf(bucket, nowMs));
+    const needs = new Map();
+    buckets.forEach((bucket, index) => {
+      const slot = slots[index];
+      if (!needs.has(slot)) {
+        slot.tokens = refilled(slot, nowMs);
+        slot.atMs = nowMs;
+      }
+      needs.set(slot, (needs.get(slot) ?? 0) + bucket.cost);
+    });
+    const fits = slots.map((slot) => needs.get(slot) <= slot.tokens);
     const allowed = fits.every(Boolean);
+    if (allowed) {
+      for (const [slot, need] of needs) {
+        slot.tokens -= need;
+        if (slot.owed !== undefined) slot.owed += need;
+      }
+    }
     const reports = buckets.map((bucket, index) => {
-      const left = allowed ? tokens[index] - bucket.cost : tokens[index];
-      this._store(bucket.key, left, nowMs);
+      const left = slots[index].tokens;
       let retryAfterMs = 0;
-      if (!fits[index]) retryAfterMs = bucket.cost > bucket.burst ? -1 : Math.ceil(((bucket.cost - left) / bucket.rate) * 1000);
-      const resetAfterMs = Math.ceil(((bucket.burst - left) / bucket.rate) * 1000);
-      return { fits: fits[index], remaining: Math.floor(left), retryAfterMs, resetAfterMs };
+      if (!fits[index]) retryAfterMs = bucket.cost > bucket.burst ? -1 : ceilMs(((needs.get(slots[index]) - left) / bucket.rate) * 1000);
+      const resetAfterMs = Math.max(0, ceilMs(((bucket.burst - left) / bucket.rate) * 1000));
+      return { fits: fits[index], remaining: Math.max(0, Math.floor(left)), retryAfterMs, resetAfterMs };
     });
     return { allowed, limitingIndex: limiting(reports), buckets: reports };
   }
+
+  /** `bucket`'s entry, made the most recently used; a new one (full) if there is room or a place to take. */
+  _place(bucket, nowMs) {
+    let entry = this.entries.get(bucket.key);
+    if (entry !== undefined) {
+      this.entries.delete(bucket.key);
+    } else {
+      if (this.entries.size >= this.capacity && !this._evict(nowMs)) return undefined;
+      entry = { rate: bucket.rate, burst: bucket.burst, tokens: bucket.burst, atMs: nowMs, owed: 0, charging: 0 };
+    }
+    entry.rate = bucket.rate;
+    entry.burst = bucket.burst;
+    this.entries.set(bucket.key, entry);
+    return entry;
+  }
+
+  /** Frees a place: the first of the least recently used keys that is full again and owes nothing. */
+  _evict(nowMs) {
+    let looked = 0;
+    for (const [key, entry] of this.entries) {
+      if (looked++ >= EVICTION_WINDOW) break;
+      if (entry.owed === 0 && entry.charging === 0 && refilled(entry, nowMs) >= entry.burst) {
+        this.entries.delete(key);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  _overflowOf(bucket, nowMs) {
+    const limit = `${bucket.name ?? ""}\u0000${bucket.rate}\u0000${bucket.burst}`;
+    let slot = this.overflow.get(limit);
+    if (slot === undefined) {
+      slot = { rate: bucket.rate, burst: bucket.burst, tokens: bucket.burst, atMs: nowMs };
+      this.overflow.set(limit, slot);
+    }
+    return slot;
+  }
+}
+
+/** The tokens of `slot` at `nowMs`, refilled at its rate up to its burst (a clock read earlier refills nothing). */
+function refilled(slot, nowMs) {
+  const elapsedMs = Math.max(0, nowMs - slot.atMs);
+  return Math.min(slot.burst, slot.tokens + (elapsedMs / 1000) * slot.rate);
 }
 
 /** The bucket that decided: the refusing one with the longest wait, else the one with the fewest tokens left. */
@@ -66,4 +217,4 @@ function wait(report) {
   return report.retryAfterMs < 0 ? Infinity : report.retryAfterMs;
 }
 
-module.exports = { LocalBuckets, MAX_BUCKETS };
+module.exports = { LocalBuckets, CAPACITY, checkCapacity };

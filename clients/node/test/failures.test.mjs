@@ -29,10 +29,11 @@ const CONDITIONS = {
 };
 
 describe("the failure table's classifier", () => {
-  test("fail, timeoutMs, logger and prefix are checked when the middleware is built", () => {
+  test("fail, timeoutMs, logger, prefix and localCapacity are checked when the middleware is built", () => {
     const limits = { rate: 1, burst: 1 };
-    for (const bad of [{ fail: "maybe" }, { timeoutMs: -1 }, { timeoutMs: "1000" }, { logger: { warn() {} } }, { prefix: "rl{}:" }]) {
-      assert.throws(() => rateLimit({ client: {}, limits, ...bad }), /fail|timeoutMs|logger|prefix/, JSON.stringify(bad));
+    const bads = [{ fail: "maybe" }, { timeoutMs: -1 }, { timeoutMs: "1000" }, { logger: { warn() {} } }, { prefix: "rl{}:" }, { localCapacity: -1 }, { localCapacity: 0.5 }];
+    for (const bad of bads) {
+      assert.throws(() => rateLimit({ client: {}, limits, ...bad }), new RegExp(Object.keys(bad)[0]), JSON.stringify(bad));
     }
   });
 

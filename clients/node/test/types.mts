@@ -44,6 +44,7 @@ app.use(
     limits: { rate: 1, burst: 2 },
     ipv6Subnet: 64,
     fail: "local",
+    localCapacity: 50_000,
     logger: console,
     key: (req: express.Request) => (req.path === "/health" ? SKIP : ipIdentity(req.ip, { ipv6Subnet: 64 })),
   }),

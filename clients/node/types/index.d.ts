@@ -209,6 +209,11 @@ export interface HttpLimiterOptions<Req = any> {
    * same limits in this process; "open" lets the request through; "closed" answers 503 with Retry-After: 1.
    */
   fail?: "local" | "open" | "closed";
+  /**
+   * With fail "local": how many keys the in-memory buckets keep (default 10000, an integer >= 0); a key that finds
+   * no place shares its limit's overflow bucket (docs/clients.md, "When Redis fails").
+   */
+  localCapacity?: number;
   /** Where Redis failures are logged: a warning when a fault begins, configuration errors (default: console). */
   logger?: { warn(message: string): void; error(message: string): void };
   /** The longest to wait for Redis, in ms (default 1000; 0: as long as the Redis client waits). */
