@@ -34,7 +34,6 @@ import redis_tb
 from redis_tb import AsyncTokenBucket, Limit, TokenBucket, asgi, wsgi
 from redis_tb._failures import classify
 from redis_tb._guard import MAX_IN_FLIGHT, Guard
-from redis_tb._local import LocalBuckets
 
 FIXTURE: dict[str, Any] = json.loads((Path(__file__).resolve().parents[3] / "fixtures/failures.json").read_text())
 LIMITS = [Limit("per-client", rate=0.01, burst=2)]  # no refill to speak of during a test
@@ -346,14 +345,43 @@ def test_gate_probes_a_few_times_a_second_and_warns_once_per_fault(caplog: pytes
         assert guard.probe_due()
         guard.probed(None)
         assert guard.admits
-        guard.failed(redis.exceptions.OutOfMemoryError("command not allowed"))  # the same fault goes on
+        guard.failed(redis.exceptions.TimeoutError("Timeout reading from socket"))  # the same fault goes on
         clock.now += 1
         assert guard.probe_due()
         guard.probed(None)
-        assert guard.answered() and not guard.answered()
+        guard.answered()
     warnings = [record for record in caplog.records if record.levelno == logging.WARNING]
     assert len(warnings) == 1 and "unavailable" in warnings[0].message
     assert "answers again after 1.8 s" in caplog.text
+
+
+def test_an_error_reply_fails_its_own_call_only(caplog: pytest.LogCaptureFixture) -> None:
+    """OOM, READONLY, LOADING, CLUSTERDOWN...: the server answered, so the next call goes to it (another key may
+    live on a healthy shard); a warning at most once a minute per error."""
+    clock = FakeClock()
+    guard = Guard("local", clock)
+    with caplog.at_level(logging.WARNING, logger="redis_tb"):
+        for error in (
+            redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+            redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+            redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"),
+            redis.exceptions.ClusterDownError("The cluster is down"),
+            redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+        ):
+            guard.failed(error)
+            assert guard.admits, error
+            clock.now += 1
+    assert len(caplog.records) == 4  # the second OOM within a minute is not logged
+    lost: tuple[BaseException, ...] = (
+        redis.exceptions.TimeoutError("Timeout reading from socket"),
+        redis.exceptions.ConnectionError("Connection refused."),
+        asyncio.TimeoutError(),
+        ConnectionResetError(),
+    )
+    for lost_error in lost:
+        closing = Guard("local", clock)
+        closing.failed(lost_error)
+        assert not closing.admits, lost_error
 
 
 def test_configuration_errors_are_logged_at_most_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
@@ -371,22 +399,6 @@ def test_configuration_errors_are_logged_at_most_once_a_minute(caplog: pytest.Lo
     with caplog.at_level(logging.ERROR, logger="redis_tb"):
         guard.failed(redis.exceptions.NoPermissionError("User has no permissions"))
     assert len(caplog.records) == 1
-
-
-def test_local_buckets_refill_take_all_or_nothing_and_keep_the_most_recent() -> None:
-    clock = FakeClock()
-    local = LocalBuckets(capacity=3, clock=clock)
-    limits = [Limit("a", rate=10, burst=2), Limit("b", rate=1, burst=1)]
-    assert local.acquire_each(limits, ["a", "b"]).allowed
-    refused = local.acquire_each(limits, ["a", "b"])
-    assert not refused.allowed and refused.limiting_index == 1 and refused.limiting.retry_after_ms == 1000
-    assert refused.buckets[0].remaining == 1  # the refusal took nothing from "a"
-    clock.now += 1
-    assert local.acquire_each(limits, ["a", "b"]).allowed
-    assert local.acquire_each([Limit("c", rate=1, burst=1, cost=2)], ["c"]).limiting.retry_after_ms == -1
-    local.acquire_each(limits[:1], ["d"])
-    assert len(local) == 3  # "a" went: the least recently used
-    assert local.acquire_each(limits[:1], ["a"]).buckets[0].remaining == 1
 
 
 async def test_calls_in_flight_during_a_stall_are_at_most_max_in_flight(fresh: Server) -> None:

@@ -16,7 +16,7 @@ from redis.cluster import RedisCluster
 
 from . import _protocol as protocol
 from ._guard import MAX_IN_FLIGHT, Guard, configure
-from ._local import LocalBuckets, limiting_index
+from ._local import CAPACITY, ChargeBack, LocalBuckets, limiting_index
 from .aio import AsyncTokenBucket
 from .client import TokenBucket
 from .headers import Standard, headers_for
@@ -219,6 +219,7 @@ class Middleware(Generic[App, Limiter]):
         standard: Standard = "both",
         ipv6_subnet: int = DEFAULT_IPV6_SUBNET,
         timeout: float = 1.0,
+        local_capacity: int = CAPACITY,
     ) -> None:
         if fail not in ("local", "open", "closed"):
             raise ValueError(f"fail must be 'local', 'open' or 'closed', not {fail!r}")
@@ -234,7 +235,7 @@ class Middleware(Generic[App, Limiter]):
         self.standard = standard
         self.timeout = float(timeout)
         self.guard = Guard(fail)
-        self.local = LocalBuckets()
+        self.local = LocalBuckets(local_capacity)
         configure(limiter.redis, self.timeout)
         #: The WSGI middleware's `MAX_IN_FLIGHT` (the ASGI one keeps an asyncio semaphore of its own).
         self.thread_slots = threading.BoundedSemaphore(MAX_IN_FLIGHT)
@@ -251,9 +252,36 @@ class Middleware(Generic[App, Limiter]):
     def parts(self, plan: Plan) -> tuple[Plan, ...]:
         return plan.parts() if self.in_parts else (plan,)
 
+    def charge_backs(self, plan: Plan) -> list[ChargeBack]:
+        """What the in-memory buckets of the plan's keys admitted and Redis has not taken yet: one `TB.CHARGE` per
+        key to send before the plan's call, each then reported to `charge_sent` (in order) and the ones not sent to
+        `charges_unsent`."""
+        return self.local.charge_backs(plan.keys) if self.fail == "local" else []
+
+    def charge_sent(self, charge: ChargeBack, error: BaseException | None) -> None:
+        """A charge-back's outcome: taken (error None), or refused by Redis (beyond the debt bound: dropped, and
+        logged). Any other error is the call's failure: the caller re-raises it and reports the charge unsent."""
+        if error is None:
+            self.local.charged(charge)
+            return
+        self.local.charge_refused(charge)
+        logger.warning(
+            "redis-tb: Redis refused to take back %s token(s) admitted in memory for %r (%s); they are dropped",
+            charge.cost,
+            charge.key,
+            error,
+        )
+
+    def charges_unsent(self, charges: Sequence[ChargeBack]) -> None:
+        """Charge-backs that failed or were never sent: owed again, for the next call that reaches Redis."""
+        for charge in charges:
+            self.local.charge_failed(charge)
+
     def answered(self, plan: Plan, reply: Acquired | AcquiredEach) -> Verdict:
-        if self.guard.answered():
-            self.local.clear()
+        """Redis answered: the in-memory buckets of the plan's keys continue from its report."""
+        self.guard.answered()
+        if self.fail == "local":
+            self.local.observe(plan.limits, plan.keys, reply)
         return verdict(plan, reply, self.standard)
 
     def failed(self, plan: Plan, error: BaseException) -> Verdict | None:
@@ -267,3 +295,8 @@ class Middleware(Generic[App, Limiter]):
         if self.fail == "closed":
             return unavailable()
         return verdict(plan, self.local.acquire_each(plan.limits, plan.keys), self.standard)
+
+
+def charge_call(charge: ChargeBack) -> protocol.Call[Any]:
+    """`TB.CHARGE` of what a key's in-memory bucket admitted."""
+    return protocol.charge(charge.key, charge.rate, charge.burst, charge.cost)

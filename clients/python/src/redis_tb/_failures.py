@@ -2,9 +2,10 @@
 `fixtures/failures.json` holds example errors for each row; the Node package classifies the same texts alike.
 
 Every row ends in the middleware's fail mode. What differs is how loudly: a fault of the server or the network
-(refused, timeout, OOM, READONLY, ...) passes by itself and is logged once per episode as a warning; a
-configuration error (a password, an ACL, a key of another type, an error this package does not know) does not
-pass by itself, so it is logged at ERROR level whatever the fail mode.
+(refused, timeout, OOM, READONLY, ...) passes by itself and is logged as a warning; a configuration error (a
+password, an ACL, a key of another type, an error this package does not know) does not pass by itself, so it is
+logged at ERROR level whatever the fail mode. And what follows: only a timeout or a lost connection
+(`lost_connection`) stops the calls after it; an error reply fails its own call only.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ class Failure:
 
     row: str
     config_error: bool
+    #: A timeout or a connection that could not be made or was lost (not an error reply).
+    lost_connection: bool = False
 
 
 #: Error codes a server puts first in its reply, for the rows where the server cannot run the call now. Older
@@ -66,6 +69,22 @@ _UNAVAILABLE_TYPES: tuple[type[BaseException], ...] = (
 )
 
 
+# An error reply redis-py raises as a ConnectionError or a cluster exception: the server answered.
+_ANSWERED_TYPES: tuple[type[BaseException], ...] = (redis_errors.BusyLoadingError, redis_errors.SlotNotCoveredError)
+_LOST_TYPES: tuple[type[BaseException], ...] = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.RedisClusterException,  # no node of the cluster could be reached
+    asyncio.TimeoutError,
+    TimeoutError,
+    OSError,
+)
+
+
+def _is_lost_connection(error: BaseException) -> bool:
+    return isinstance(error, _LOST_TYPES) and not isinstance(error, _ANSWERED_TYPES)
+
+
 def classify(error: BaseException) -> Failure:
     """The row of the failure table `error` belongs to."""
     if isinstance(error, _CONFIG_TYPES):
@@ -76,7 +95,7 @@ def classify(error: BaseException) -> Failure:
         # The key layout keeps a request's buckets in one slot: if this happens anyway, it is a bug to see.
         return Failure("CROSSSLOT", True)
     if isinstance(error, _UNAVAILABLE_TYPES):
-        return Failure(type(error).__name__, False)
+        return Failure(type(error).__name__, False, _is_lost_connection(error))
     if isinstance(error, errors.ServerError):
         return Failure(error.server_message.split(" ", 1)[0], True)
     if isinstance(error, redis_errors.ResponseError):

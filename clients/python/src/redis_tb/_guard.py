@@ -1,12 +1,14 @@
 """The middleware's side of a failing Redis: the failure table's logging, the gate that keeps limiter calls off
 a Redis that stopped answering, and the deadline of a call.
 
-A call that failed (timed out, refused, OOM, ...) closes the gate. While it is closed no limiter call is sent:
-the fail mode answers at once, and only a probe (`PING`, run by the middleware in the background) is sent, a few
-a second at most (`PROBE_INTERVALS_S`, growing while it fails). A probe that answers reopens the gate, and the
-next call that answers ends the fault. So a stalled Redis never gets a queue of limiter calls to run (and
-charge) when it resumes, and a dead one never gets a connection attempt per request. `Guard` does no I/O: the
-middleware sends the calls and probes and tells it how they went.
+A fault is a fault of the calls that failed. An error reply (`OOM`, `READONLY`, `CLUSTERDOWN`, ...) fails its own
+call only: the next call goes to Redis as usual (another key may live on a healthy shard). A timeout or a lost
+connection closes the gate: while it is closed no limiter call is sent, the fail mode answers at once, and only a
+probe (`PING`, run by the middleware in the background) is sent, a few a second at most (`PROBE_INTERVALS_S`,
+growing while it fails). A probe that answers reopens the gate, and the next call that answers ends the fault. So
+a stalled Redis never gets a queue of limiter calls to run (and charge) when it resumes, and a dead one never gets
+a connection attempt per request. `Guard` does no I/O: the middleware sends the calls and probes and tells it how
+they went.
 
 The deadline: `configure` caps the client's socket timeouts at the middleware's `timeout` and turns its retries
 off, because a retried limiter call is sent, and charged, twice.
@@ -33,7 +35,8 @@ logger = logging.getLogger("redis_tb")
 
 #: Seconds from a failure to the next probe: the first probe comes soon, then they space out.
 PROBE_INTERVALS_S = (0.25, 0.5, 1.0)
-#: A configuration error is logged at ERROR level at most once per row in this many seconds.
+#: A configuration error (at ERROR level) or an error reply (a warning) is logged at most once per row in this
+#: many seconds.
 ERROR_LOG_INTERVAL_S = 60.0
 #: Limiter calls one middleware has out at once, at most; the others wait for one to end, within their deadline.
 #: A stalled Redis runs the calls written to it before their deadline when it resumes: this bounds how many, per
@@ -79,41 +82,51 @@ class Guard:
                 return
         self._closed(classify(error), error)
 
-    def answered(self) -> bool:
-        """A limiter call answered; True if that ends a fault (the caller forgets what it did meanwhile)."""
+    def answered(self) -> None:
+        """A limiter call answered: that ends a fault of the connection, if one went on."""
         with self._lock:
-            if self._failures == 0:
-                return False
             self.down_since = None
             self._failures = 0
             began, self._fault_began = self._fault_began, None
         if began is not None:
             logger.info("redis-tb: Redis answers again after %.1f s; limiter calls go to it", self.clock() - began)
-        return True
 
     def failed(self, error: BaseException) -> Failure:
-        """A limiter call failed: log it as the failure table says, and close the gate."""
+        """A limiter call failed: log it as the failure table says; a timeout or a lost connection closes the
+        gate, any other failure fails this call only."""
         failure = classify(error)
-        now = self.clock()
-        if failure.config_error:
-            with self._lock:
-                last = self._error_logged_at.get(failure.row)
-                due = last is None or now - last >= ERROR_LOG_INTERVAL_S
-                if due:
-                    self._error_logged_at[failure.row] = now
-            if due:
-                # Not a Redis error: a bug somewhere, so the traceback is worth its lines.
-                trace = None if _from_redis(error) else error
-                logger.error(
-                    "redis-tb: limiter call refused (%s): %s; this does not pass by itself (the Redis user's "
-                    "password or permissions, a key of another type, or a bug); meanwhile fail=%r answers",
-                    failure.row,
-                    error,
-                    self.fail,
-                    exc_info=trace,
-                )
-        self._closed(failure, error)
+        if failure.config_error and self._due(failure.row):
+            # Not a Redis error: a bug somewhere, so the traceback is worth its lines.
+            trace = None if _from_redis(error) else error
+            logger.error(
+                "redis-tb: limiter call refused (%s): %s; this does not pass by itself (the Redis user's "
+                "password or permissions, a key of another type, or a bug); meanwhile fail=%r answers",
+                failure.row,
+                error,
+                self.fail,
+                exc_info=trace,
+            )
+        if failure.lost_connection:
+            self._closed(failure, error)
+        elif not failure.config_error and self._due(failure.row):
+            logger.warning(
+                "redis-tb: a limiter call failed (%s: %s); fail=%r answered it, other calls still go to Redis "
+                "(logged at most once a minute)",
+                failure.row,
+                error,
+                self.fail,
+            )
         return failure
+
+    def _due(self, row: str) -> bool:
+        """Whether a failure of `row` is logged now: at most once per row in `ERROR_LOG_INTERVAL_S`."""
+        now = self.clock()
+        with self._lock:
+            last = self._error_logged_at.get(row)
+            due = last is None or now - last >= ERROR_LOG_INTERVAL_S
+            if due:
+                self._error_logged_at[row] = now
+        return due
 
     def _closed(self, failure: Failure, error: BaseException) -> None:
         with self._lock:

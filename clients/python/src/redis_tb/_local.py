@@ -1,74 +1,211 @@
-"""In-memory token buckets: what `fail="local"` limits with while Redis fails. One process's buckets, with the
-limits and keys the Redis ones have, so a fault never means "unlimited"; they are forgotten once Redis answers.
+"""In-memory token buckets: what `fail="local"` limits with while Redis fails for a call. The rule is docs/clients.md
+("When Redis fails") and its data `fixtures/local.json`: one process admits at most `burst + rate * t` per key over
+any interval `t`, however Redis fails or flaps.
+
+- Per key: a call that fails is decided by its own keys' buckets; an answer for one key never touches another's.
+- `observe` remembers each Redis answer: the bucket holds `burst - rate * reset_after_ms / 1000` tokens as of the
+  moment it arrived (negative in debt), less what this process admitted in memory and Redis has not seen yet.
+- What a bucket admits is owed to Redis: `charge_backs` hands the owed costs out for one `TB.CHARGE` per key before
+  the next call for those keys reaches Redis; the caller reports each as `charged`, `charge_failed` (owed again) or
+  `charge_refused` (dropped: Redis refuses more than a day of debt).
+- At most `capacity` keys. A new key that finds the table full takes the place of one of the `EVICTION_WINDOW`
+  least recently used keys that is full again and owes nothing (nothing is lost: a key it does not know starts
+  full); when none is, the key is limited by its limit's overflow bucket, which every such key shares and whose
+  admissions are not charged back. A flood of identities thus shares one limit rather than going unlimited.
 
 The arithmetic is the module's in floating point (refill `rate` per second up to `burst`; a cost above the burst
-never fits), with `time.monotonic` as the clock: a stepped wall clock neither refills nor drains them. At most
-`capacity` buckets are kept, the least recently used going first, so a flood of identities cannot grow memory
-without bound.
+never fits; all of a call's costs or none), on a clock that only moves forward (`time.monotonic` by default): a
+stepped wall clock neither refills nor drains the buckets.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from .limit import Limit
-from .replies import AcquiredEach, BucketResult
+from .replies import Acquired, AcquiredEach, BucketResult
 
+#: Keys kept per process unless told otherwise (the middleware's `local_capacity`).
 CAPACITY = 10_000
+#: How many of the least recently used keys a new key may take the place of.
+EVICTION_WINDOW = 16
+#: Milliseconds this close above a whole number are that number (the refill is computed in doubles).
+MS_SLACK = 1e-6
+
+
+@dataclass
+class _Bucket:
+    """One bucket's state. `tokens <= burst` (negative: in debt), as of the clock reading `at` (seconds)."""
+
+    tokens: float
+    at: float
+    rate: float
+    burst: float
+    #: Admitted in memory, not yet sent to Redis.
+    owed: float = 0.0
+    #: Sent to Redis in a charge-back whose outcome is not known yet.
+    charging: float = 0.0
+    #: A limit's overflow bucket: what it admits is not charged back (no key of its own to charge).
+    overflow: bool = False
+
+    def held(self, now: float) -> float:
+        return min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate)
+
+    def free(self, now: float) -> bool:
+        """Full again and owing nothing: forgetting it loses nothing."""
+        return self.owed == 0 and self.charging == 0 and self.held(now) >= self.burst
+
+
+@dataclass(frozen=True)
+class ChargeBack:
+    """`TB.CHARGE key rate burst cost`: what a key's in-memory bucket admitted, owed to Redis."""
+
+    key: str
+    rate: float
+    burst: float
+    cost: float
 
 
 class LocalBuckets:
+    """One process's in-memory buckets; thread-safe (WSGI servers call from several threads)."""
+
     def __init__(self, capacity: int = CAPACITY, clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"local_capacity must be a positive number of keys, not {capacity!r}")
         self.capacity = capacity
         self.clock = clock
-        #: key -> (tokens, at): 0 <= tokens <= burst, as of the clock reading `at` (seconds).
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
-        self._lock = threading.Lock()  # WSGI servers call from several threads
+        #: key -> bucket, least recently used first.
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        #: (limit name, rate, burst) -> the bucket shared by the keys of that limit that found no place.
+        self._overflow: dict[tuple[str, float, float], _Bucket] = {}
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._buckets)
 
-    def clear(self) -> None:
-        with self._lock:
-            self._buckets.clear()
-
     def acquire_each(self, limits: Sequence[Limit], keys: Sequence[str]) -> AcquiredEach:
-        """Each limit's cost from its bucket, all or none: `TB.ACQUIREEACH`'s reply, computed here."""
+        """Each limit's cost from its key's bucket, all or none: `TB.ACQUIREEACH`'s reply, computed here. What a
+        key's own bucket admits is owed to Redis."""
         with self._lock:
             now = self.clock()
-            tokens = [self._tokens(key, limit, now) for key, limit in zip(keys, limits, strict=True)]
-            fits = [limit.cost <= held for limit, held in zip(limits, tokens, strict=True)]
+            buckets = [self._bucket(key, limit, now, keys) for key, limit in zip(keys, limits, strict=True)]
+            held = [bucket.held(now) for bucket in buckets]
+            fits = [
+                limit.cost <= limit.burst and limit.cost <= tokens for limit, tokens in zip(limits, held, strict=True)
+            ]
             allowed = all(fits)
             if allowed:
-                tokens = [held - limit.cost for limit, held in zip(limits, tokens, strict=True)]
-            for key, held in zip(keys, tokens, strict=True):
-                self._buckets[key] = (held, now)
-                self._buckets.move_to_end(key)
-            while len(self._buckets) > self.capacity:
-                self._buckets.popitem(last=False)
-        results = tuple(_result(limit, held, fit) for limit, held, fit in zip(limits, tokens, fits, strict=True))
+                held = [tokens - limit.cost for limit, tokens in zip(limits, held, strict=True)]
+            for bucket, tokens, limit in zip(buckets, held, limits, strict=True):
+                bucket.tokens, bucket.at = tokens, now
+                if allowed and not bucket.overflow:
+                    bucket.owed += limit.cost
+        results = tuple(_result(limit, tokens, fit) for limit, tokens, fit in zip(limits, held, fits, strict=True))
         return AcquiredEach(allowed, limiting_index(results, allowed), results)
 
-    def _tokens(self, key: str, limit: Limit, now: float) -> float:
-        stored = self._buckets.get(key)
-        if stored is None:
-            return float(limit.burst)
-        held, at = stored
-        return min(float(limit.burst), held + max(0.0, now - at) * limit.rate)
+    def observe(self, limits: Sequence[Limit], keys: Sequence[str], reply: Acquired | AcquiredEach) -> None:
+        """Redis answered a call for `keys`: each bucket continues from the state Redis reported, as of now."""
+        results: Sequence[Acquired | BucketResult] = reply.buckets if isinstance(reply, AcquiredEach) else (reply,)
+        with self._lock:
+            now = self.clock()
+            for key, limit, result in zip(keys, limits, results, strict=True):
+                bucket = self._buckets.get(key)
+                if bucket is None:
+                    if not self._make_room(now, keys):
+                        continue  # not remembered: the key starts full next time
+                    bucket = self._buckets[key] = _Bucket(limit.burst, now, limit.rate, limit.burst)
+                self._buckets.move_to_end(key)
+                # What this process admitted and Redis has not taken yet is not in the answer.
+                unseen = bucket.owed + bucket.charging
+                bucket.tokens = limit.burst - limit.rate * result.reset_after_ms / 1000 - unseen
+                bucket.at, bucket.rate, bucket.burst = now, limit.rate, limit.burst
+
+    def charge_backs(self, keys: Sequence[str]) -> list[ChargeBack]:
+        """The charge-backs to send before a call for `keys` goes to Redis, one per key that owes; each is then
+        in flight until reported as `charged`, `charge_failed` or `charge_refused`."""
+        found: list[ChargeBack] = []
+        with self._lock:
+            for key in keys:
+                bucket = self._buckets.get(key)
+                if bucket is None or bucket.owed <= 0:
+                    continue
+                found.append(ChargeBack(key, bucket.rate, bucket.burst, bucket.owed))
+                bucket.charging += bucket.owed
+                bucket.owed = 0.0
+        return found
+
+    def charged(self, charge: ChargeBack) -> None:
+        """Redis took the charge-back: nothing more is owed for it."""
+        self._settle(charge, owed_again=False)
+
+    def charge_failed(self, charge: ChargeBack) -> None:
+        """The charge-back failed: it is owed again, for the next call that reaches Redis."""
+        self._settle(charge, owed_again=True)
+
+    def charge_refused(self, charge: ChargeBack) -> None:
+        """Redis refused the charge-back (more than a day of refill in debt): it is dropped."""
+        self._settle(charge, owed_again=False)
+
+    def _settle(self, charge: ChargeBack, owed_again: bool) -> None:
+        with self._lock:
+            bucket = self._buckets.get(charge.key)
+            if bucket is None:  # a key in flight is never evicted; this is a key forgotten by `forget`
+                return
+            bucket.charging = max(0.0, bucket.charging - charge.cost)
+            if owed_again:
+                bucket.owed += charge.cost
+
+    def forget(self, key: str) -> None:
+        """Drops a key's bucket and what it owes: the key starts full."""
+        with self._lock:
+            self._buckets.pop(key, None)
+
+    def _bucket(self, key: str, limit: Limit, now: float, call: Sequence[str]) -> _Bucket:
+        """The key's bucket (moved to the most recently used end), a new full one where there is room, else the
+        limit's overflow bucket."""
+        bucket = self._buckets.get(key)
+        if bucket is not None:
+            self._buckets.move_to_end(key)
+            return bucket
+        if self._make_room(now, call):
+            bucket = self._buckets[key] = _Bucket(limit.burst, now, limit.rate, limit.burst)
+            return bucket
+        shape = (limit.name, limit.rate, limit.burst)
+        overflow = self._overflow.get(shape)
+        if overflow is None:
+            overflow = self._overflow[shape] = _Bucket(limit.burst, now, limit.rate, limit.burst, overflow=True)
+        return overflow
+
+    def _make_room(self, now: float, call: Sequence[str]) -> bool:
+        """Whether a new key fits: the table has room, or one of its least recently used keys (none of `call`'s)
+        is full again and owes nothing, and goes."""
+        if len(self._buckets) < self.capacity:
+            return True
+        for key, bucket in itertools.islice(self._buckets.items(), EVICTION_WINDOW):
+            if key not in call and bucket.free(now):
+                del self._buckets[key]
+                return True
+        return False
+
+
+def _ceil_ms(value: float) -> int:
+    return math.ceil(value - MS_SLACK)
 
 
 def _result(limit: Limit, held: float, fits: bool) -> BucketResult:
-    reset_after_ms = math.ceil((limit.burst - held) / limit.rate * 1000)
+    reset_after_ms = max(0, _ceil_ms((limit.burst - held) / limit.rate * 1000))
     if fits:
         retry_after_ms = 0
     elif limit.cost > limit.burst:
         retry_after_ms = -1
     else:
-        retry_after_ms = math.ceil((limit.cost - held) / limit.rate * 1000)
+        retry_after_ms = max(1, _ceil_ms((limit.cost - held) / limit.rate * 1000))
     return BucketResult(fits, max(0, math.floor(held)), retry_after_ms, reset_after_ms)
 
 

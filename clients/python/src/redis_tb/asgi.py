@@ -16,7 +16,9 @@ from typing import Any
 from . import _decide
 from ._decide import FailMode, LimitsSpec, by_path, client_address
 from ._guard import MAX_IN_FLIGHT
+from ._local import CAPACITY
 from .aio import AsyncTokenBucket
+from .errors import DebtLimitExceeded
 from .headers import Standard
 from .identity import DEFAULT_IPV6_SUBNET
 from .limit import KeyFunction
@@ -46,6 +48,8 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
     - `timeout`: the deadline of a limiter call in seconds (default 1). The middleware caps its Redis client's
       socket timeouts at it and turns the client's retries off: give it a client of its own.
     - `standard`: which header fields to send: `"draft"`, `"legacy"` or `"both"` (docs/headers.md).
+    - `local_capacity`: the keys `fail="local"` keeps in memory per process (default 10,000); beyond them, keys
+      share one overflow bucket per limit.
     """
 
     _probe_task: asyncio.Task[None] | None = None
@@ -93,6 +97,7 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
             return await self._ask(plan)
 
     async def _ask(self, plan: _decide.Plan) -> Acquired | AcquiredEach:
+        await self._charge_back(plan)
         parts = self.parts(plan)
         if len(parts) == 1:
             return await self.limiter._run(plan.call())
@@ -100,6 +105,23 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
         for refund in plan.refunds(parts, replies):
             await self.limiter._run(refund)
         return plan.combined(parts, replies)
+
+    async def _charge_back(self, plan: _decide.Plan) -> None:
+        """Sends what the in-memory buckets of the plan's keys admitted, before the plan's call; a charge-back that
+        fails (or is cancelled at the deadline) fails the call, and it and the ones after it stay owed."""
+        charges = self.charge_backs(plan)
+        sent = 0
+        try:
+            for charge in charges:
+                try:
+                    await self.limiter._run(_decide.charge_call(charge))
+                except DebtLimitExceeded as error:
+                    self.charge_sent(charge, error)
+                else:
+                    self.charge_sent(charge, None)
+                sent += 1
+        finally:
+            self.charges_unsent(charges[sent:])
 
     async def _probe(self) -> None:
         try:
@@ -142,6 +164,7 @@ def limited(
     standard: Standard = "both",
     ipv6_subnet: int = DEFAULT_IPV6_SUBNET,
     timeout: float = 1.0,
+    local_capacity: int = CAPACITY,
 ) -> Callable[[ASGIApp], RateLimitMiddleware]:
     """The middleware as a wrapper: `app = limited(limiter, limits)(app)`."""
 
@@ -156,6 +179,7 @@ def limited(
             standard=standard,
             ipv6_subnet=ipv6_subnet,
             timeout=timeout,
+            local_capacity=local_capacity,
         )
 
     return wrap

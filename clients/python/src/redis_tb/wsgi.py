@@ -14,6 +14,7 @@ from . import _decide
 from ._decide import by_path, client_address
 from ._guard import MAX_IN_FLIGHT
 from .client import TokenBucket
+from .errors import DebtLimitExceeded
 from .replies import Acquired, AcquiredEach
 
 StartResponse = Callable[..., Any]
@@ -65,6 +66,7 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
             self.thread_slots.release()
 
     def _ask_in_slot(self, plan: _decide.Plan) -> Acquired | AcquiredEach:
+        self._charge_back(plan)
         parts = self.parts(plan)
         if len(parts) == 1:
             return self.limiter._run(plan.call())
@@ -72,6 +74,23 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
         for refund in plan.refunds(parts, replies):
             self.limiter._run(refund)
         return plan.combined(parts, replies)
+
+    def _charge_back(self, plan: _decide.Plan) -> None:
+        """Sends what the in-memory buckets of the plan's keys admitted, before the plan's call; a charge-back that
+        fails fails the call, and it and the ones after it stay owed."""
+        charges = self.charge_backs(plan)
+        sent = 0
+        try:
+            for charge in charges:
+                try:
+                    self.limiter._run(_decide.charge_call(charge))
+                except DebtLimitExceeded as error:
+                    self.charge_sent(charge, error)
+                else:
+                    self.charge_sent(charge, None)
+                sent += 1
+        finally:
+            self.charges_unsent(charges[sent:])
 
     def _probe(self) -> None:
         try:
