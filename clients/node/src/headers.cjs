@@ -6,17 +6,43 @@
 // and the older single-limit fields from the limiting bucket (the one that refused, or the one with the fewest
 // tokens left): RateLimit-Limit (its burst), RateLimit-Remaining, RateLimit-Reset (seconds until full).
 // Retry-After (whole seconds, rounded up) only on a refusal that waiting can cure: a cost above a bucket's burst
-// never succeeds, so it has none.
+// never succeeds, so it has none. One mapping with the Python package and tb-rls: docs/headers.md, with the cases
+// in fixtures/headers.json.
+//
+// Every number is an integer from 0 to MAX_INTEGER, the largest RFC 8941 sf-integer (15 digits): a burst of 1e21
+// would print as `1e+21`, a burst / rate that overflows as `Infinity`, the module's saturated remaining with 19
+// digits; each goes out as MAX_INTEGER instead. Names are checked when the limits are (limit.cjs), and again by
+// rateLimitHeaders, which takes them from its caller.
+
+const { checkLimitName } = require("./limit.cjs");
 
 const FORMATS = ["both", "draft", "legacy", "none"];
+const MAX_INTEGER = 999_999_999_999_999;
 
-/** An RFC 8941 sf-string: the policy name in quotes, with `"` and `\` escaped. */
+/** An RFC 8941 sf-string: the policy name (0x20-0x7E only, limit.cjs) in quotes, with `"` and `\` escaped. */
 function sfString(text) {
   return `"${String(text).replace(/[\\"]/g, (c) => `\\${c}`)}"`;
 }
 
+/** `value` rounded by `round`, within 0..MAX_INTEGER (Infinity as MAX_INTEGER, NaN as 0). */
+function integer(value, round) {
+  const number = Number(value);
+  if (!(number > 0)) return 0;
+  if (number >= MAX_INTEGER) return MAX_INTEGER;
+  return Math.min(MAX_INTEGER, round(number));
+}
+
 function seconds(ms) {
-  return Math.ceil(ms / 1000);
+  return integer(Number(ms) / 1000, Math.ceil);
+}
+
+function count(tokens) {
+  return integer(tokens, Math.floor);
+}
+
+/** The seconds a bucket takes to fill from empty, at least 1 (burst / rate may round to 0 or overflow). */
+function fillSeconds(bucket) {
+  return Math.max(1, integer(bucket.burst / bucket.rate, Math.ceil));
 }
 
 /**
@@ -27,6 +53,7 @@ function rateLimitHeaders(decision, standard = "both") {
   if (!FORMATS.includes(standard)) {
     throw new TypeError(`standard must be one of ${FORMATS.join(", ")}, got ${JSON.stringify(standard)}`);
   }
+  decision.buckets.forEach((bucket, index) => checkLimitName(bucket.name, `decision.buckets[${index}].name`));
   return headersFor(decision, standard);
 }
 
@@ -39,16 +66,16 @@ function headersFor(decision, standard) {
   const { buckets } = decision;
   if (standard === "both" || standard === "draft") {
     headers["RateLimit-Policy"] = buckets
-      .map((b) => `${sfString(b.name)};q=${Math.floor(b.burst)};w=${Math.ceil(b.burst / b.rate)}`)
+      .map((b) => `${sfString(b.name)};q=${count(b.burst)};w=${fillSeconds(b)}`)
       .join(", ");
     headers["RateLimit"] = buckets
-      .map((b) => `${sfString(b.name)};r=${Math.max(0, b.remaining)};t=${seconds(b.resetAfterMs)}`)
+      .map((b) => `${sfString(b.name)};r=${count(b.remaining)};t=${seconds(b.resetAfterMs)}`)
       .join(", ");
   }
   if (standard === "both" || standard === "legacy") {
     const limiting = buckets[decision.limitingIndex] ?? buckets[0];
-    headers["RateLimit-Limit"] = String(Math.floor(limiting.burst));
-    headers["RateLimit-Remaining"] = String(Math.max(0, limiting.remaining));
+    headers["RateLimit-Limit"] = String(count(limiting.burst));
+    headers["RateLimit-Remaining"] = String(count(limiting.remaining));
     headers["RateLimit-Reset"] = String(seconds(limiting.resetAfterMs));
   }
   const retryAfterMs = waitMs(decision);
@@ -68,4 +95,4 @@ function waitMs(decision) {
   return longest;
 }
 
-module.exports = { rateLimitHeaders, headersFor, waitMs, FORMATS };
+module.exports = { rateLimitHeaders, headersFor, waitMs, FORMATS, MAX_INTEGER };

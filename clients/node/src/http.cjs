@@ -7,6 +7,7 @@ const { TbClient } = require("./client.cjs");
 const { TbArgumentError, classifyFailure } = require("./errors.cjs");
 const { laneFor } = require("./lane.cjs");
 const { headersFor, waitMs, FORMATS } = require("./headers.cjs");
+const { limitList } = require("./limit.cjs");
 const { LocalBuckets, CAPACITY, checkCapacity } = require("./local.cjs");
 const { SKIP, DEFAULT_IPV6_SUBNET, bucketKey, checkIpv6Subnet, ipIdentity, isAnonymous } = require("./identity.cjs");
 
@@ -30,34 +31,6 @@ function identityOf(result, name) {
   if (result === SKIP || typeof result === "string") return result;
   if (typeof result === "number" || typeof result === "bigint") return String(result);
   throw new TbArgumentError(`the key function of limit ${JSON.stringify(name)} must return a string, nothing or SKIP, got ${typeof result}`);
-}
-
-function limitList(limits) {
-  const list = Array.isArray(limits) ? limits : [limits];
-  if (list.length === 0 || list.some((limit) => limit === null || typeof limit !== "object")) {
-    throw new TbArgumentError("limits must be a limit { name, rate, burst } or a non-empty array of them");
-  }
-  const names = new Set();
-  return list.map((limit, index) => {
-    const name = limit.name ?? (list.length === 1 ? "default" : undefined);
-    if (typeof name !== "string" || name.length === 0) {
-      throw new TbArgumentError(`limits[${index}].name must be a non-empty string (it names the bucket and the policy)`);
-    }
-    if (names.has(name)) throw new TbArgumentError(`limits[${index}].name ${JSON.stringify(name)} is used twice`);
-    names.add(name);
-    for (const field of ["rate", "burst"]) {
-      if (typeof limit[field] !== "number" || !(limit[field] > 0) || !Number.isFinite(limit[field])) {
-        throw new TbArgumentError(`limits[${index}].${field} must be a finite number > 0, got ${limit[field]}`);
-      }
-    }
-    if (limit.key !== undefined && typeof limit.key !== "function") {
-      throw new TbArgumentError(`limits[${index}].key must be a function of the request`);
-    }
-    if (limit.cost !== undefined && (typeof limit.cost !== "number" || !(limit.cost >= 0))) {
-      throw new TbArgumentError(`limits[${index}].cost must be a number >= 0, got ${limit.cost}`);
-    }
-    return { name, rate: limit.rate, burst: limit.burst, cost: limit.cost, key: limit.key };
-  });
 }
 
 /** The Python package's body: { error, limit, retry_after_ms }, the last left out when waiting never helps. */

@@ -95,6 +95,23 @@ for (const backend of [{ name: "module", module: true }, { name: "script", modul
       assert.equal(response.headers.has("retry-after"), false);
       assert.deepEqual(await response.json(), { error: "rate limit exceeded", limit: "heavy" });
     });
+
+    test("limits of extreme numbers are served with every header number within 15 digits", async () => {
+      // A fill time that overflows (rate 1e-300, burst 1e300) printed `w=Infinity`, a burst of 1e21 `q=1e+21`.
+      const extreme = express();
+      const limits = [{ name: "slow", rate: 1e-300, burst: 1e300 }, { name: "huge", rate: 1, burst: 1e21 }];
+      extreme.get("/", rateLimit({ client: new TbClient(conn.redis), prefix: `${freshKey("extreme")}:`, limits, key: () => "all" }), (req, res) => res.send("ok"));
+      const server = http.createServer(extreme);
+      try {
+        const response = await fetch(await listen(server));
+        assert.equal(response.status, 200);
+        const most = "999999999999999";
+        assert.equal(response.headers.get("ratelimit-policy"), `"slow";q=${most};w=${most}, "huge";q=${most};w=${most}`);
+        assert.equal(response.headers.get("ratelimit"), `"slow";r=${most};t=0, "huge";r=${most};t=0`);
+      } finally {
+        await closeServer(server);
+      }
+    });
   });
 }
 

@@ -1,60 +1,64 @@
-// The header formats, from decisions built by hand (no server): every field, rounding, several buckets, the
-// limiting bucket in the older fields, Retry-After only when waiting helps.
+// The header mapping (docs/headers.md) against the fixture the Python suite and tb-rls read too
+// (fixtures/headers.json): exact fields for decisions built by hand (no server), numbers kept within RFC 8941,
+// names the sf-string cannot hold refused when the middleware is built and by rateLimitHeaders.
 import assert from "node:assert/strict";
+import fs from "node:fs";
+import path from "node:path";
 import { test } from "node:test";
 
-import { rateLimitHeaders } from "../src/index.mjs";
+import { rateLimit, rateLimitHeaders, TbArgumentError } from "../src/index.mjs";
+import { MAX_INTEGER } from "../src/headers.cjs";
+import { REPOSITORY } from "./harness.mjs";
 
-const user = { name: "user", rate: 10, burst: 20 };
-const tenant = { name: "tenant", rate: 3, burst: 100 };
+/** A Redis client to build middleware with: never called, since no request is made. */
+const UNUSED_CLIENT = { call() {}, sendCommand() {} };
+const FIXTURE = JSON.parse(fs.readFileSync(path.join(REPOSITORY, "fixtures", "headers.json"), "utf8"));
 
-test("an allowed single-bucket call gets both formats and no Retry-After", () => {
-  const decision = { allowed: true, limitingIndex: 0, buckets: [{ ...user, remaining: 19, retryAfterMs: 0, resetAfterMs: 100 }] };
-  assert.deepEqual(rateLimitHeaders(decision), {
-    "RateLimit-Policy": '"user";q=20;w=2',
-    RateLimit: '"user";r=19;t=1',
-    "RateLimit-Limit": "20",
-    "RateLimit-Remaining": "19",
-    "RateLimit-Reset": "1",
-  });
-});
-
-test("a refusal rounds Retry-After up to whole seconds", () => {
-  const decision = { allowed: false, limitingIndex: 0, buckets: [{ ...user, remaining: 0, retryAfterMs: 1001, resetAfterMs: 2000, fits: false }] };
-  const headers = rateLimitHeaders(decision);
-  assert.equal(headers["Retry-After"], "2");
-  assert.equal(headers.RateLimit, '"user";r=0;t=2');
-});
-
-test("a cost above the burst (retry -1, never) has no Retry-After", () => {
-  const decision = { allowed: false, limitingIndex: 0, buckets: [{ ...user, remaining: 5, retryAfterMs: -1, resetAfterMs: 1500, fits: false }] };
-  assert.equal(rateLimitHeaders(decision)["Retry-After"], undefined);
-});
-
-test("several buckets: one item per bucket; the older fields and Retry-After from the limiting one", () => {
-  const decision = {
-    allowed: false,
-    limitingIndex: 1,
-    buckets: [
-      { ...user, remaining: 7, retryAfterMs: 0, resetAfterMs: 1300, fits: true },
-      { ...tenant, remaining: 0, retryAfterMs: 2500, resetAfterMs: 33_334, fits: false },
-    ],
+function decisionOf(item) {
+  return {
+    allowed: item.allowed,
+    limitingIndex: item.limiting_index,
+    buckets: item.buckets.map((b) => ({
+      name: b.name,
+      rate: b.rate,
+      burst: b.burst,
+      fits: b.fits,
+      remaining: b.remaining,
+      retryAfterMs: b.retry_after_ms,
+      resetAfterMs: b.reset_after_ms,
+    })),
   };
-  assert.deepEqual(rateLimitHeaders(decision), {
-    "RateLimit-Policy": '"user";q=20;w=2, "tenant";q=100;w=34',
-    RateLimit: '"user";r=7;t=2, "tenant";r=0;t=34',
-    "RateLimit-Limit": "100",
-    "RateLimit-Remaining": "0",
-    "RateLimit-Reset": "34",
-    "Retry-After": "3",
-  });
+}
+
+test("fixtures/headers.json: every decision gets exactly the fields listed, in order", () => {
+  assert.equal(MAX_INTEGER, FIXTURE.max_integer);
+  for (const item of FIXTURE.cases) {
+    assert.deepEqual(Object.entries(rateLimitHeaders(decisionOf(item), item.standard)), item.headers, item.about);
+  }
 });
 
-test("formats: draft only, legacy only, none; a quote in a name is escaped", () => {
-  const decision = { allowed: true, limitingIndex: 0, buckets: [{ ...user, name: 'a"b', remaining: 1, retryAfterMs: 0, resetAfterMs: 0 }] };
-  assert.deepEqual(Object.keys(rateLimitHeaders(decision, "draft")), ["RateLimit-Policy", "RateLimit"]);
-  assert.equal(rateLimitHeaders(decision, "draft").RateLimit, '"a\\"b";r=1;t=0');
-  assert.deepEqual(Object.keys(rateLimitHeaders(decision, "legacy")), ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"]);
-  assert.deepEqual(rateLimitHeaders(decision, "none"), {});
-  assert.throws(() => rateLimitHeaders(decision, "ietf"), /standard must be one of both, draft, legacy, none/);
+test("fixtures/headers.json: the standards accepted and refused, by rateLimitHeaders and when the middleware is built", () => {
+  const decision = decisionOf(FIXTURE.cases[0]);
+  for (const standard of FIXTURE.standards.accepted) {
+    rateLimitHeaders(decision, standard);
+    rateLimit({ client: UNUSED_CLIENT, limits: { name: "a", rate: 1, burst: 1 }, standard });
+  }
+  for (const standard of FIXTURE.standards.refused) {
+    assert.throws(() => rateLimitHeaders(decision, standard), /standard must be one of both, draft, legacy, none/, String(standard));
+    assert.throws(() => rateLimit({ client: {}, limits: { name: "a", rate: 1, burst: 1 }, standard }), TbArgumentError, String(standard));
+  }
+});
+
+test("fixtures/headers.json: names an sf-string holds are accepted, the others refused before any request", () => {
+  const decision = (name) => ({ allowed: true, limitingIndex: 0, buckets: [{ name, rate: 1, burst: 1, remaining: 1, retryAfterMs: 0, resetAfterMs: 0 }] });
+  for (const name of FIXTURE.names.accepted) {
+    rateLimit({ client: UNUSED_CLIENT, limits: { name, rate: 1, burst: 1 } });
+    const escaped = name.replace(/[\\"]/g, (c) => `\\${c}`);
+    assert.equal(rateLimitHeaders(decision(name), "draft")["RateLimit-Policy"], `"${escaped}";q=1;w=1`);
+  }
+  const refused = /name must be a non-empty string of the characters 0x20 to 0x7E/;
+  for (const name of [...FIXTURE.names.refused, ...FIXTURE.names.refused_types]) {
+    assert.throws(() => rateLimit({ client: {}, limits: [{ name, rate: 1, burst: 1 }] }), (e) => e instanceof TbArgumentError && refused.test(e.message), JSON.stringify(name));
+    assert.throws(() => rateLimitHeaders(decision(name)), (e) => e instanceof TbArgumentError && refused.test(e.message), JSON.stringify(name));
+  }
 });

@@ -250,3 +250,18 @@ def _accepts(path: str) -> bool:
         except OSError:
             return False
         return True
+
+
+async def test_limits_of_extreme_numbers_answer_with_fifteen_digit_headers(server: Server, key: str) -> None:
+    """A fill time that overflows (rate 1e-300, burst 1e300) and a burst of 1e21 are limits the server takes: the
+    request is answered, with every header number within RFC 8941's 15 digits (docs/headers.md)."""
+    conn = server.async_client()
+    limits = [Limit("slow", rate=1e-300, burst=1e300), Limit("huge", rate=1, burst=1e21)]
+    app = make_app(conn, limits, prefix=f"{key}:")
+    async with client_for(app) as http:
+        response = await http.get("/hello")
+    assert response.status_code == 200
+    most = "999999999999999"
+    assert response.headers["ratelimit-policy"] == f'"slow";q={most};w={most}, "huge";q={most};w={most}'
+    assert response.headers["ratelimit"] == f'"slow";r={most};t=0, "huge";r={most};t=0'
+    await conn.aclose()

@@ -1,76 +1,74 @@
-"""The header mapping of docs/headers.md, field by field."""
+"""The header mapping of docs/headers.md against the fixture the Node suite and tb-rls read too
+(`fixtures/headers.json`): exact fields for decisions and limits, numbers kept within RFC 8941, names the
+sf-string cannot hold refused when the limit is built."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 
-from redis_tb import Limit
-from redis_tb.headers import BucketStatus, rate_limit_headers
+from redis_tb import AsyncTokenBucket, Limit, TokenBucket, asgi, wsgi
+from redis_tb.headers import MAX_INTEGER, STANDARDS, BucketStatus, headers_for, rate_limit_headers
+from redis_tb.replies import Acquired, AcquiredEach, BucketResult
 
+REPOSITORY = Path(__file__).resolve().parents[3]
+FIXTURE: dict[str, Any] = json.loads((REPOSITORY / "fixtures/headers.json").read_text())
 PER_USER = Limit("per-user", rate=10, burst=20)
 PER_TENANT = Limit("tenant", rate=100, burst=1000)
 
 
-def test_one_bucket_both_standards() -> None:
-    headers = rate_limit_headers([BucketStatus(PER_USER, 19, 100)])
-    assert headers == [
-        ("RateLimit-Policy", '"per-user";q=20;w=2'),
-        ("RateLimit", '"per-user";r=19;t=1'),
-        ("RateLimit-Limit", "20"),
-        ("RateLimit-Remaining", "19"),
-        ("RateLimit-Reset", "1"),
-    ]
+def limits_of(case: dict[str, Any]) -> list[Limit]:
+    return [Limit(b["name"], rate=b["rate"], burst=b["burst"]) for b in case["buckets"]]
 
 
-def test_refusal_adds_retry_after_rounded_up() -> None:
-    headers = rate_limit_headers(
-        [BucketStatus(PER_USER, 0, 2001)], allowed=False, retry_after_ms=1001, standard="legacy"
+@pytest.mark.parametrize("case", FIXTURE["cases"], ids=lambda case: case["about"][:60])
+def test_headers_of_each_decision_match_the_fixture(case: dict[str, Any]) -> None:
+    results = tuple(
+        BucketResult(b["fits"], b["remaining"], b["retry_after_ms"], b["reset_after_ms"]) for b in case["buckets"]
     )
-    assert headers == [
-        ("RateLimit-Limit", "20"),
-        ("RateLimit-Remaining", "0"),
-        ("RateLimit-Reset", "3"),
-        ("Retry-After", "2"),
-    ]
+    reply = AcquiredEach(case["allowed"], case["limiting_index"], results)
+    expected = [tuple(pair) for pair in case["headers"]]
+    assert headers_for(limits_of(case), reply, standard=case["standard"]) == expected
+    if len(results) == 1:  # TB.ACQUIRE's reply gives the same fields
+        (only,) = results
+        single = Acquired(case["allowed"], only.remaining, only.retry_after_ms, only.reset_after_ms)
+        assert headers_for(limits_of(case), single, standard=case["standard"]) == expected
 
 
-def test_no_retry_after_when_waiting_never_helps() -> None:
-    headers = rate_limit_headers([BucketStatus(PER_USER, 0, 0)], allowed=False, retry_after_ms=-1, standard="draft")
-    assert [name for name, _ in headers] == ["RateLimit-Policy", "RateLimit"]
+def test_the_bound_of_numbers_is_the_largest_sf_integer() -> None:
+    assert FIXTURE["max_integer"] == MAX_INTEGER == 10**15 - 1
 
 
-def test_several_buckets_one_item_each_legacy_from_the_limiting_one() -> None:
-    statuses = [BucketStatus(PER_USER, 5, 1500), BucketStatus(PER_TENANT, 0, 10_000)]
-    headers = dict(rate_limit_headers(statuses, limiting_index=1, allowed=False, retry_after_ms=10))
-    assert headers["RateLimit-Policy"] == '"per-user";q=20;w=2, "tenant";q=1000;w=10'
-    assert headers["RateLimit"] == '"per-user";r=5;t=2, "tenant";r=0;t=10'
-    assert (headers["RateLimit-Limit"], headers["RateLimit-Remaining"], headers["RateLimit-Reset"]) == (
-        "1000",
-        "0",
-        "10",
-    )
-    assert headers["Retry-After"] == "1"
+def test_the_standards_are_the_fixture_s() -> None:
+    assert sorted(STANDARDS) == sorted(FIXTURE["standards"]["accepted"])
 
 
-def test_names_are_quoted_strings_and_fractions_round() -> None:
-    odd = Limit('a "quoted" \\ name', rate=0.3, burst=2.5)
-    headers = dict(rate_limit_headers([BucketStatus(odd, 2, 1)], standard="draft"))
-    assert headers["RateLimit-Policy"] == '"a \\"quoted\\" \\\\ name";q=2;w=9'
-    assert headers["RateLimit"] == '"a \\"quoted\\" \\\\ name";r=2;t=1'
-
-
-def test_unknown_standard_is_refused() -> None:
+@pytest.mark.parametrize("standard", FIXTURE["standards"]["refused"], ids=repr)
+def test_unknown_standard_is_refused_by_the_function_and_when_the_middleware_is_built(standard: Any) -> None:
     with pytest.raises(ValueError, match="standard"):
-        rate_limit_headers([BucketStatus(PER_USER, 1, 1)], standard="rfc")  # type: ignore[arg-type]
+        rate_limit_headers([BucketStatus(PER_USER, 1, 1)], standard=standard)
+    for middleware in (asgi.RateLimitMiddleware, wsgi.RateLimitMiddleware):
+        limiter = AsyncTokenBucket(AsyncRedis()) if middleware is asgi.RateLimitMiddleware else TokenBucket(Redis())
+        with pytest.raises(ValueError, match="standard"):
+            middleware(None, limiter=limiter, limits=[PER_USER], standard=standard)  # type: ignore[arg-type]
 
 
-def test_limits_are_validated() -> None:
-    with pytest.raises(ValueError):
-        Limit("x", rate=0, burst=1)
-    with pytest.raises(ValueError):
-        Limit("", rate=1, burst=1)
+@pytest.mark.parametrize("name", FIXTURE["names"]["accepted"])
+def test_names_the_sf_string_holds_are_accepted_and_quoted(name: str) -> None:
+    (policy, _) = rate_limit_headers([BucketStatus(Limit(name, rate=1, burst=1), 1, 0)], standard="draft")
+    escaped = name.replace("\\", "\\\\").replace('"', '\\"')
+    assert policy == ("RateLimit-Policy", f'"{escaped}";q=1;w=1')
+
+
+@pytest.mark.parametrize("name", FIXTURE["names"]["refused"] + FIXTURE["names"]["refused_types"], ids=repr)
+def test_names_the_sf_string_cannot_hold_are_refused_at_construction(name: Any) -> None:
+    with pytest.raises(ValueError, match="name must be a non-empty string of the characters 0x20 to 0x7E"):
+        Limit(name, rate=1, burst=1)
 
 
 def test_the_examples_of_docs_headers_md() -> None:
@@ -82,7 +80,7 @@ def test_the_examples_of_docs_headers_md() -> None:
         allowed=False,
         retry_after_ms=100,
     )
-    page = (Path(__file__).resolve().parents[3] / "docs/headers.md").read_text()
+    page = (REPOSITORY / "docs/headers.md").read_text()
     for headers in (allowed, refused):
         block = "\n".join(f"{name}: {value}" for name, value in headers)
         assert f"```\n{block}\n```" in page, block

@@ -19,7 +19,7 @@ from ._guard import MAX_IN_FLIGHT, Guard, configure
 from ._local import CAPACITY, ChargeBack, LocalBuckets, limiting_index
 from .aio import AsyncTokenBucket
 from .client import TokenBucket
-from .headers import Standard, headers_for
+from .headers import STANDARDS, Standard, headers_for
 from .identity import (
     DEFAULT_IPV6_SUBNET,
     SKIP,
@@ -29,19 +29,21 @@ from .identity import (
     tag_of,
     tagged_key,
 )
-from .limit import KeyFunction, Limit
+from .limit import KeyFunction, Limit, check_limits
 from .replies import Acquired, AcquiredEach, BucketResult
 
 FailMode = Literal["local", "open", "closed"]
 logger = logging.getLogger("redis_tb")
 #: The limits of a request: the same for every request, or chosen from the request (by path, say).
-LimitsSpec = Sequence[Limit] | Callable[[Mapping[str, Any]], Sequence[Limit]]
+LimitsSpec = Limit | Sequence[Limit] | Callable[[Mapping[str, Any]], Sequence[Limit]]
 
 
 def by_path(routes: Mapping[str, Sequence[Limit]]) -> Callable[[Mapping[str, Any]], Sequence[Limit]]:
     """Limits by path prefix, longest prefix first: `by_path({"/search": [...], "/": [...]})`. A path no prefix
-    matches is not limited. Works on an ASGI scope (`path`) and a WSGI environ (`PATH_INFO`)."""
-    ordered = sorted(routes.items(), key=lambda item: len(item[0]), reverse=True)
+    matches is not limited, nor one whose limits are empty. Works on an ASGI scope (`path`) and a WSGI environ
+    (`PATH_INFO`). Each route's limits are checked here, as the middleware checks a fixed list."""
+    checked = {prefix: check_limits(limits, allow_empty=True) for prefix, limits in routes.items()}
+    ordered = sorted(checked.items(), key=lambda item: len(item[0]), reverse=True)
 
     def limits_for(request: Mapping[str, Any]) -> Sequence[Limit]:
         path = str(request.get("path", request.get("PATH_INFO", "")))
@@ -118,7 +120,7 @@ def plan(request: Mapping[str, Any], limits: LimitsSpec, key: KeyFunction, prefi
     `<prefix>{<tag>}:<limit name>` (docs/clients.md, "Identity and keys"): the tag is the escaped identity,
     never empty and never a brace, so one identity's buckets share one cluster slot and go in one atomic call.
     A key function's SKIP skips its limit; no identity is limited under the anonymous one (warned once)."""
-    chosen = limits(request) if callable(limits) else limits
+    chosen = limits(request) if callable(limits) else (limits,) if isinstance(limits, Limit) else limits
     applied: list[Limit] = []
     keys: list[str] = []
     tags: list[str] = []
@@ -225,9 +227,11 @@ class Middleware(Generic[App, Limiter]):
             raise ValueError(f"fail must be 'local', 'open' or 'closed', not {fail!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
             raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        if standard not in STANDARDS:
+            raise ValueError(f"standard must be one of {', '.join(STANDARDS)}, not {standard!r}")
         self.app = app
         self.limiter = limiter
-        self.limits = limits
+        self.limits: LimitsSpec = limits if callable(limits) else check_limits(limits)
         self.ipv6_subnet = check_ipv6_subnet(ipv6_subnet)
         self.key: KeyFunction = key if key is not None else self.peer_identity
         self.prefix = check_prefix(prefix)

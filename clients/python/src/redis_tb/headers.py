@@ -7,22 +7,30 @@
 - `standard="legacy"`: the older drafts' `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`, all three
   from the limiting bucket (the one that refused, or the one with the fewest tokens left).
 - `standard="both"` (the default): both sets.
-- `Retry-After` (RFC 9110): on a refusal, `ceil(retry_after_ms / 1000)` whole seconds; left out when the cost
-  exceeds the burst (`retry_after_ms` -1: waiting never helps).
+- `standard="none"`: neither set.
+- `Retry-After` (RFC 9110): on a refusal, `ceil(retry_after_ms / 1000)` whole seconds, whatever the standard; left
+  out when the cost exceeds the burst (`retry_after_ms` -1: waiting never helps).
+
+Every number is an integer from 0 to `MAX_INTEGER`, the largest RFC 8941 sf-integer: a larger one (a burst of
+1e21, a fill time that overflows to infinity, the module's saturated remaining) goes out as `MAX_INTEGER`, so no
+limit and no reply can make a field a client cannot parse, or make this module raise. Names need no check here:
+`Limit` refuses at construction any name the sf-string cannot hold (`fixtures/headers.json` holds the cases).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from .limit import Limit
 from .replies import Acquired, AcquiredAll, AcquiredEach
 
-Standard = Literal["draft", "legacy", "both"]
-STANDARDS: tuple[Standard, ...] = ("draft", "legacy", "both")
+Standard = Literal["draft", "legacy", "both", "none"]
+STANDARDS: tuple[Standard, ...] = ("draft", "legacy", "both", "none")
+#: The largest RFC 8941 sf-integer (15 digits): every number in a field is clamped to 0..MAX_INTEGER.
+MAX_INTEGER = 999_999_999_999_999
 
 
 @dataclass(frozen=True)
@@ -34,18 +42,36 @@ class BucketStatus:
     reset_after_ms: int
 
 
-def _seconds_up(ms: int) -> int:
-    return max(0, math.ceil(ms / 1000))
+def _integer(value: float, rounding: Callable[[float], int]) -> int:
+    """`value` rounded by `rounding`, within 0..MAX_INTEGER (infinity as MAX_INTEGER, NaN as 0): never raises."""
+    if not value > 0:
+        return 0
+    if value >= MAX_INTEGER:
+        return MAX_INTEGER
+    return min(MAX_INTEGER, rounding(value))
+
+
+def _seconds_up(ms: float) -> int:
+    return _integer(ms / 1000, math.ceil)
 
 
 def _sf_string(text: str) -> str:
-    """An RFC 8941 sf-string: quoted, with `\\` and `"` escaped."""
+    """An RFC 8941 sf-string: quoted, with `\\` and `"` escaped (`Limit` admits only 0x20-0x7E in names)."""
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _quota(limit: Limit) -> int:
     """Whole requests the burst allows (the draft's `q` is an integer)."""
-    return math.floor(limit.burst)
+    return _integer(limit.burst, math.floor)
+
+
+def _window(limit: Limit) -> int:
+    """Seconds the bucket takes to fill from empty, at least 1 (burst / rate may round to 0 or overflow)."""
+    return max(1, _integer(limit.burst / limit.rate, math.ceil))
+
+
+def _count(tokens: int) -> int:
+    return _integer(tokens, int)
 
 
 def rate_limit_headers(
@@ -62,19 +88,16 @@ def rate_limit_headers(
         raise ValueError(f"standard must be one of {STANDARDS}, not {standard!r}")
     headers: list[tuple[str, str]] = []
     if buckets and standard in ("draft", "both"):
-        policies = ", ".join(
-            f"{_sf_string(b.limit.name)};q={_quota(b.limit)};w={max(1, math.ceil(b.limit.burst / b.limit.rate))}"
-            for b in buckets
-        )
+        policies = ", ".join(f"{_sf_string(b.limit.name)};q={_quota(b.limit)};w={_window(b.limit)}" for b in buckets)
         current = ", ".join(
-            f"{_sf_string(b.limit.name)};r={b.remaining};t={_seconds_up(b.reset_after_ms)}" for b in buckets
+            f"{_sf_string(b.limit.name)};r={_count(b.remaining)};t={_seconds_up(b.reset_after_ms)}" for b in buckets
         )
         headers += [("RateLimit-Policy", policies), ("RateLimit", current)]
     if buckets and standard in ("legacy", "both"):
         limiting = buckets[limiting_index if 0 <= limiting_index < len(buckets) else 0]
         headers += [
             ("RateLimit-Limit", str(_quota(limiting.limit))),
-            ("RateLimit-Remaining", str(limiting.remaining)),
+            ("RateLimit-Remaining", str(_count(limiting.remaining))),
             ("RateLimit-Reset", str(_seconds_up(limiting.reset_after_ms))),
         ]
     if not allowed and retry_after_ms is not None and retry_after_ms >= 0:
