@@ -15,8 +15,6 @@
 //   `DEL` removes the marker refunds the rest of the bucket. A bucket left with a token or more costs no extra
 //   round trip; an empty one costs that `PTTL`.
 
-const { connect } = require("./connection.cjs");
-
 /** The marker's key: the bucket's, a NUL byte and "blocked" (no limiter's key text holds a NUL, so no bucket's). */
 function markerKey(bucketKey) {
   return `${bucketKey}\u0000blocked`;
@@ -28,10 +26,12 @@ function refillMs(rate, cost) {
 }
 
 class Blocker {
-  /** @param tb the TbClient the buckets live on */
-  constructor(tb) {
-    this.tb = tb;
-    this._connection = connect(tb.redis);
+  /**
+   * @param calls the calls of the drop-in (lane.cjs `callsFor`): its TbClient methods and `send(key, args)`, each
+   *   under its deadline
+   */
+  constructor(calls) {
+    this.tb = calls;
   }
 
   /**
@@ -123,7 +123,7 @@ class Blocker {
   }
 
   _send(key, args) {
-    return this._connection.send(key, args);
+    return this.tb.send(key, args);
   }
 }
 

@@ -12,8 +12,9 @@
 const { TbClient } = require("./client.cjs");
 const { TbArgumentError } = require("./errors.cjs");
 const { checkOptions } = require("./options.cjs");
+const { callsFor, checkTimeout } = require("./lane.cjs");
 
-const OPTIONS = ["client", "prefix", "burst", "rate"];
+const OPTIONS = ["client", "prefix", "burst", "rate", "timeoutMs"];
 const REFUSED = {
   sendCommand: "give the Redis client itself as { client } (an ioredis or node-redis client or cluster)",
   resetExpiryOnChange: "a bucket's expiry is always the time it takes to refill (it moves with every change)",
@@ -51,12 +52,15 @@ class TbStore {
    * @param options.prefix   prepended to the key (default "rl:")
    * @param options.burst    the bucket's capacity (default: express-rate-limit's `limit`, which must then be a number)
    * @param options.rate     tokens per second (default: burst per `windowMs`)
+   * @param options.timeoutMs  the deadline of each call (default 1000), after which it rejects and is never
+   *   charged later, as the middleware's (lane.cjs); 0 leaves the wait to the Redis client
    */
   constructor(options = {}) {
     checkOptions("TbStore", options, OPTIONS, REFUSED);
-    const { client, prefix = "rl:", burst, rate } = options;
+    const { client, prefix = "rl:", burst, rate, timeoutMs = 1000 } = options;
     if (client === undefined) throw new TbArgumentError("TbStore needs { client }: a TbClient or a Redis client");
     this.client = TbClient.from(client);
+    this._calls = callsFor(client, this.client, checkTimeout("TbStore", timeoutMs));
     this.prefix = prefix;
     this.localKeys = false;
     this._burst = burst;
@@ -103,23 +107,23 @@ class TbStore {
     this._ready();
     // A bucket of 0 tokens holds nothing to take: every request is over the limit, as the library means `limit: 0`.
     if (this.burst === 0) return { totalHits: this.limit + 1, resetTime: new Date(Date.now() + this.windowMs) };
-    return this._info(await this.client.acquire(this._key(key), this.rate, this.burst, 1), 1);
+    return this._info(await this._calls.acquire(this._key(key), this.rate, this.burst, 1), 1);
   }
 
   async decrement(key) {
     this._ready();
     if (this.burst === 0) return;
-    await this.client.refund(this._key(key), this.rate, this.burst, 1);
+    await this._calls.refund(this._key(key), this.rate, this.burst, 1);
   }
 
   async resetKey(key) {
-    await this.client.reset(this._key(key));
+    await this._calls.reset(this._key(key));
   }
 
   async get(key) {
     this._ready();
     if (this.burst === 0) return undefined;
-    const reply = await this.client.acquire(this._key(key), this.rate, this.burst, 0);
+    const reply = await this._calls.acquire(this._key(key), this.rate, this.burst, 0);
     // A full bucket is one with no hits left to refill: MemoryStore holds no record for such a key.
     if (reply.resetAfterMs === 0) return undefined;
     return this._info(reply, 0);

@@ -16,6 +16,7 @@ const { TbClient } = require("./client.cjs");
 const { TbArgumentError } = require("./errors.cjs");
 const { Blocker, refillMs } = require("./block.cjs");
 const { checkOptions } = require("./options.cjs");
+const { callsFor, checkTimeout } = require("./lane.cjs");
 
 /** rate-limiter-flexible's result object, field for field (its getters, toJSON, toString and inspect output). */
 class RateLimiterRes {
@@ -92,6 +93,8 @@ const OPTIONS = [
   "inMemoryBlockOnConsumed",
   "inMemoryBlockDuration",
   "rejectIfRedisNotReady",
+  // redis-tb's own: the deadline of each call, never charged after it (lane.cjs).
+  "timeoutMs",
   // Which client API RateLimiterRedis should call; the package finds that out from the client itself.
   "useRedisPackage",
   "useRedis3AndLowerPackage",
@@ -172,6 +175,8 @@ class RateLimiterTB {
    * @param options.duration     seconds to refill `points` tokens (default 1); 0: they never come back
    * @param options.blockDuration seconds to block a key on the refusal that crosses the limit (default 0: no block)
    * @param options.keyPrefix    default "rlflx"; the Redis key is `${keyPrefix}:${key}`
+   * @param options.timeoutMs    the deadline of each call (default 1000), after which it rejects with an Error (or
+   *   the insuranceLimiter answers) and is never charged later, as the middleware's; 0 leaves it to the Redis client
    * The library's other options: see docs/node.md ("differs from rate-limiter-flexible").
    */
   constructor(options = {}) {
@@ -180,6 +185,7 @@ class RateLimiterTB {
     // The client is wrapped on first use, as the library touches its storeClient only when a call needs Redis
     // (so `rejectIfRedisNotReady` can refuse before that, whatever the object is).
     this._storeClient = options.storeClient;
+    this._timeoutMs = checkTimeout("RateLimiterTB", options.timeoutMs ?? 1000);
     this.points = options.points ?? 4;
     this.duration = options.duration ?? 1;
     this.blockDuration = options.blockDuration;
@@ -199,8 +205,14 @@ class RateLimiterTB {
     return this._client;
   }
 
+  /** The client's calls under the deadline rule (lane.cjs). */
+  get _calls() {
+    this._callsOfClient ??= callsFor(this._storeClient, this.client, this._timeoutMs);
+    return this._callsOfClient;
+  }
+
   get _blocker() {
-    this._blockerOfClient ??= new Blocker(this.client);
+    this._blockerOfClient ??= new Blocker(this._calls);
     return this._blockerOfClient;
   }
 
@@ -341,7 +353,7 @@ class RateLimiterTB {
       points = pointsArgument("points", points);
       if (this._points <= 0) return new RateLimiterRes(0, this._windowMs(options), points, false);
       const rate = this._rate(options);
-      const reply = await this._command(key, (rlKey) => this.client.charge(rlKey, rate, this._points, points));
+      const reply = await this._command(key, (rlKey) => this._calls.charge(rlKey, rate, this._points, points));
       return this._res(reply, this._untilFull(reply, options), 0, rate);
     });
   }
@@ -352,7 +364,7 @@ class RateLimiterTB {
       points = pointsArgument("points", points);
       if (this._points <= 0) return new RateLimiterRes(0, this._windowMs(options), 0, false);
       const rate = this._rate(options);
-      const reply = await this._command(key, (rlKey) => this.client.refund(rlKey, rate, this._points, points));
+      const reply = await this._command(key, (rlKey) => this._calls.refund(rlKey, rate, this._points, points));
       return this._res(reply, this._untilFull(reply, options), 0, rate);
     });
   }
@@ -384,7 +396,7 @@ class RateLimiterTB {
       const rlKey = this.getKey(key);
       await this._delete(key);
       if (points <= 0 || this._points <= 0) return new RateLimiterRes(0, seconds > 0 ? seconds * 1000 : -1, points);
-      await this._command(key, () => this.client.charge(rlKey, this.rate, this._points, points));
+      await this._command(key, () => this._calls.charge(rlKey, this.rate, this._points, points));
       if (points <= this._points) return new RateLimiterRes(0, refillMs(this.rate, points), points);
       const waitMs = await this._command(key, () => this._blocker.block(rlKey, this.rate, this._points, 1, seconds * 1000));
       return new RateLimiterRes(0, waitMs, points);
@@ -396,7 +408,7 @@ class RateLimiterTB {
     return this._insured("get", [key, options], async () => {
       if (this._points <= 0) return null;
       const rate = this._rate(options);
-      const reply = await this._command(key, (rlKey) => this.client.acquire(rlKey, rate, this._points, 0));
+      const reply = await this._command(key, (rlKey) => this._calls.acquire(rlKey, rate, this._points, 0));
       if (reply.resetAfterMs === 0) return null;
       return this._res(reply, this._untilFull(reply, options), 0, rate);
     });
@@ -411,7 +423,7 @@ class RateLimiterTB {
     const rlKey = this.getKey(key);
     const existed = await this._command(key, async () => {
       await this._blocker.forget(rlKey);
-      return this.client.reset(rlKey);
+      return this._calls.reset(rlKey);
     });
     this._inMemoryBlockedKeys.delete(rlKey);
     return existed;
@@ -424,7 +436,7 @@ class RateLimiterTB {
     if (inMemoryMs > 0) throw new RateLimiterRes(0, inMemoryMs);
     if (this._points <= 0) throw new RateLimiterRes(0, this._windowMs(options), pointsToConsume, false);
     const rate = this._rate(options);
-    const reply = await this._command(key, () => this.client.acquire(rlKey, rate, this._points, pointsToConsume));
+    const reply = await this._command(key, () => this._calls.acquire(rlKey, rate, this._points, pointsToConsume));
     // As the library's: the refusal that crosses the limit blocks the key, refusals inside the block do not extend
     // it, and after it the key starts afresh (block.cjs). A block set by block() or set() is read with or without
     // blockDuration: one shorter than a point's refill leaves the bucket empty past its end.

@@ -5,7 +5,7 @@
 
 const { TbClient } = require("./client.cjs");
 const { TbArgumentError, classifyFailure } = require("./errors.cjs");
-const { laneFor } = require("./lane.cjs");
+const { callsFor } = require("./lane.cjs");
 const { headersFor, waitMs, FORMATS } = require("./headers.cjs");
 const { limitList } = require("./limit.cjs");
 const { LocalBuckets, CAPACITY, checkCapacity } = require("./local.cjs");
@@ -128,8 +128,7 @@ function createHttpLimiter(options) {
   // A logger of the application also hears of backend switches; by default those stay warnings (emitWarning).
   const tb = TbClient.from(client, options.logger === undefined ? undefined : { logger });
   // Each call under its deadline through the lane (lane.cjs: never charged after it), or as the client sends it.
-  const lane = timeoutMs > 0 && Number.isFinite(timeoutMs) ? laneFor(client, tb, timeoutMs) : undefined;
-  const run = (send) => (lane === undefined ? send(tb) : lane.run(send));
+  const { run } = callsFor(client, tb, timeoutMs);
   const local = fail === "local" ? new LocalBuckets({ capacity: localCapacity, logger }) : undefined;
   const failures = failureLog(logger, fail);
 

@@ -293,4 +293,30 @@ function laneFor(client, tb, timeoutMs) {
   return lane;
 }
 
-module.exports = { laneFor };
+/** The TbClient methods a drop-in calls, each one command (or one round trip) under the deadline. */
+const METHODS = ["acquire", "acquireAll", "acquireEach", "acquireAtMost", "reserve", "refund", "charge", "block", "reset"];
+
+/**
+ * The calls of the middleware or of a drop-in (TbStore, RateLimiterTB, TbThrottlerStorage) through `tb` (the
+ * TbClient over `client`, what the application gave) under the deadline rule: `run(send)` runs `send(tbClient)`
+ * through the lane of `client` and `timeoutMs`, or straight through `tb` when `timeoutMs` is 0; the TbClient
+ * methods of METHODS and `send(key, args)` (a raw command) each run that way. A drop-in's call of several commands
+ * makes each under its own deadline, and the first one missed rejects the call: after it the lane writes nothing.
+ */
+function callsFor(client, tb, timeoutMs) {
+  const lane = timeoutMs > 0 && Number.isFinite(timeoutMs) ? laneFor(client, tb, timeoutMs) : undefined;
+  const run = (send) => (lane === undefined ? send(tb) : lane.run(send));
+  const calls = { run, send: (key, args) => run((through) => through._connection.send(key, args)) };
+  for (const method of METHODS) calls[method] = (...args) => run((through) => through[method](...args));
+  return calls;
+}
+
+/** A drop-in's `timeoutMs` option: a number >= 0 (0: no deadline, as the Redis client waits). */
+function checkTimeout(owner, timeoutMs) {
+  if (typeof timeoutMs !== "number" || !(timeoutMs >= 0)) {
+    throw new TbArgumentError(`${owner}: timeoutMs must be a number >= 0, got ${timeoutMs}`);
+  }
+  return timeoutMs;
+}
+
+module.exports = { laneFor, callsFor, checkTimeout };

@@ -12,18 +12,22 @@ const { TbClient } = require("./client.cjs");
 const { TbArgumentError } = require("./errors.cjs");
 const { Blocker } = require("./block.cjs");
 const { checkOptions } = require("./options.cjs");
+const { callsFor, checkTimeout } = require("./lane.cjs");
 
 class TbThrottlerStorage {
   /**
    * @param options.client  a TbClient, or an ioredis / node-redis client or cluster
    * @param options.prefix  prepended to the guard's key (default "throttler:")
+   * @param options.timeoutMs the deadline of each call (default 1000), after which it rejects and is never charged
+   *   later, as the middleware's (lane.cjs); 0 leaves the wait to the Redis client
    */
   constructor(options = {}) {
-    checkOptions("TbThrottlerStorage", options, ["client", "prefix"]);
-    const { client, prefix = "throttler:" } = options;
+    checkOptions("TbThrottlerStorage", options, ["client", "prefix", "timeoutMs"]);
+    const { client, prefix = "throttler:", timeoutMs = 1000 } = options;
     if (client === undefined) throw new TbArgumentError("TbThrottlerStorage needs { client }: a TbClient or a Redis client");
     this.client = TbClient.from(client);
-    this._blocker = new Blocker(this.client);
+    this._calls = callsFor(client, this.client, checkTimeout("TbThrottlerStorage", timeoutMs));
+    this._blocker = new Blocker(this._calls);
     this.prefix = prefix;
   }
 
@@ -38,7 +42,7 @@ class TbThrottlerStorage {
     }
     const bucket = this.prefix + key;
     const rate = limit / (ttl / 1000);
-    const reply = await this.client.acquire(bucket, rate, limit, 1);
+    const reply = await this._calls.acquire(bucket, rate, limit, 1);
     // As the library's: the refusal that crosses the limit blocks the key, refusals inside the block do not extend
     // it, and after it the key starts afresh (block.cjs).
     if (reply.allowed) {

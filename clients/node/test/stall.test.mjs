@@ -1,14 +1,14 @@
 // A limiter call is never charged after its deadline (docs/clients.md, "Deadlines"): Redis stalled with SIGSTOP,
 // 30 requests answered by the fail mode, then SIGCONT. Only the call already on the socket when Redis stopped
 // may take its cost when it resumes; the 29 made during the stall are never sent, and fail at once instead of
-// each waiting for the deadline.
+// each waiting for the deadline. The drop-ins (TbStore, RateLimiterTB, TbThrottlerStorage) keep the same rule.
 import assert from "node:assert/strict";
 import http from "node:http";
 import { describe, test } from "node:test";
 
 import express from "express";
 
-import { rateLimit } from "../src/index.mjs";
+import { RateLimiterTB, TbStore, TbThrottlerStorage, TbUnavailableError, rateLimit } from "../src/index.mjs";
 import { CLIENT_KINDS, connect } from "./clients.mjs";
 import { Server, freshKey, rawCommand, waitUntil } from "./harness.mjs";
 import { closeServer, listen } from "./http-helpers.mjs";
@@ -101,4 +101,74 @@ describe("a Redis stall (SIGSTOP) is never charged later", () => {
       await server.stop();
     }
   });
+});
+
+/**
+ * The drop-ins, each as its library calls it: `take(key)` takes one token (rejecting when Redis fails) and
+ * `bucket(key)` is the Redis key of its bucket, burst 20 refilling a token every 1000 s.
+ */
+const DROP_INS = {
+  TbStore: (redis, timeoutMs, prefix) => {
+    const store = new TbStore({ client: redis, prefix, timeoutMs });
+    store.init({ limit: 20, windowMs: 20_000_000 });
+    return { take: (key) => store.increment(key), bucket: (key) => `${prefix}${key}` };
+  },
+  RateLimiterTB: (redis, timeoutMs, prefix) => {
+    const limiter = new RateLimiterTB({ storeClient: redis, keyPrefix: prefix, points: 20, duration: 20_000, timeoutMs });
+    return { take: (key) => limiter.consume(key), bucket: (key) => `${prefix}:${key}` };
+  },
+  TbThrottlerStorage: (redis, timeoutMs, prefix) => {
+    const storage = new TbThrottlerStorage({ client: redis, prefix, timeoutMs });
+    return { take: (key) => storage.increment(key, 20_000_000, 20, 0, "default"), bucket: (key) => `${prefix}${key}` };
+  },
+};
+
+describe("a drop-in's call that missed its deadline is never charged later", () => {
+  test("a drop-in's timeoutMs is checked when it is built", () => {
+    const client = { call() {}, sendCommand() {} };
+    for (const timeoutMs of [-1, "300"]) {
+      assert.throws(() => new TbStore({ client, timeoutMs }), /TbStore: timeoutMs must be a number >= 0/);
+      assert.throws(() => new RateLimiterTB({ storeClient: client, timeoutMs }), /RateLimiterTB: timeoutMs must be a number >= 0/);
+      assert.throws(() => new TbThrottlerStorage({ client, timeoutMs }), /TbThrottlerStorage: timeoutMs must be a number >= 0/);
+    }
+  });
+
+  for (const [name, make] of Object.entries(DROP_INS)) {
+    for (const kind of CLIENT_KINDS) {
+      test(`${name}, ${kind}: 10 calls during a stall (SIGSTOP) answer within the deadline and take at most the one in flight`, async () => {
+        const server = await Server.start();
+        const conn = await connect(kind, server);
+        const dropIn = make(conn.redis, TIMEOUT_MS, `${freshKey("dropin")}:`);
+        let stopped = false;
+        try {
+          await dropIn.take("stalled");
+          server.child.kill("SIGSTOP");
+          stopped = true;
+          const outcomes = [];
+          for (let i = 0; i < 10; i++) {
+            const started = performance.now();
+            // The test's own limit, well past the deadline: a call the Redis client queues would wait for SIGCONT.
+            let timer;
+            const late = new Promise((resolve) => (timer = setTimeout(() => resolve("no answer"), TIMEOUT_MS + 1500)));
+            const answer = dropIn.take("stalled").then(() => "granted", (error) => error);
+            outcomes.push({ answer: await Promise.race([answer, late]), ms: performance.now() - started });
+            clearTimeout(timer);
+          }
+          const late = outcomes.filter((outcome) => !(outcome.answer instanceof TbUnavailableError));
+          assert.deepEqual(late, [], "every call rejects with TbUnavailableError within its deadline");
+          server.child.kill("SIGCONT");
+          stopped = false;
+          await waitUntil(async () => (await rawCommand(server.port, "PING")).startsWith("+PONG"), 5000, "Redis back");
+          await waitUntil(() => dropIn.take("stalled").then(() => true, () => false), 5000, "the drop-in back");
+          const tokens = Number((await rawCommand(server.port, `HGET ${dropIn.bucket("stalled")} tokens`)).split("\r\n")[1]);
+          // 20 - the first call - the call in flight when Redis stopped - the call that found it back.
+          assert.ok(tokens >= 17, `${tokens} tokens left: calls made during the stall were charged when Redis resumed`);
+        } finally {
+          if (stopped) server.child.kill("SIGCONT");
+          await conn.close();
+          await server.stop();
+        }
+      });
+    }
+  }
 });

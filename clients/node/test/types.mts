@@ -49,12 +49,12 @@ app.use(
     key: (req: express.Request) => (req.path === "/health" ? SKIP : ipIdentity(req.ip, { ipv6Subnet: 64 })),
   }),
 );
-app.use(expressRateLimit({ limit: 20, windowMs: 2000, store: new TbStore({ client: tb }) }));
+app.use(expressRateLimit({ limit: 20, windowMs: 2000, store: new TbStore({ client: tb, timeoutMs: 300 }) }));
 
 const fastify = Fastify();
 await fastify.register(fastifyRateLimit, { client: tb, limits: { rate: 10, burst: 20 } });
 
-const limiter = new RateLimiterTB({ storeClient: new Redis(), points: 5, duration: 1, keyPrefix: "login" });
+const limiter = new RateLimiterTB({ storeClient: new Redis(), points: 5, duration: 1, keyPrefix: "login", timeoutMs: 300 });
 limiter.consume("ip").then(
   (res: RateLimiterRes) => res.remainingPoints,
   (rejection: RateLimiterRes | Error) => (rejection instanceof Error ? 0 : rejection.msBeforeNext),
@@ -72,7 +72,7 @@ insured.points = 10;
 await insured.set("ip", "3", 60);
 await insured.consume("ip", 2, { customDuration: 30 }).catch(() => insured.deleteInMemoryBlockedAll());
 await new TbStore({ client: tb, prefix: "rl:" }).resetAll();
-const record = await new TbThrottlerStorage({ client: tb }).increment("key", 60_000, 10, 60_000, "default");
+const record = await new TbThrottlerStorage({ client: tb, timeoutMs: 300 }).increment("key", 60_000, 10, 60_000, "default");
 const blocked: boolean = record.isBlocked;
 const headers: Record<string, string> = rateLimitHeaders({
   allowed: true,

@@ -260,6 +260,8 @@ export interface TbStoreOptions {
   burst?: number;
   /** Tokens per second (default: burst per `windowMs`). */
   rate?: number;
+  /** The deadline of each call in ms (default 1000): it then rejects, and is never charged later; 0: none. */
+  timeoutMs?: number;
 }
 
 export interface ClientRateLimitInfo {
@@ -324,6 +326,8 @@ export interface RateLimiterTBOptions {
   /** Accepted for RateLimiterRedis's sake: the client's kind is found from the client itself. */
   useRedisPackage?: boolean;
   useRedis3AndLowerPackage?: boolean;
+  /** The deadline of each call in ms (default 1000): it then rejects (or the insuranceLimiter answers), and is never charged later; 0: none. */
+  timeoutMs?: number;
 }
 
 /** The methods rate-limiter-flexible's limiters share (what an insuranceLimiter needs). */
@@ -384,7 +388,8 @@ export interface ThrottlerStorageRecord {
 
 /** A @nestjs/throttler ThrottlerStorage backed by a token bucket of `limit` tokens refilling `limit` per `ttl`. */
 export class TbThrottlerStorage {
-  constructor(options: { client: TbClient | RedisLike; prefix?: string });
+  /** `timeoutMs`: the deadline of each call in ms (default 1000), never charged after it; 0: none. */
+  constructor(options: { client: TbClient | RedisLike; prefix?: string; timeoutMs?: number });
   readonly client: TbClient;
   prefix: string;
   increment(key: string, ttl: number, limit: number, blockDuration: number, throttlerName: string): Promise<ThrottlerStorageRecord>;
