@@ -79,6 +79,7 @@ function ipIdentity(address, { ipv6Subnet = DEFAULT_IPV6_SUBNET } = {}) {
   const zone = address.indexOf("%");
   const bare = zone >= 0 ? address.slice(0, zone) : address;
   const family = net.isIP(bare);
+  // A zone id belongs to IPv6 text only (RFC 4007): `1.2.3.4%eth0` is not an address.
   if (family === 4) return zone >= 0 ? undefined : bare;
   if (family !== 6) return undefined;
   const groups = ipv6Groups(bare.toLowerCase());
@@ -92,10 +93,30 @@ function ipIdentity(address, { ipv6Subnet = DEFAULT_IPV6_SUBNET } = {}) {
   return `${ipv6Text(network)}/${ipv6Subnet}`;
 }
 
-/** The hash tag of an identity: bytes 0x21..0x7E kept except `%` `{` `}`, every other byte as `%XX`. */
+/**
+ * The WTF-8 bytes of a string: UTF-8, except that a lone surrogate (which Buffer.from would turn into U+FFFD, so
+ * that "\ud800", "\udfff" and "\ufffd" shared a bucket) is written as the three bytes its code unit would take
+ * (ED A0 80 for U+D800), as the Python package writes it. One string, one byte sequence, and back.
+ */
+function wtf8(identity) {
+  if (identity.isWellFormed()) return Buffer.from(identity, "utf8");
+  const parts = [];
+  for (const char of identity) {
+    // Iterating by code point: a pair comes as one character, a lone surrogate alone.
+    const unit = char.charCodeAt(0);
+    if (char.length === 1 && unit >= 0xd800 && unit <= 0xdfff) {
+      parts.push(Buffer.from([0xe0 | (unit >> 12), 0x80 | ((unit >> 6) & 0x3f), 0x80 | (unit & 0x3f)]));
+    } else {
+      parts.push(Buffer.from(char, "utf8"));
+    }
+  }
+  return Buffer.concat(parts);
+}
+
+/** The hash tag of an identity: of its WTF-8 bytes, 0x21..0x7E kept except `%` `{` `}`, every other byte as `%XX`. */
 function escapeIdentity(identity) {
   let out = "";
-  for (const byte of Buffer.from(identity, "utf8")) {
+  for (const byte of wtf8(identity)) {
     const kept = byte >= 0x21 && byte <= 0x7e && byte !== 0x25 && byte !== 0x7b && byte !== 0x7d;
     out += kept ? String.fromCharCode(byte) : `%${byte.toString(16).toUpperCase().padStart(2, "0")}`;
   }

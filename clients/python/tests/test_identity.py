@@ -55,3 +55,11 @@ def test_prefix_with_an_empty_hash_tag_is_refused() -> None:
     with pytest.raises(ValueError, match="prefix"):
         check_prefix("app{}:")
     assert check_prefix("{app}:") == "{app}:"
+
+
+def test_a_surrogate_pair_held_as_two_code_points_is_the_character_it_encodes() -> None:
+    """JSON and JavaScript cannot tell them apart, so the key does not either; lone surrogates stay apart."""
+    two_code_points = b"\xed\xa0\xbd\xed\xb8\x80".decode("utf-8", "surrogatepass")
+    assert len(two_code_points) == 2
+    assert escape(two_code_points) == escape("\U0001f600") == "%F0%9F%98%80"
+    assert len({escape("\ud800"), escape("\udfff"), escape("\ufffd"), escape("\udc00\ud800")}) == 4

@@ -52,7 +52,7 @@ def check_ipv6_subnet(ipv6_subnet: object) -> int:
 def ip_identity(address: str | None, ipv6_subnet: int = DEFAULT_IPV6_SUBNET) -> str | None:
     """The identity of a peer address: `127.0.0.1` as is; `::ffff:127.0.0.1` as `127.0.0.1`; any other IPv6
     address as its /`ipv6_subnet` network (`2001:db8:1:2ff::1` -> `2001:db8:1:200::/56`), zone id dropped.
-    None for no address or for text that is not an IP address (a Unix socket path)."""
+    None for no address or for text that is not an IP address (a Unix socket path, IPv4 with a zone id)."""
     subnet = check_ipv6_subnet(ipv6_subnet)
     if not address:
         return None
@@ -61,23 +61,37 @@ def ip_identity(address: str | None, ipv6_subnet: int = DEFAULT_IPV6_SUBNET) -> 
 
 @functools.lru_cache(maxsize=4096)  # the same clients come again and again: parse each once
 def _identity_of(address: str, subnet: int) -> str | None:
+    bare, zone, _ = address.partition("%")
     try:
-        parsed = ipaddress.ip_address(address.split("%", 1)[0])
+        parsed = ipaddress.ip_address(bare)
     except ValueError:
         return None
     if isinstance(parsed, ipaddress.IPv4Address):
-        return str(parsed)
+        # A zone id belongs to IPv6 text only (RFC 4007): `1.2.3.4%eth0` is not an address.
+        return None if zone else str(parsed)
     if parsed.ipv4_mapped is not None:
         return str(parsed.ipv4_mapped)
     return str(ipaddress.IPv6Network((parsed, subnet), strict=False))
 
 
 def escape(identity: str) -> str:
-    """The hash tag of an identity: its UTF-8 bytes, with `%`, `{`, `}`, and every byte outside `!`..`~` written
+    """The hash tag of an identity: its WTF-8 bytes, with `%`, `{`, `}`, and every byte outside `!`..`~` written
     as `%XX` (uppercase hex). Injective, never empty for a non-empty identity, never holds a brace."""
     if _PLAIN.fullmatch(identity):
         return identity
-    return "".join(chr(byte) if byte in _KEPT else f"%{byte:02X}" for byte in identity.encode("utf-8", "surrogatepass"))
+    return "".join(chr(byte) if byte in _KEPT else f"%{byte:02X}" for byte in _wtf8(identity))
+
+
+def _wtf8(identity: str) -> bytes:
+    """UTF-8, except that a lone surrogate (which UTF-8 cannot hold) is written as the three bytes its code point
+    would take (`\\ud800` -> ED A0 80): WTF-8, the bytes Node's package takes from the same UTF-16 text. A high and
+    a low surrogate next to each other are the character they encode, as in JavaScript."""
+    try:
+        return identity.encode("utf-8")
+    except UnicodeEncodeError:
+        # Through UTF-16 and back: pairs become their character, lone surrogates stay, then are written as such.
+        units = identity.encode("utf-16-le", "surrogatepass")
+        return units.decode("utf-16-le", "surrogatepass").encode("utf-8", "surrogatepass")
 
 
 def tag_of(identity: str | None) -> str:
