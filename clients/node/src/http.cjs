@@ -8,6 +8,7 @@ const { TbArgumentError, classifyFailure } = require("./errors.cjs");
 const { callsFor } = require("./lane.cjs");
 const { headersFor, waitMs, FORMATS } = require("./headers.cjs");
 const { limitList } = require("./limit.cjs");
+const { acquireEachBySlot } = require("./slots.cjs");
 const { LocalBuckets, CAPACITY, checkCapacity } = require("./local.cjs");
 const { SKIP, DEFAULT_IPV6_SUBNET, bucketKey, checkIpv6Subnet, ipIdentity, isAnonymous } = require("./identity.cjs");
 
@@ -148,14 +149,17 @@ function createHttpLimiter(options) {
     return buckets;
   }
 
-  /** One call to Redis for `buckets` through `redis`: TB.ACQUIRE for one, TB.ACQUIREEACH for several. */
+  /**
+   * One call to Redis for `buckets` through `redis`: TB.ACQUIRE for one, TB.ACQUIREEACH for several (on a Cluster,
+   * one per slot, slots.cjs).
+   */
   async function decide(redis, buckets) {
     if (buckets.length === 1) {
       const [bucket] = buckets;
       const reply = await redis.acquire(bucket.key, bucket.rate, bucket.burst, bucket.cost);
       return { allowed: reply.allowed, limitingIndex: 0, buckets: [{ ...bucket, ...reply, key: bucket.key, fits: reply.allowed }] };
     }
-    const reply = await redis.acquireEach(buckets);
+    const reply = await acquireEachBySlot(redis, buckets);
     return {
       allowed: reply.allowed,
       limitingIndex: reply.limitingIndex,

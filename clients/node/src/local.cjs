@@ -217,4 +217,4 @@ function wait(report) {
   return report.retryAfterMs < 0 ? Infinity : report.retryAfterMs;
 }
 
-module.exports = { LocalBuckets, CAPACITY, checkCapacity };
+module.exports = { LocalBuckets, CAPACITY, checkCapacity, limiting };

@@ -66,6 +66,35 @@ for (const backend of [{ name: "module", module: true }, { name: WITHOUT_MODULE,
         }
       });
 
+      test(`${kind}: limits of two identities (two slots) go in one call per slot, refunded when one refuses`, async () => {
+        const conn = await connectCluster(kind, cluster);
+        const errors = [];
+        const app = express();
+        const prefix = `${freshKey("parts")}:`;
+        const userKey = `${prefix}{u1}:user`;
+        assert.notEqual(keySlot(userKey), keySlot(`${prefix}{acme}:tenant`), "the two buckets are in two slots");
+        const limits = [{ name: "user", rate: 0.001, burst: 5 }, { name: "tenant", rate: 0.001, burst: 2, key: () => "acme" }];
+        app.use(rateLimit({ client: conn.redis, prefix, limits, fail: "closed", key: () => "u1", onError: (error) => errors.push(error) }));
+        app.get("/", (req, res) => res.send("ok"));
+        const server = http.createServer(app);
+        const base = await listen(server);
+        try {
+          const responses = [];
+          for (let i = 0; i < 3; i++) responses.push(await fetch(base));
+          assert.deepEqual(responses.map((response) => response.status), [200, 200, 429]);
+          const refused = responses[2];
+          assert.equal((await refused.json()).limit, "tenant");
+          assert.equal(refused.headers.get("ratelimit-policy"), '"user";q=5;w=5000, "tenant";q=2;w=2000');
+          assert.match(refused.headers.get("ratelimit"), /^"user";r=2;t=\d+, "tenant";r=0;t=\d+$/);
+          assert.deepEqual(errors, []);
+          // The refused request took nothing: what its user bucket gave was given back (a refund of 0 reads it).
+          assert.equal((await new TbClient(conn.redis).refund(userKey, 0.001, 5, 0)).remaining, 3);
+        } finally {
+          await closeServer(server);
+          await conn.close();
+        }
+      });
+
       test(`${kind}: several limits for identities like {}, }x, }{ or none stay in one slot (no CROSSSLOT)`, async () => {
         const conn = await connectCluster(kind, cluster);
         const errors = [];
