@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio
-from conftest import Server
+from conftest import Server, free_port
 from fastapi import FastAPI
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -264,4 +264,20 @@ async def test_limits_of_extreme_numbers_answer_with_fifteen_digit_headers(serve
     most = "999999999999999"
     assert response.headers["ratelimit-policy"] == f'"slow";q={most};w={most}, "huge";q={most};w={most}'
     assert response.headers["ratelimit"] == f'"slow";r={most};t=0, "huge";r={most};t=0'
+    await conn.aclose()
+
+
+async def test_the_local_fallback_answers_limits_whose_waits_overflow(key: str) -> None:
+    """Redis unreachable, fail="local": a bucket that takes longer than a double can count to refill (rate 1e-300,
+    burst 1e10) is answered from memory like any other, its waits saturated, never an OverflowError."""
+    conn = redis.asyncio.Redis(port=free_port(), socket_connect_timeout=0.5, socket_timeout=0.5, retry=NO_RETRY)
+    app = make_app(conn, [Limit("drained", rate=1e-300, burst=1e10, cost=1e10)], prefix=f"{key}:")
+    most = "999999999999999"
+    async with client_for(app) as http:
+        allowed = await http.get("/hello")
+        refused = await http.get("/hello")
+    assert allowed.status_code == 200
+    assert allowed.headers["ratelimit"] == f'"drained";r=0;t={most}'
+    assert refused.status_code == 429
+    assert refused.headers["retry-after"] == most
     await conn.aclose()

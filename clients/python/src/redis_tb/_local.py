@@ -37,6 +37,8 @@ CAPACITY = 10_000
 EVICTION_WINDOW = 16
 #: Milliseconds this close above a whole number are that number (the refill is computed in doubles).
 MS_SLACK = 1e-6
+#: Where the module's waits saturate (i64::MAX milliseconds).
+MAX_MS = 2**63 - 1
 
 
 @dataclass
@@ -195,7 +197,8 @@ class LocalBuckets:
 
 
 def _ceil_ms(value: float) -> int:
-    return math.ceil(value - MS_SLACK)
+    """Rounded up, saturating as the module does at 2^63 - 1 (a wait beyond a double, rate 1e-300, is infinite)."""
+    return math.ceil(value - MS_SLACK) if value < MAX_MS else MAX_MS
 
 
 def _result(limit: Limit, held: float, fits: bool) -> BucketResult:
