@@ -30,8 +30,16 @@ CALLING IT
            runs backwards: a reading earlier than the bucket's last one counts as that one (no refill, the stored
            `ts` kept), so callers whose clocks differ by up to `skew` are held to burst + rate * (t + skew). (On
            the server's clock a step back rebases the bucket instead, as the module does: see below.) The expiry is
-           then set relative to the server's clock (PEXPIRE), so a caller's clock that is off cannot make a bucket
-           vanish.
+           then set relative to the server's clock (PEXPIRE, the window counted from the bucket's time, which the
+           call never puts behind its reading), so a caller's clock that is off cannot make a bucket vanish.
+           The caller's clock is checked against the server's where a key already has an expiry (Redis 7.0+,
+           Valkey): PEXPIRETIME minus PTTL is the server's millisecond, read without TIME. Then a reading more than
+           10 s ahead of it counts as 10 s ahead, and a stored `ts` beyond that (written by a new bucket's first
+           reading, before any expiry could tell the server's clock, or before the server's clock stepped back) is
+           rebased as on the server's clock: tokens kept, time from this reading on. So a caller whose clock is a
+           day ahead holds the bucket's time at most 10 s past the server's, and others' waits (retry_after_ms)
+           by at most those 10 s. Redis 6.2 has no PEXPIRETIME: there a reading is taken as it is, and a bucket
+           whose time ran ahead stands still until its key expires (its refill time and slack, server time).
   ARGV     (EVAL form only) the command it emulates, case-insensitive: TB.ACQUIRE, TB.ACQUIREALL, TB.ACQUIREEACH,
            TB.ACQUIREATMOST, TB.RESERVE, TB.REFUND, TB.CHARGE or TB.BLOCK; the function form names it instead
   then     that command's arguments in their order, without its keys:
@@ -69,7 +77,8 @@ WHERE IT DIFFERS FROM THE MODULE
     (Redis refuses the script's first write), and a partial TB.REFUND is refused too, where the module performs it
     (a refund that fills the bucket deletes the key and succeeds in both).
   - On the caller's clock (`@<µs>`), a reading earlier than a bucket's last one leaves the bucket's time where it
-    is (see CALLING IT); the module, on its server's clock, rebases the bucket to the earlier reading.
+    is, and a reading more than 10 s past the server's clock counts as 10 s past (see CALLING IT); the module, on
+    its server's clock, rebases the bucket to an earlier reading.
   - Redis 6.2 has no PEXPIRETIME: there the current expiry is read as TIME + PTTL, which may read a millisecond
     low, so an expiry may be kept up to 1 ms past the window's end (never before its start). On the caller's
     clock the expiry is read and set relative to the server's clock (PTTL, PEXPIRE) on every server, with the
@@ -121,6 +130,9 @@ local MIN_EXPIRY_SLACK_MS = 1000
 local MAX_EXPIRY_SLACK_MS = 86400000
 local MAX_BUCKETS = 1000
 local MAX_AT_MOST = 9007199254740992
+-- How far past the server's millisecond (as the keys' expiries tell it) the caller's clock may read: 10 s, to the
+-- last µs of that millisecond (the hot path's `now_us` spells it as a literal).
+local CALLER_LEAD_LIMIT_US = 10000999
 -- i64::MAX and i64::MIN as the module saturates to them; 2^63 is the double nearest to i64::MAX.
 local I64_MAX = 9223372036854775808
 local I64_MIN = -9223372036854775808
@@ -301,11 +313,29 @@ local function read_bucket(key)
   return tokens, ts
 end
 
--- The server's clock for the call under way, and its text ('%d' of it), read once per call.
+-- The server's clock for the call under way, and its text ('%d' of it), read once per call. On the caller's clock
+-- it is what the keys' expiries tell of the server's clock (µs at the start of its millisecond, no text), or nil.
 local server_now_us, server_now_text
 
-local function now_us()
-  if caller_now_us then return caller_now_us end
+-- The clock of the call under way, read once per call after its keys have been read. On the caller's clock, the
+-- server's own clock is read where a key has an expiry: PEXPIRETIME (absolute) minus PTTL (relative) is the server's
+-- millisecond, without TIME. A reading more than 10 s ahead of it counts as 10 s ahead (the last µs of the
+-- millisecond 10 s after the server's); see CALLING IT in the header, and `holds_time` for a stored time beyond.
+-- Redis 6.2 has no PEXPIRETIME: there the reading is taken as it is.
+local function now_us(keys)
+  if caller_now_us then
+    if server_now_us == nil and redis.REDIS_VERSION_NUM then
+      for i = 1, #keys do
+        local at_ms = redis.call('PEXPIRETIME', keys[i])
+        if at_ms > 0 then
+          server_now_us = (at_ms - redis.call('PTTL', keys[i])) * 1000
+          if caller_now_us > server_now_us + 10000999 then caller_now_us = server_now_us + 10000999 end
+          break
+        end
+      end
+    end
+    return caller_now_us
+  end
   if server_now_us then return server_now_us end
   local time = redis.call('TIME')
   local micros = time[2]
@@ -444,7 +474,7 @@ local function acquire_command(keys, argv, first)
   if n == 3 then cost = parse_non_negative(argv[first + 2], ERR_COST) end
   local key = keys[1]
   local tokens, ts = read_bucket(key)
-  local now = now_us()
+  local now = now_us(keys)
   local after, full_at = take(tokens, ts, now, rate, burst, cost)
   if after == nil then
     if not acquire_general then need_general() end
@@ -590,13 +620,21 @@ general = function()
     return target / p.rate - tokens / p.rate
   end
 
+  -- Whether a reading earlier than the stored ts leaves the bucket's time where it is: on the caller's clock, unless
+  -- the stored ts lies more than CALLER_LEAD_LIMIT_US past the server's clock read from the keys' expiries (it was
+  -- written where no expiry told the server's clock, as a new bucket, or before the server's clock stepped back).
+  local function holds_time(stored_ts)
+    return caller_now_us ~= nil and not (server_now_us and stored_ts > server_now_us + CALLER_LEAD_LIMIT_US)
+  end
+
   -- A clock that reads earlier than the stored ts (stepped back, or a promoted replica behind): the bucket keeps its
-  -- tokens, capped at burst, and refills from now on. On the caller's clock the bucket's time stands still instead:
-  -- callers whose clocks differ take turns, and a rebase on each turn would refill the difference every time.
+  -- tokens, capped at burst, and refills from now on. On the caller's clock the bucket's time stands still instead
+  -- (holds_time): callers whose clocks differ take turns, and a rebase on each turn would refill the difference
+  -- every time.
   local function refilled(stored, now_us, p)
     if stored then
       if now_us < stored.ts then
-        return { tokens = math.min(stored.tokens, p.burst), ts = caller_now_us and stored.ts or now_us }
+        return { tokens = math.min(stored.tokens, p.burst), ts = holds_time(stored.ts) and stored.ts or now_us }
       end
       return { tokens = tokens_at(stored, now_us, p), ts = now_us }
     end
@@ -644,8 +682,9 @@ general = function()
     return wait_ms
   end
 
+  -- The cap counts from the bucket's time: on the caller's clock a reading may be earlier than the ts kept.
   local function write_expiring(state, full_at, now_us, p)
-    local cap_ms = sat_add(floor_div(now_us, MICROS_PER_MS), MAX_TTL_MS)
+    local cap_ms = sat_add(floor_div(math.max(now_us, state.ts), MICROS_PER_MS), MAX_TTL_MS)
     return {
       state = state,
       expire_at_ms = math.min(ceil_div(full_at, MICROS_PER_MS), cap_ms),
@@ -656,7 +695,7 @@ general = function()
   -- The write a call that would write nothing makes when the clock reads earlier than the stored ts: the bucket as
   -- `refilled` rebases it, so that the refill accumulates from now. Once per bucket per step; none for a full one.
   local function rebased_write(stored, now_us, p)
-    if caller_now_us or not stored or now_us >= stored.ts then return nil end
+    if not stored or now_us >= stored.ts or holds_time(stored.ts) then return nil end
     local rebased = refilled(stored, now_us, p)
     if rebased.tokens >= p.burst then return nil end
     return write_expiring(rebased, full_at_us(rebased, p), now_us, p)
@@ -1012,7 +1051,7 @@ general = function()
       local o = 7 * i - 7
       many[o + 4], many[o + 5] = read_bucket(keys[i])
     end
-    local now = now_us()
+    local now = now_us(keys)
     for i = 1, n do
       local o = 7 * i - 7
       local after, full_at = take(many[o + 4], many[o + 5], now, many[o + 1], many[o + 2], many[o + 3])
@@ -1110,7 +1149,7 @@ general = function()
     local p = parse_params(args[1], args[2])
     local max = parse_ranged_integer(args[3], 1, MAX_AT_MOST, ERR_AT_MOST)
     local stored = read_state(keys[1])
-    local now = now_us()
+    local now = now_us(keys)
     local partial = acquire_at_most(stored, now, p, max)
     if partial.write then write_state(keys[1], partial.write, stored ~= nil, now) end
     return { int(partial.granted), int(partial.remaining), int(partial.retry_after_ms), int(partial.reset_after_ms) }
@@ -1122,7 +1161,7 @@ general = function()
     local cost = parse_non_negative(args[3], ERR_COST)
     local max_wait = parse_ranged_integer(args[4], 0, MAX_WAIT_LIMIT_MS, ERR_MAX_WAIT)
     local stored = read_state(keys[1])
-    local now = now_us()
+    local now = now_us(keys)
     local r = reserve(stored, now, p, cost, max_wait)
     if r.write then write_state(keys[1], r.write, stored ~= nil, now) end
     return { r.outcome == ALLOWED and 1 or 0, int(r.wait_ms), int(r.remaining), int(r.reset_after_ms) }
@@ -1133,7 +1172,7 @@ general = function()
     local p = parse_params(args[1], args[2])
     local amount = parse_non_negative(args[3], ERR_AMOUNT)
     local stored = read_state(keys[1])
-    local now = now_us()
+    local now = now_us(keys)
     local r = refund(stored, now, p, amount)
     if r.delete then
       redis.call('DEL', keys[1])
@@ -1148,7 +1187,7 @@ general = function()
     local p = parse_params(args[1], args[2])
     local value = third(args[3])
     local stored = read_state(keys[1])
-    local now = now_us()
+    local now = now_us(keys)
     local c = decide(stored, now, p, value)
     if c.write then write_state(keys[1], c.write, stored ~= nil, now) end
     return { int(c.remaining), int(c.retry_after_ms), int(c.reset_after_ms) }

@@ -5,16 +5,16 @@ test cannot freeze (Valkey), that the caller's clock replaces TIME entirely, and
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
-from conftest import Server, function_name, library_source
+from conftest import CLOCK_2030_US, Clock, Server, clock_preload, function_name, library_source, server_version
 
 from redis_tb import SCRIPT
 
-T0 = 1_893_456_000_000_000  # 2030-01-01, in µs
 # One call of each command: keys and the arguments after them, in the EVAL form's layout.
 CALLS: list[tuple[str, list[str], list[str]]] = [
     ("TB.ACQUIRE", ["{k}:a"], ["10", "20", "3"]),
@@ -60,11 +60,18 @@ def call(conn: redis.Redis, form: str, name: str, keys: list[str], args: list[st
         return ("error", str(error))
 
 
+def real_now_us() -> int:
+    """The caller's clock near the server's: a reading more than 10 s ahead of the server's clock (which the script
+    reads from its keys' expiries) counts as 10 s ahead."""
+    return time.time_ns() // 1000
+
+
 def test_both_forms_answer_alike_on_the_callers_clock(no_time: redis.Redis) -> None:
+    t0_us = real_now_us()
     forms = ["eval", "fcall"] if has_functions(no_time) else ["eval"]
     state: dict[str, list[Any]] = {form: [] for form in forms}
     for step, (name, keys, args) in enumerate(CALLS * 3):
-        at = f"@{T0 + step * 150_000}"
+        at = f"@{t0_us + step * 150_000}"
         for form in forms:
             form_keys = [form + key for key in keys]
             reply = call(no_time, form, name, form_keys, args, at)
@@ -74,11 +81,12 @@ def test_both_forms_answer_alike_on_the_callers_clock(no_time: redis.Redis) -> N
 
 
 def test_an_earlier_reading_refills_nothing_and_keeps_ts(no_time: redis.Redis) -> None:
+    t0_us = real_now_us()
     key = "{t}:back"
-    assert call(no_time, "eval", "TB.ACQUIRE", [key], ["10", "20", "15"], f"@{T0}")[:2] == [1, 5]
-    assert call(no_time, "eval", "TB.ACQUIRE", [key], ["10", "20", "2"], f"@{T0 - 3_600_000_000}")[:2] == [1, 3]
-    assert no_time.hgetall(key) == {b"tokens": b"3", b"ts": str(T0).encode()}
-    # Full at T0 + 1.7 s, then up to 1 s of slack: relative to the bucket's time, whatever the caller's clock.
+    assert call(no_time, "eval", "TB.ACQUIRE", [key], ["10", "20", "15"], f"@{t0_us}")[:2] == [1, 5]
+    assert call(no_time, "eval", "TB.ACQUIRE", [key], ["10", "20", "2"], f"@{t0_us - 3_600_000_000}")[:2] == [1, 3]
+    assert no_time.hgetall(key) == {b"tokens": b"3", b"ts": str(t0_us).encode()}
+    # Full at t0_us + 1.7 s, then up to 1 s of slack: relative to the bucket's time, whatever the caller's clock.
     assert 1_600 < no_time.pttl(key) <= 2_700
 
 
@@ -105,13 +113,118 @@ def test_callers_whose_clocks_differ_stay_within_the_bound(no_time: redis.Redis)
     one refills nothing (a rebase, as on a server clock's step back, would refill the 2 s on every turn: 400 of
     400 passed), so over t seconds at most burst + rate * (t + skew) calls pass."""
     rate, burst, skew_us, seconds = 10, 5, 2_000_000, 10
+    t0_us = real_now_us()  # the later caller runs at most 9.95 s ahead of the server: within the 10 s it may
     granted = 0
     for step in range(seconds * 20):
-        now = T0 + step * 50_000
+        now = t0_us + step * 50_000
         for at in (now, now - skew_us):
             reply = call(no_time, "eval", "TB.ACQUIRE", ["{t}:skew"], [str(rate), str(burst)], f"@{at}")
             granted += reply[0]
     assert burst + rate * (seconds - 1) <= granted <= burst + rate * (seconds + skew_us / 1e6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A caller's clock far from the server's: the server's own clock (its keys' expiries) bounds what it can do. The
+# server's clock is frozen (tests/clock/) and TIME renamed away, so each call happens at a chosen instant.
+# ---------------------------------------------------------------------------------------------------------------
+
+DAY_US = 86_400_000_000
+TWO_POW_53 = 9_007_199_254_740_992
+
+
+@pytest.fixture(scope="module")
+def frozen() -> Iterator[tuple[Clock, redis.Redis, list[str], bool]]:
+    """A server without TIME in scripts whose clock stands at the instant the test writes; the forms it offers and
+    whether it has PEXPIRETIME (Redis 7.0+, Valkey), through which the script reads the server's clock."""
+    preload = clock_preload()
+    if preload is None:
+        pytest.skip("no controlled clock (tests/clock/build.sh)")
+    clock = Clock(CLOCK_2030_US)
+    server = Server(
+        module=False,
+        args=("--jemalloc-bg-thread", "no", "--rename-command", "TIME", ""),
+        env=clock.env(preload),
+    )
+    try:
+        conn = server.client()
+        forms = ["eval"]
+        if has_functions(conn):
+            conn.execute_command("FUNCTION", "LOAD", "REPLACE", library_source())  # type: ignore[no-untyped-call]
+            forms.append("fcall")
+        conn.set("probe", "1", px=1000)
+        if conn.pttl("probe") != 1000:
+            pytest.skip("this server's expiries do not follow the controlled clock")
+        yield clock, conn, forms, server_version() >= (7, 0)
+    finally:
+        server.stop()
+        clock.remove()
+
+
+@pytest.mark.parametrize("bucket", ["existing", "new"])
+def test_a_caller_a_day_ahead_holds_honest_callers_for_seconds_not_a_day(
+    frozen: tuple[Clock, redis.Redis, list[str], bool], bucket: str
+) -> None:
+    """One caller whose clock is a day ahead empties a bucket of 120 at 1/s; then callers on the server's time
+    call once a second for 120 s. Its reading counts as at most 10 s past the server's clock (an existing bucket),
+    or its time is rebased at the next call, tokens kept (a new bucket, whose expiry could not yet tell the server's
+    clock): so the honest callers wait at most 10 s more than an empty bucket makes them wait, and are told so.
+    (Taken as it was, the reading held the bucket's time a day ahead: nothing admitted for the key's 1,320 s of
+    life, and Retry-After 86,401 s.)"""
+    clock, conn, forms, has_pexpiretime = frozen
+    if not has_pexpiretime:
+        pytest.skip("Redis 6.2 has no PEXPIRETIME: the script cannot read the server's clock there")
+    rate, burst = "1", "120"
+    start_us = CLOCK_2030_US + 10**12 + (bucket == "new") * 10**11
+    for form in forms:
+        key = f"{form}{{ahead}}:{bucket}"
+        clock.set_us(start_us)
+        if bucket == "existing":
+            assert call(conn, form, "TB.ACQUIRE", [key], [rate, burst, "1"], f"@{start_us}")[:2] == [1, 119]
+        taken = call(conn, form, "TB.ACQUIRE", [key], [rate, burst, burst], f"@{start_us + DAY_US}")
+        assert taken[:2] == [1, 0], (form, taken)
+        admitted, first_retry_ms = 0, None
+        for second in range(1, 121):
+            now_us = start_us + second * 1_000_000
+            clock.set_us(now_us)
+            reply = call(conn, form, "TB.ACQUIRE", [key], [rate, burst, "1"], f"@{now_us}")
+            assert not isinstance(reply, tuple), (form, reply)
+            admitted += reply[0]
+            if not reply[0] and first_retry_ms is None:
+                first_retry_ms = reply[2]
+            assert reply[2] <= 11_000, (form, second, reply)  # never a day: at most 10 s + 1 s for the token
+            assert conn.pttl(key) > 0, (form, second)
+        # Within burst + rate * (t + skew), and at least what 1/s gives over the 110 s after the 10 s lead, less
+        # the first token's 2 s.
+        assert 108 <= admitted <= 120, (form, admitted)
+        assert first_retry_ms is not None and first_retry_ms <= 11_000, (form, first_retry_ms)
+
+
+@pytest.mark.parametrize("bucket", ["existing", "new"])
+def test_a_caller_at_2_to_the_53_neither_deletes_nor_refills_the_bucket(
+    frozen: tuple[Clock, redis.Redis, list[str], bool], bucket: str
+) -> None:
+    """A reading of 2^53 µs (the year 2255), the largest the script takes, takes 50 of a bucket of 100 at 1/s; then
+    a caller on the server's time. The key keeps a positive expiry throughout and the honest caller is not handed
+    a full bucket. (Taken as it was, the honest call computed the bucket's expiry from its own reading, 229 years
+    before the bucket's time: a negative PEXPIRE, which deleted the key, and the next call found it full.)"""
+    clock, conn, forms, _ = frozen
+    rate, burst = "1", "100"
+    start_us = CLOCK_2030_US + 2 * 10**12 + (bucket == "new") * 10**11
+    for form in forms:
+        key = f"{form}{{far}}:{bucket}"
+        clock.set_us(start_us)
+        if bucket == "existing":
+            assert call(conn, form, "TB.ACQUIRE", [key], [rate, burst, "1"], f"@{start_us}")[:2] == [1, 99]
+        far = call(conn, form, "TB.ACQUIRE", [key], [rate, burst, "50"], f"@{TWO_POW_53}")
+        assert far[:2] == [1, 50], (form, far)
+        assert 0 < conn.pttl(key) <= (100 + 1000) * 1000, (form, conn.pttl(key))
+        for second in (1, 2):
+            now_us = start_us + second * 1_000_000
+            clock.set_us(now_us)
+            reply = call(conn, form, "TB.ACQUIRE", [key], [rate, burst, "1"], f"@{now_us}")
+            assert reply[0] == 1 and reply[1] <= 50, (form, second, reply)
+            assert conn.exists(key) == 1, (form, second)
+            assert 0 < conn.pttl(key) <= (100 + 1000) * 1000, (form, second, conn.pttl(key))
 
 
 # ---------------------------------------------------------------------------------------------------------------
