@@ -181,11 +181,16 @@ export type Identity = string | undefined | null | typeof SKIP;
 export function ipIdentity(address: string | undefined | null, options?: { ipv6Subnet?: number }): string | undefined;
 
 export interface Limit<Req = any> {
-  /** Names the bucket (in its key) and the policy (in the headers); optional for a single limit. */
+  /**
+   * Names the bucket (in its key) and the policy (in the headers): the characters 0x20 to 0x7E only, unique among
+   * the limits; optional for a single limit ("default"). Anything else is refused when the middleware is built.
+   */
   name?: string;
+  /** Tokens per second: a finite number > 0. */
   rate: number;
+  /** The bucket's capacity: a finite number > 0. */
   burst: number;
-  /** Tokens per request for this limit (default: the shared `cost`). */
+  /** Tokens per request for this limit, a finite number >= 0 (default: the shared `cost`). */
   cost?: number;
   /** Whose bucket, for this limit only (default: the shared `key`). */
   key?: (req: Req) => Identity | Promise<Identity>;
