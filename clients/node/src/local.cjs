@@ -21,9 +21,15 @@ const CAPACITY = 10_000;
 /** How many of the least recently used keys a new key may take the place of. */
 const EVICTION_WINDOW = 16;
 
-/** Milliseconds, rounded up, with the float noise of a division that should be whole (3.5000000001) dropped. */
+/** The longest wait reported, in milliseconds: the module's (an i64), as a double reads it (2^63). */
+const MAX_WAIT_MS = 2 ** 63 - 1;
+
+/**
+ * Milliseconds, rounded up, with the float noise of a division that should be whole (3.5000000001) dropped, and
+ * saturated at the module's longest wait (a refill a double cannot count: rate 1e-300).
+ */
 function ceilMs(ms) {
-  return Math.ceil(ms - 1e-6);
+  return Math.min(MAX_WAIT_MS, Math.ceil(ms - 1e-6));
 }
 
 /** Whether Redis answered `error` and refused the call (not a passing state): resending it will not help. */

@@ -131,3 +131,12 @@ test("a table of 0 keys limits every key with its limit's overflow bucket", () =
   assert.deepEqual(results, [true, true, true, true, true, false]);
   assert.equal(local.entries.size, 0);
 });
+
+test("waits saturate at the module's longest (2^63 - 1 ms) where a double cannot count the refill", () => {
+  const local = new LocalBuckets({ now: () => 0 });
+  const slow = { key: "slow", name: "slow", rate: 1e-300, burst: 1e10, cost: 1 };
+  assert.equal(local.acquire([slow]).buckets[0].resetAfterMs, 2 ** 63 - 1);
+  const tiny = { ...slow, key: "tiny", burst: 1 };
+  assert.equal(local.acquire([tiny]).allowed, true);
+  assert.deepEqual(local.acquire([tiny]).buckets[0], { fits: false, remaining: 0, retryAfterMs: 2 ** 63 - 1, resetAfterMs: 2 ** 63 - 1 });
+});
