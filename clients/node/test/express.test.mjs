@@ -97,7 +97,7 @@ for (const backend of [{ name: "module", module: true }, { name: "script", modul
     });
 
     test("limits of extreme numbers are served with every header number within 15 digits", async () => {
-      // A fill time that overflows (rate 1e-300, burst 1e300) printed `w=Infinity`, a burst of 1e21 `q=1e+21`.
+      // burst / rate overflows to Infinity (rate 1e-300, burst 1e300), and 1e21 is `1e+21` as JavaScript text.
       const extreme = express();
       const limits = [{ name: "slow", rate: 1e-300, burst: 1e300 }, { name: "huge", rate: 1, burst: 1e21 }];
       extreme.get("/", rateLimit({ client: new TbClient(conn.redis), prefix: `${freshKey("extreme")}:`, limits, key: () => "all" }), (req, res) => res.send("ok"));
