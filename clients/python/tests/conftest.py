@@ -142,6 +142,46 @@ class Server:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class Cluster:
+    """Three primaries, each with `replicas` replicas (in sync when the constructor returns)."""
+
+    def __init__(self, module: bool, replicas: int = 0) -> None:
+        args = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+        self.nodes = [Server(module=module, args=args, cluster_bus=True) for _ in range(3 * (1 + replicas))]
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        subprocess.run(
+            [CLI, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas), "--cluster-yes"],
+            check=True,
+            capture_output=True,
+        )
+        deadline = time.monotonic() + 30
+        for node in self.nodes:
+            while node.client().cluster("info")["cluster_state"] != "ok" or not synced(node):
+                assert time.monotonic() < deadline, f"node {node.port} never reached cluster_state:ok"
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def synced(node: Server) -> bool:
+    """A primary, or a replica whose link to its primary is up."""
+    info = node.client().info("replication")
+    return info["role"] == "master" or info.get("master_link_status") == "up"
+
+
+def owner(cluster: Cluster, key: str) -> Server:
+    """The node that serves `key`: the others answer MOVED."""
+    for node in cluster.nodes:
+        try:
+            node.client().hgetall(key)
+            return node
+        except redis.exceptions.ResponseError:  # MOVED; a replica answers MOVED to its primary too
+            continue
+    raise AssertionError(f"no node serves {key}")
+
+
 @pytest.fixture(scope="session")
 def module_server() -> Iterator[Server]:
     server = Server(module=True)

@@ -13,8 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
-from conftest import REPO, WITHOUT_MODULE, Server
-from test_cluster import Cluster
+from conftest import REPO, WITHOUT_MODULE, Cluster, Server
 
 import redis_tb
 from redis_tb import AsyncTokenBucket, TokenBucket

@@ -5,7 +5,6 @@ different slots are refused before anything is sent."""
 from __future__ import annotations
 
 import logging
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from conftest import CLI, WITHOUT_MODULE, Server
+from conftest import WITHOUT_MODULE, Cluster, Server, owner
 from fastapi import FastAPI
 from flask import Flask
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -23,43 +22,11 @@ import redis_tb
 from redis_tb import AsyncTokenBucket, Limit, TokenBucket, asgi, wsgi
 
 
-class Cluster:
-    def __init__(self, module: bool) -> None:
-        args = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-        self.nodes = [Server(module=module, args=args, cluster_bus=True) for _ in range(3)]
-        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
-        subprocess.run(
-            [CLI, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
-            check=True,
-            capture_output=True,
-        )
-        deadline = time.monotonic() + 20
-        for node in self.nodes:
-            while node.client().cluster("info")["cluster_state"] != "ok":
-                assert time.monotonic() < deadline, f"node {node.port} never reached cluster_state:ok"
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
-
-
 @pytest.fixture(scope="module", params=["module", "script"])
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     started = Cluster(module=request.param == "module")
     yield started
     started.stop()
-
-
-def owner(cluster: Cluster, key: str) -> Server:
-    """The node that serves `key`: the others answer MOVED."""
-    for node in cluster.nodes:
-        try:
-            node.client().hgetall(key)
-            return node
-        except redis.exceptions.ResponseError:
-            continue
-    raise AssertionError(f"no node serves {key}")
 
 
 def test_sync_cluster_client(cluster: Cluster) -> None:
@@ -238,3 +205,35 @@ def test_moved_and_crossslot_from_a_cluster_node_answer_with_the_fail_mode(
     assert statuses == {503}
     (error,) = [record for record in caplog.records if record.levelno == logging.ERROR]
     assert "CROSSSLOT" in error.message
+
+
+def test_wsgi_limits_again_after_a_planned_failover() -> None:
+    """A replica takes over the shard of the limited key (CLUSTER FAILOVER): redis-py 6 and later connect to it with
+    a node client of their own making, which the middleware's settings must not break (a `retry` written into the
+    cluster's connection arguments made each new node connection fail with TypeError: the fail mode for good)."""
+    cluster = Cluster(module=True, replicas=1)
+    try:
+        key = "f:{u1}:a"
+        primary = owner(cluster, key)
+        primary_id = primary.client().cluster("myid")
+        (replica,) = [
+            node for node in cluster.nodes if node.client().info("replication").get("master_port") == primary.port
+        ]
+        client = RedisCluster(host="127.0.0.1", port=primary.port)
+        http = wsgi_app(TokenBucket(client), "u1", prefix="f:", fail="closed").test_client()
+        assert http.get("/").status_code == 200
+        replica.client().cluster("failover")
+        deadline = time.monotonic() + 20
+        while replica.client().info("replication")["role"] != "master":
+            assert time.monotonic() < deadline, "the replica never took over"
+            time.sleep(0.05)
+        statuses: list[int] = []
+        while (status := http.get("/").status_code) == 503 or not statuses:
+            statuses.append(status)
+            assert time.monotonic() < deadline, f"the middleware never limited again: {statuses}"
+            time.sleep(0.05)
+        assert status in (200, 429) and owner(cluster, key) is replica
+        assert primary.client().cluster("myid") == primary_id
+        client.close()
+    finally:
+        cluster.stop()

@@ -153,8 +153,12 @@ def _from_redis(error: BaseException) -> bool:
 
 
 def configure(redis: Any, timeout: float) -> None:
-    """Caps the socket timeouts of a redis-py client (standalone or cluster, sync or asyncio) at `timeout`
-    seconds and turns its retries off, on the client and on the cluster nodes it already knows."""
+    """Caps the socket timeouts of a redis-py client (standalone, sentinel or cluster, sync or asyncio) at `timeout`
+    seconds and turns its retries off, on the client and on the cluster nodes it already knows.
+
+    Only through what each client keeps for itself: its `set_retry`, the timeouts in the keyword arguments it makes
+    connections with, and a `retry` already among them (replaced, never added: redis-py 6 and later make a cluster
+    node's client with a `retry` of their own, no retries, and a second one fails with TypeError)."""
     asynchronous = isinstance(redis, (redis_asyncio.Redis, redis_asyncio.RedisCluster))
     no_retry: Any = AsyncRetry(NoBackoff(), 0) if asynchronous else Retry(NoBackoff(), 0)
     clients = [redis]
@@ -165,20 +169,28 @@ def configure(redis: Any, timeout: float) -> None:
             node_kwargs = getattr(node, "connection_kwargs", None)
             if isinstance(node_kwargs, dict):
                 _cap(node_kwargs, timeout)
-                node_kwargs["retry"] = no_retry
+                _replace_retry(node_kwargs, no_retry)
     for client in clients:
         kwargs = client.get_connection_kwargs()
         _cap(kwargs, timeout)
-        if hasattr(client, "set_retry"):
-            client.set_retry(no_retry)
-        kwargs["retry"] = no_retry
+        _replace_retry(kwargs, no_retry)
+        if client is not redis or get_nodes is None:
+            client.set_retry(no_retry)  # a Redis client: its pool's connections, now and to come
         pool = getattr(client, "connection_pool", None)
         if pool is not None and not asynchronous:
             # Connections made before keep their settings: close them, so the next call opens one with these.
             pool.disconnect()
             pool.reset()
-    if hasattr(redis, "cluster_error_retry_attempts"):
-        redis.cluster_error_retry_attempts = 0
+    if get_nodes is not None:
+        # The cluster's own retries (of a call, after a refresh of the topology), set where each version keeps them.
+        redis.retry = no_retry
+        if hasattr(redis, "cluster_error_retry_attempts"):
+            redis.cluster_error_retry_attempts = 0
+
+
+def _replace_retry(kwargs: dict[str, Any], retry: Any) -> None:
+    if "retry" in kwargs:
+        kwargs["retry"] = retry
 
 
 def _cap(kwargs: dict[str, Any], timeout: float) -> None:
