@@ -1,5 +1,5 @@
-//! Prometheus metrics, kept in memory and written out in the text exposition format on `GET /metrics` (any path
-//! answers the same). A few counters and one latency histogram do not need a metrics library.
+//! Prometheus metrics, kept in memory by `prometheus-client` (the Prometheus project's Rust client) and written
+//! out in the OpenMetrics text format on `GET /metrics` (any path answers the same).
 //!
 //! ```text
 //! tb_rls_decisions_total{domain,code}      requests answered, by domain (configured ones; others are "other")
@@ -12,14 +12,19 @@
 //! tb_rls_redis_connects_total              connection attempts (each after the backoff)
 //! tb_rls_requests_refused_total{reason}    requests refused before planning: in_flight (over --max-in-flight)
 //! ```
+//!
+//! Labels carry configured domain names and fixed words only, never a descriptor's value, so the number of series
+//! is bounded by the configuration.
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -27,6 +32,9 @@ use tokio::net::TcpListener;
 const LATENCY_BOUNDS_S: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
+
+/// The media type of the OpenMetrics text format, which Prometheus asks for and parses.
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// A request's outcome, as counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -50,191 +58,179 @@ impl Outcome {
     }
 }
 
-/// Every metric the service keeps.
-#[derive(Default)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    domain: String,
+    code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DomainLabels {
+    domain: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+/// Every metric the service keeps, and the registry that writes them out.
 pub struct Metrics {
-    decisions: Mutex<BTreeMap<(String, Outcome), u64>>,
-    shadow: Mutex<BTreeMap<String, u64>>,
-    redis_unavailable: AtomicU64,
-    redis_reply_errors: AtomicU64,
-    reloads_ok: AtomicU64,
-    reloads_failed: AtomicU64,
-    /// Counts per bound of `LATENCY_BOUNDS_S` (not cumulative), then the overflow.
-    latency_buckets: [AtomicU64; 13],
-    latency_sum_us: AtomicU64,
-    latency_count: AtomicU64,
-    redis_connected: AtomicU64,
-    redis_connects: AtomicU64,
-    refused_in_flight: AtomicU64,
+    registry: Registry,
+    decisions: Family<DecisionLabels, Counter>,
+    shadow: Family<DomainLabels, Counter>,
+    redis_errors: Family<KindLabels, Counter>,
+    reloads: Family<ResultLabels, Counter>,
+    latency: Histogram,
+    redis_connected: Gauge,
+    redis_connects: Counter,
+    refused: Family<ReasonLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        let shadow = Family::<DomainLabels, Counter>::default();
+        let redis_errors = Family::<KindLabels, Counter>::default();
+        let reloads = Family::<ResultLabels, Counter>::default();
+        let latency = Histogram::new(LATENCY_BOUNDS_S);
+        let redis_connected = Gauge::default();
+        let redis_connects = Counter::default();
+        let refused = Family::<ReasonLabels, Counter>::default();
+        // Fixed label values are shown from the start (at 0), so a rate() over them has a first sample.
+        for kind in ["unavailable", "reply"] {
+            redis_errors.get_or_create(&KindLabels { kind }).inc_by(0);
+        }
+        for result in ["ok", "error"] {
+            reloads.get_or_create(&ResultLabels { result }).inc_by(0);
+        }
+        refused
+            .get_or_create(&ReasonLabels {
+                reason: "in_flight",
+            })
+            .inc_by(0);
+        registry.register(
+            "tb_rls_decisions",
+            "ShouldRateLimit requests answered, by domain and code",
+            decisions.clone(),
+        );
+        registry.register(
+            "tb_rls_shadow_over_limit",
+            "Descriptors over their limit in shadow mode",
+            shadow.clone(),
+        );
+        registry.register(
+            "tb_rls_redis_errors",
+            "Failed Redis calls",
+            redis_errors.clone(),
+        );
+        registry.register(
+            "tb_rls_config_reloads",
+            "Configuration loads",
+            reloads.clone(),
+        );
+        registry.register(
+            "tb_rls_redis_connected",
+            "Whether a Redis connection is up (1) or not (0)",
+            redis_connected.clone(),
+        );
+        registry.register(
+            "tb_rls_redis_connects",
+            "Redis connection attempts",
+            redis_connects.clone(),
+        );
+        registry.register(
+            "tb_rls_requests_refused",
+            "Requests refused before planning",
+            refused.clone(),
+        );
+        registry.register(
+            "tb_rls_request_duration_seconds",
+            "ShouldRateLimit latency inside the service",
+            latency.clone(),
+        );
+        Metrics {
+            registry,
+            decisions,
+            shadow,
+            redis_errors,
+            reloads,
+            latency,
+            redis_connected,
+            redis_connects,
+            refused,
+        }
+    }
 }
 
 impl Metrics {
     pub fn decision(&self, domain: &str, outcome: Outcome, elapsed: Duration) {
-        if let Ok(mut decisions) = self.decisions.lock() {
-            *decisions.entry((domain.to_owned(), outcome)).or_default() += 1;
-        }
-        let seconds = elapsed.as_secs_f64();
-        let index = LATENCY_BOUNDS_S
-            .iter()
-            .position(|&bound| seconds <= bound)
-            .unwrap_or(LATENCY_BOUNDS_S.len());
-        if let Some(bucket) = self.latency_buckets.get(index) {
-            bucket.fetch_add(1, Ordering::Relaxed);
-        }
-        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-        self.latency_sum_us.fetch_add(micros, Ordering::Relaxed);
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.decisions
+            .get_or_create(&DecisionLabels {
+                domain: domain.to_owned(),
+                code: outcome.label(),
+            })
+            .inc();
+        self.latency.observe(elapsed.as_secs_f64());
     }
 
     pub fn shadow_over_limit(&self, domain: &str, count: usize) {
         if count == 0 {
             return;
         }
-        if let Ok(mut shadow) = self.shadow.lock() {
-            *shadow.entry(domain.to_owned()).or_default() += u64::try_from(count).unwrap_or(0);
-        }
+        self.shadow
+            .get_or_create(&DomainLabels {
+                domain: domain.to_owned(),
+            })
+            .inc_by(u64::try_from(count).unwrap_or(u64::MAX));
     }
 
     pub fn redis_error(&self, unavailable: bool) {
-        let counter = if unavailable {
-            &self.redis_unavailable
-        } else {
-            &self.redis_reply_errors
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+        let kind = if unavailable { "unavailable" } else { "reply" };
+        self.redis_errors.get_or_create(&KindLabels { kind }).inc();
     }
 
     pub fn reload(&self, ok: bool) {
-        let counter = if ok {
-            &self.reloads_ok
-        } else {
-            &self.reloads_failed
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+        let result = if ok { "ok" } else { "error" };
+        self.reloads.get_or_create(&ResultLabels { result }).inc();
     }
 
     pub fn set_redis_connected(&self, connected: bool) {
-        self.redis_connected
-            .store(u64::from(connected), Ordering::Relaxed);
+        self.redis_connected.set(i64::from(connected));
     }
 
     pub fn redis_connect_attempt(&self) {
-        self.redis_connects.fetch_add(1, Ordering::Relaxed);
+        self.redis_connects.inc();
     }
 
     pub fn refused_in_flight(&self) {
-        self.refused_in_flight.fetch_add(1, Ordering::Relaxed);
+        self.refused
+            .get_or_create(&ReasonLabels {
+                reason: "in_flight",
+            })
+            .inc();
     }
 
-    /// The text exposition format.
+    /// The OpenMetrics text format, ending with `# EOF`.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        out.push_str("# HELP tb_rls_decisions_total ShouldRateLimit requests answered, by domain and code.\n");
-        out.push_str("# TYPE tb_rls_decisions_total counter\n");
-        if let Ok(decisions) = self.decisions.lock() {
-            for ((domain, outcome), count) in decisions.iter() {
-                let _ = writeln!(
-                    out,
-                    "tb_rls_decisions_total{{domain=\"{}\",code=\"{}\"}} {count}",
-                    label_value(domain),
-                    outcome.label()
-                );
-            }
+        // Writing into a String cannot fail; an error would leave a truncated page, which Prometheus refuses.
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
         }
-        out.push_str(
-            "# HELP tb_rls_shadow_over_limit_total Descriptors over their limit in shadow mode.\n",
-        );
-        out.push_str("# TYPE tb_rls_shadow_over_limit_total counter\n");
-        if let Ok(shadow) = self.shadow.lock() {
-            for (domain, count) in shadow.iter() {
-                let _ = writeln!(
-                    out,
-                    "tb_rls_shadow_over_limit_total{{domain=\"{}\"}} {count}",
-                    label_value(domain)
-                );
-            }
-        }
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        family(
-            &mut out,
-            "tb_rls_redis_errors_total",
-            "counter",
-            "Failed Redis calls.",
-            &[
-                ("{kind=\"unavailable\"}", load(&self.redis_unavailable)),
-                ("{kind=\"reply\"}", load(&self.redis_reply_errors)),
-            ],
-        );
-        family(
-            &mut out,
-            "tb_rls_config_reloads_total",
-            "counter",
-            "Configuration loads.",
-            &[
-                ("{result=\"ok\"}", load(&self.reloads_ok)),
-                ("{result=\"error\"}", load(&self.reloads_failed)),
-            ],
-        );
-        family(
-            &mut out,
-            "tb_rls_redis_connected",
-            "gauge",
-            "Whether a Redis connection is up (1) or not (0).",
-            &[("", load(&self.redis_connected))],
-        );
-        family(
-            &mut out,
-            "tb_rls_redis_connects_total",
-            "counter",
-            "Redis connection attempts.",
-            &[("", load(&self.redis_connects))],
-        );
-        family(
-            &mut out,
-            "tb_rls_requests_refused_total",
-            "counter",
-            "Requests refused before planning.",
-            &[("{reason=\"in_flight\"}", load(&self.refused_in_flight))],
-        );
-        out.push_str(
-            "# HELP tb_rls_request_duration_seconds ShouldRateLimit latency inside the service.\n",
-        );
-        out.push_str("# TYPE tb_rls_request_duration_seconds histogram\n");
-        let mut cumulative = 0;
-        for (bound, bucket) in LATENCY_BOUNDS_S.iter().zip(&self.latency_buckets) {
-            cumulative += bucket.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "tb_rls_request_duration_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
-            );
-        }
-        let count = self.latency_count.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "tb_rls_request_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
-        );
-        let sum_s =
-            Duration::from_micros(self.latency_sum_us.load(Ordering::Relaxed)).as_secs_f64();
-        let _ = writeln!(out, "tb_rls_request_duration_seconds_sum {sum_s}");
-        let _ = writeln!(out, "tb_rls_request_duration_seconds_count {count}");
         out
     }
-}
-
-/// Writes a metric's HELP and TYPE lines, then one `<name><labels> <value>` line per row.
-fn family(out: &mut String, name: &str, kind: &str, help: &str, rows: &[(&str, u64)]) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-    for (labels, value) in rows {
-        let _ = writeln!(out, "{name}{labels} {value}");
-    }
-}
-
-/// A label value with `\`, `"` and newlines escaped.
-fn label_value(text: &str) -> String {
-    text.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// Serves `metrics.render()` over HTTP/1.1 on `listener`, one response per connection.
@@ -266,11 +262,64 @@ pub async fn serve(listener: TcpListener, metrics: std::sync::Arc<Metrics>) {
             }
             let body = metrics.render();
             let response = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
             let _ = stream.write_all(response.as_bytes()).await;
             let _ = stream.shutdown().await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // What a scrape shows after a few events: the metric names and labels docs/gateway.md lists, the fixed label
+    // values from the start, and the histogram in cumulative buckets.
+    #[test]
+    fn render_shows_each_metric_with_its_documented_name() {
+        let metrics = Metrics::default();
+        metrics.decision("api", Outcome::Ok, Duration::from_micros(300));
+        metrics.decision("api", Outcome::Ok, Duration::from_millis(2));
+        metrics.decision("api", Outcome::OverLimit, Duration::from_millis(2));
+        metrics.shadow_over_limit("api", 2);
+        metrics.shadow_over_limit("api", 0);
+        metrics.redis_error(true);
+        metrics.reload(false);
+        metrics.set_redis_connected(true);
+        metrics.redis_connect_attempt();
+        let page = metrics.render();
+        for line in [
+            "# TYPE tb_rls_decisions counter",
+            "tb_rls_decisions_total{domain=\"api\",code=\"ok\"} 2",
+            "tb_rls_decisions_total{domain=\"api\",code=\"over_limit\"} 1",
+            "tb_rls_shadow_over_limit_total{domain=\"api\"} 2",
+            "tb_rls_redis_errors_total{kind=\"unavailable\"} 1",
+            "tb_rls_redis_errors_total{kind=\"reply\"} 0",
+            "tb_rls_config_reloads_total{result=\"error\"} 1",
+            "tb_rls_config_reloads_total{result=\"ok\"} 0",
+            "tb_rls_redis_connected 1",
+            "tb_rls_redis_connects_total 1",
+            "tb_rls_requests_refused_total{reason=\"in_flight\"} 0",
+            "tb_rls_request_duration_seconds_bucket{le=\"0.0005\"} 1",
+            "tb_rls_request_duration_seconds_bucket{le=\"0.0025\"} 3",
+            "tb_rls_request_duration_seconds_count 3",
+            "# EOF",
+        ] {
+            assert!(
+                page.lines().any(|have| have == line),
+                "{line:?} missing from:\n{page}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_domain_with_quotes_and_newlines_stays_one_label_value() {
+        let metrics = Metrics::default();
+        metrics.decision("a\"b\nc", Outcome::Ok, Duration::ZERO);
+        assert!(metrics
+            .render()
+            .contains("tb_rls_decisions_total{domain=\"a\\\"b\\nc\",code=\"ok\"} 1"));
     }
 }
