@@ -16,7 +16,8 @@
 #          (both built with dpkg-deb from a staged tree)
 # Either ends by writing dist/SHA256SUMS over every artifact of this version in dist/. The binaries' newest glibc
 # symbol version is printed and one newer than GLIBC_MAX (default 2.36, Debian bookworm's, which the official Redis
-# images are built on) is refused. Same sources, same bytes: file dates come from the last commit.
+# images are built on) is refused, and so is a version whose CHANGELOG heading is missing or says unreleased. Same
+# sources, same bytes: file dates come from the last commit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +28,12 @@ python="${PYTHON:-$PWD/.venv/bin/python}"
 glibc_max="${GLIBC_MAX:-2.36}"
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)"
 [ -n "$version" ] || { echo "dist: no version in Cargo.toml" >&2; exit 1; }
+# A release ships its CHANGELOG: the version's heading must be there, dated, not "(unreleased)".
+heading="$(awk -v start="## $version " 'index($0, start) == 1 { print; exit }' CHANGELOG.md)"
+case "$heading" in
+"") echo "dist: CHANGELOG.md has no heading for $version (## $version (<date>))" >&2; exit 1 ;;
+*[Uu]nreleased*) echo "dist: CHANGELOG.md says $version is unreleased ($heading): date its heading first" >&2; exit 1 ;;
+esac
 for binary in "$module" "$service"; do
   [ -f "$binary" ] || { echo "dist: $binary is missing: run make build" >&2; exit 1; }
 done

@@ -572,6 +572,58 @@ fn release_artifacts_sha256sums_cover_every_artifact() {
     assert!(!verified.contains("FAILED"), "{verified}");
 }
 
+/// `make dist` and `make deb` build only a released version: scripts/dist.sh, run in a scratch copy of the
+/// repository's version and CHANGELOG (no binaries there, so a version it accepts stops at the missing module),
+/// refuses a version whose CHANGELOG heading says unreleased or is missing, before it writes anything.
+#[test]
+fn release_artifacts_dist_refuses_a_version_the_changelog_calls_unreleased() {
+    let cases = [
+        (
+            "## 9.8.7 (unreleased)\n\n## 9.8.6 (2026-01-01)\n",
+            "CHANGELOG.md says 9.8.7 is unreleased",
+        ),
+        (
+            "## 9.8.70 (2026-01-02)\n\n## 9.8.6 (2026-01-01)\n",
+            "CHANGELOG.md has no heading for 9.8.7",
+        ),
+        (
+            "## 9.9.0 (unreleased)\n\n## 9.8.7 (2026-01-02)\n",
+            "target/release/libredis_tb.so is missing",
+        ),
+    ];
+    for (headings, refusal) in cases {
+        for what in ["dist", "deb"] {
+            let dir = common::fresh_dir();
+            std::fs::create_dir_all(dir.join("scripts")).expect("create a scratch directory");
+            std::fs::copy(root().join("scripts/dist.sh"), dir.join("scripts/dist.sh"))
+                .expect("copy scripts/dist.sh");
+            std::fs::write(dir.join("Cargo.toml"), "[package]\nversion = \"9.8.7\"\n")
+                .expect("write Cargo.toml");
+            std::fs::write(
+                dir.join("CHANGELOG.md"),
+                format!("# Changelog\n\n{headings}"),
+            )
+            .expect("write CHANGELOG.md");
+            let output = Command::new("bash")
+                .args(["scripts/dist.sh", what])
+                .current_dir(&dir)
+                .output()
+                .expect("run scripts/dist.sh");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(
+                !output.status.success(),
+                "dist.sh {what} fails with {headings:?}"
+            );
+            assert!(
+                stderr.contains(refusal),
+                "dist.sh {what} with {headings:?} says {refusal:?}:\n{stderr}"
+            );
+            assert!(!dir.join("dist").exists(), "dist.sh {what} wrote nothing");
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 /// The Python sdist and wheel: twine accepts them, both carry LICENSE and the README, the wheel installs into a
 /// fresh virtual environment (redis-py from PyPI, as for a user) and its WSGI middleware limits requests on a
 /// server with the module, and the unpacked sdist alone, away from the repository, builds a wheel with the script.

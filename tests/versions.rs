@@ -93,13 +93,15 @@ fn every_part_has_the_module_version() {
         );
     }
     let changelog = read("CHANGELOG.md");
-    let newest = changelog
-        .lines()
-        .find(|line| line.starts_with("## "))
-        .expect("CHANGELOG.md has a release heading");
+    // Above it, at most one section collects what the next release will change, "## <version> (unreleased)".
+    let mut headings = changelog.lines().filter(|line| line.starts_with("## "));
+    let mut newest = headings.next().expect("CHANGELOG.md has a release heading");
+    if newest.ends_with(" (unreleased)") {
+        newest = headings.next().expect("CHANGELOG.md has a release heading");
+    }
     assert!(
-        newest.starts_with(&format!("## {VERSION} ")),
-        "CHANGELOG.md's newest heading is for {VERSION}: {newest}"
+        newest.starts_with(&format!("## {VERSION} (2")),
+        "CHANGELOG.md's newest release heading is for {VERSION}, dated: {newest}"
     );
 }
 
