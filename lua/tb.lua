@@ -38,8 +38,10 @@ CALLING IT
            reading, before any expiry could tell the server's clock, or before the server's clock stepped back) is
            rebased as on the server's clock: tokens kept, time from this reading on. So a caller whose clock is a
            day ahead holds the bucket's time at most 10 s past the server's, and others' waits (retry_after_ms)
-           by at most those 10 s. Redis 6.2 has no PEXPIRETIME: there a reading is taken as it is, and a bucket
-           whose time ran ahead stands still until its key expires (its refill time and slack, server time).
+           by at most those 10 s. A reading earlier than the bucket's ts counts its waits from no earlier than the
+           server's clock (or the ts, where none is known): a lagging caller is told the bucket's wait, not its lag.
+           Redis 6.2 has no PEXPIRETIME: there a reading is taken as it is, and a bucket whose time ran ahead
+           stands still until its key expires (its refill time and slack, server time).
   ARGV     (EVAL form only) the command it emulates, case-insensitive: TB.ACQUIRE, TB.ACQUIREALL, TB.ACQUIREEACH,
            TB.ACQUIREATMOST, TB.RESERVE, TB.REFUND, TB.CHARGE or TB.BLOCK; the function form names it instead
   then     that command's arguments in their order, without its keys:
@@ -641,6 +643,19 @@ general = function()
     return { tokens = p.burst, ts = now_us }
   end
 
+  -- The instant a call counts its waits from, first thing in each of the core's entry points below: the reading,
+  -- except on the caller's clock where the bucket holds a later ts (holds_time). There the reading refills nothing
+  -- either way, and its waits count from no earlier than the server's clock read from the keys' expiries, or where
+  -- none told it (Redis 6.2), from the ts: a caller whose clock lags is told the wait the bucket imposes, not that
+  -- wait plus its lag (a day's lag made a day's Retry-After).
+  local function counted_now(stored, now_us)
+    if stored and now_us < stored.ts and holds_time(stored.ts) then
+      if not server_now_us then return stored.ts end
+      return math.max(now_us, math.min(stored.ts, server_now_us))
+    end
+    return now_us
+  end
+
   local function remaining(state)
     return math.max(floor_saturating(state.tokens), 0)
   end
@@ -682,7 +697,7 @@ general = function()
     return wait_ms
   end
 
-  -- The cap counts from the bucket's time: on the caller's clock a reading may be earlier than the ts kept.
+  -- The cap counts from the bucket's time: on the caller's clock a call may count from before the ts it keeps.
   local function write_expiring(state, full_at, now_us, p)
     local cap_ms = sat_add(floor_div(math.max(now_us, state.ts), MICROS_PER_MS), MAX_TTL_MS)
     return {
@@ -732,6 +747,7 @@ general = function()
   end
 
   local function acquire(stored, now_us, p, cost)
+    now_us = counted_now(stored, now_us)
     local d = decide(refilled(stored, now_us, p), now_us, p, cost)
     d.write = d.write or rebased_write(stored, now_us, p)
     return d
@@ -780,6 +796,7 @@ general = function()
   end
 
   local function reserve(stored, now_us, p, cost, max_wait_ms)
+    now_us = counted_now(stored, now_us)
     local current = refilled(stored, now_us, p)
     local d = decide(current, now_us, p, cost)
     -- A debt that does not fit a double (only near its largest value) is refused, as a wait beyond max_wait is.
@@ -807,6 +824,7 @@ general = function()
   end
 
   local function refund(stored, now_us, p, amount)
+    now_us = counted_now(stored, now_us)
     if not stored then
       return { refunded = 0, remaining = floor_saturating(p.burst), reset_after_ms = 0 }
     end
@@ -827,6 +845,7 @@ general = function()
   end
 
   local function acquire_at_most(stored, now_us, p, max)
+    now_us = counted_now(stored, now_us)
     local current = refilled(stored, now_us, p)
     local granted = math.min(remaining(current), max)
     if granted == 0 then
@@ -870,6 +889,7 @@ general = function()
   end
 
   local function charge(stored, now_us, p, cost)
+    now_us = counted_now(stored, now_us)
     local current = refilled(stored, now_us, p)
     if cost == 0 then return charge_answer(current, now_us, p, rebased_write(stored, now_us, p)) end
     local after = { tokens = current.tokens - cost, ts = current.ts }
@@ -880,6 +900,7 @@ general = function()
   end
 
   local function block(stored, now_us, p, duration_ms)
+    now_us = counted_now(stored, now_us)
     local current = refilled(stored, now_us, p)
     local blocked_tokens = -refill_over_ms(duration_ms, p)
     if current.tokens <= blocked_tokens then

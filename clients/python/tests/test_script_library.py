@@ -338,3 +338,21 @@ def run_form(conn: redis.Redis, form: str, name: str, args: list[str]) -> Any:
     if form == "module":
         return module_call(conn, name, key, args)
     return call(conn, form, name, [key], args)
+
+
+def test_a_caller_a_day_behind_is_told_the_buckets_wait_not_its_lag(
+    frozen: tuple[Clock, redis.Redis, list[str], bool],
+) -> None:
+    """A bucket of 5 at 1/s emptied on the server's time, then a caller whose clock is a day behind: refused, with
+    the second the bucket makes everyone wait, nothing written. (Counted from its own reading, the wait was a day:
+    Retry-After 86,401 s.)"""
+    clock, conn, forms, _ = frozen
+    start_us = CLOCK_2030_US + 3 * 10**12
+    for form in forms:
+        key = f"{form}{{behind}}"
+        clock.set_us(start_us)
+        assert call(conn, form, "TB.ACQUIRE", [key], ["1", "5", "5"], f"@{start_us}") == [1, 0, 0, 5000]
+        stored = conn.hgetall(key)
+        late = call(conn, form, "TB.ACQUIRE", [key], ["1", "5", "1"], f"@{start_us - DAY_US}")
+        assert late == [0, 0, 1000, 5000], (form, late)
+        assert conn.hgetall(key) == stored, form
