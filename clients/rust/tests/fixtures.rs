@@ -1,0 +1,244 @@
+//! The shared rules, tested with the repository's fixtures (the files the Python and Node suites read), each
+//! through the crate's own exported function: bucket keys and identities (`fixtures/keys.json`), the failure
+//! table (`fixtures/failures.json`), the errors that pick a backend (`fixtures/backends.json`) and the local
+//! fallback (`fixtures/local.json`).
+
+use std::io;
+use std::path::Path;
+
+use redis_tb_client::failure::{self, Action};
+use redis_tb_client::keys::{self, Ipv6Subnet};
+use redis_tb_client::local::{ChargeBack, LocalBucket, LocalBuckets};
+use redis_tb_client::{BucketResult, Error};
+use serde_json::Value;
+
+fn fixture(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name);
+    let text = std::fs::read_to_string(&path).expect("the fixture file");
+    serde_json::from_str(&text).expect("the fixture parses")
+}
+
+fn cases<'a>(value: &'a Value, field: &str) -> &'a Vec<Value> {
+    value[field].as_array().expect("an array of cases")
+}
+
+fn text(value: &Value) -> &str {
+    value.as_str().expect("a string")
+}
+
+#[test]
+fn bucket_keys_follow_the_shared_layout() {
+    let fixture = fixture("keys.json");
+    for case in cases(&fixture, "keys") {
+        let key = keys::bucket_key(
+            text(&case["prefix"]),
+            case["identity"].as_str(),
+            text(&case["limit"]),
+        );
+        assert_eq!(key, text(&case["key"]), "{case}");
+    }
+}
+
+#[test]
+fn peer_addresses_become_the_shared_identities() {
+    let fixture = fixture("keys.json");
+    for case in cases(&fixture, "ip_identity") {
+        let bits = case["ipv6_subnet"].as_u64().expect("a prefix length");
+        let subnet = Ipv6Subnet::new(u8::try_from(bits).expect("a u8")).expect("a valid subnet");
+        let identity = keys::ip_identity(case["address"].as_str(), subnet);
+        assert_eq!(identity.as_deref(), case["identity"].as_str(), "{case}");
+    }
+}
+
+#[test]
+fn ipv6_subnets_outside_1_to_64_are_refused() {
+    let fixture = fixture("keys.json");
+    let mut checked = 0;
+    for refused in cases(&fixture, "ipv6_subnet_refused") {
+        // Non-integers, negatives and booleans cannot be written as the u8 the constructor takes.
+        if let Some(bits) = refused.as_u64().and_then(|bits| u8::try_from(bits).ok()) {
+            let err = Ipv6Subnet::new(bits).expect_err("refused");
+            assert!(err.to_string().contains("ipv6_subnet"), "{err}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3);
+}
+
+/// A server's error reply, as redis-rs hands it over.
+fn reply_error(text: &str) -> Error {
+    match redis::parse_redis_value(format!("-{text}\r\n").as_bytes()) {
+        Ok(redis::Value::ServerError(err)) => Error::Redis(err.into()),
+        other => panic!("{text}: {other:?}"),
+    }
+}
+
+/// The error this crate meets for a client-side condition of the table.
+fn condition_error(row: &str) -> Error {
+    match row {
+        "connection refused" => {
+            Error::Redis(io::Error::from(io::ErrorKind::ConnectionRefused).into())
+        }
+        "connection reset" => Error::Redis(io::Error::from(io::ErrorKind::ConnectionReset).into()),
+        "timeout" => Error::Timeout(std::time::Duration::from_millis(1000)),
+        "cluster unreachable" => Error::Redis(redis::RedisError::from((
+            redis::ErrorKind::ClusterConnectionNotFound,
+            "no node serves the slot",
+        ))),
+        other => panic!("no condition for row {other}"),
+    }
+}
+
+#[test]
+fn every_failure_lands_in_its_row_of_the_table() {
+    let fixture = fixture("failures.json");
+    for case in cases(&fixture, "cases") {
+        let row = text(&case["row"]);
+        let err = match case["reply"].as_str() {
+            Some(reply) => {
+                let err = reply_error(reply);
+                assert_eq!(
+                    err.server_text().as_deref(),
+                    Some(reply),
+                    "the wire text survives"
+                );
+                err
+            }
+            None => condition_error(row),
+        };
+        let found = err.failure();
+        let action = match text(&case["action"]) {
+            "fail-mode" => Action::FailMode,
+            "error-fail-mode" => Action::ErrorFailMode,
+            "reload-retry" => Action::ReloadRetry,
+            "script-retry" => Action::ScriptRetry,
+            other => panic!("unknown action {other}"),
+        };
+        assert_eq!(found.action, action, "{case}");
+        assert_eq!(found.row, row, "{case}");
+    }
+}
+
+#[test]
+fn timeouts_and_lost_connections_stop_the_calls_that_follow_and_error_replies_do_not() {
+    for row in ["connection refused", "connection reset", "timeout"] {
+        assert!(condition_error(row).stops_calls(), "{row}");
+    }
+    for reply in [
+        "OOM command not allowed when used memory > 'maxmemory'.",
+        "READONLY You can't write",
+    ] {
+        assert!(!reply_error(reply).stops_calls(), "{reply}");
+    }
+}
+
+#[test]
+fn backend_errors_are_read_as_the_other_packages_read_them() {
+    let fixture = fixture("backends.json");
+    for case in cases(&fixture, "cases") {
+        let reply = text(&case["reply"]);
+        let class = text(&case["class"]);
+        let found = [
+            ("unknown-command", failure::is_unknown_command(reply)),
+            (
+                "functions-unavailable",
+                failure::is_functions_unavailable(reply),
+            ),
+            ("function-missing", failure::is_function_missing(reply)),
+            ("library-loaded", failure::is_library_loaded(reply)),
+            ("time-refused", failure::is_time_refused(reply)),
+        ];
+        for (name, yes) in found {
+            // Every unknown-command case is also functions-unavailable.
+            let expected =
+                name == class || (name == "functions-unavailable" && class == "unknown-command");
+            assert_eq!(yes, expected, "{name} for {case}");
+        }
+    }
+}
+
+fn bucket_result(value: &Value, fits: bool) -> BucketResult {
+    BucketResult {
+        fits,
+        remaining: value["remaining"].as_i64().expect("remaining"),
+        retry_after_ms: value["retry_after_ms"].as_i64().expect("retry_after_ms"),
+        reset_after_ms: value["reset_after_ms"].as_i64().expect("reset_after_ms"),
+    }
+}
+
+#[test]
+fn the_local_fallback_follows_the_shared_call_sequences() {
+    let fixture = fixture("local.json");
+    for case in cases(&fixture, "cases") {
+        let name = text(&case["name"]);
+        let capacity = case["capacity"].as_u64().map_or(10_000, |n| n as usize);
+        let mut local = LocalBuckets::new(capacity);
+        for (index, step) in cases(case, "steps").iter().enumerate() {
+            let at = format!("{name}, step {index}");
+            let now_ms = step["at_ms"].as_f64().expect("at_ms");
+            let buckets: Vec<LocalBucket<'_>> = cases(step, "call")
+                .iter()
+                .map(|bucket| {
+                    let limit = text(&bucket["limit"]);
+                    let params = &case["limits"][limit];
+                    LocalBucket {
+                        key: text(&bucket["key"]),
+                        limit,
+                        rate: params["rate"].as_f64().expect("rate"),
+                        burst: params["burst"].as_f64().expect("burst"),
+                        cost: bucket["cost"].as_f64().expect("cost"),
+                    }
+                })
+                .collect();
+            match text(&step["redis"]) {
+                "answers" => {
+                    let expected: Vec<ChargeBack> = cases(step, "charge_back")
+                        .iter()
+                        .map(|charge| ChargeBack {
+                            key: text(&charge["key"]).to_owned(),
+                            rate: charge["rate"].as_f64().expect("rate"),
+                            burst: charge["burst"].as_f64().expect("burst"),
+                            cost: charge["cost"].as_f64().expect("cost"),
+                        })
+                        .collect();
+                    assert_eq!(local.owed(&buckets), expected, "{at}: charge-backs");
+                    for charge in &expected {
+                        local.settled(&charge.key);
+                    }
+                    let reply = &step["reply"];
+                    let allowed = reply["allowed"].as_bool().expect("allowed");
+                    let results: Vec<BucketResult> = cases(reply, "buckets")
+                        .iter()
+                        .map(|bucket| bucket_result(bucket, allowed))
+                        .collect();
+                    local.answered(&buckets, &results, now_ms);
+                }
+                "fails" => {
+                    let decision = local.acquire_each(&buckets, now_ms);
+                    let expect = &step["expect"];
+                    assert_eq!(
+                        decision.allowed,
+                        expect["allowed"].as_bool().expect("allowed"),
+                        "{at}: {decision:?}"
+                    );
+                    let found: Vec<(i64, i64, i64)> = decision
+                        .buckets
+                        .iter()
+                        .map(|b| (b.remaining, b.retry_after_ms, b.reset_after_ms))
+                        .collect();
+                    let wanted: Vec<(i64, i64, i64)> = cases(expect, "buckets")
+                        .iter()
+                        .map(|b| {
+                            let b = bucket_result(b, false);
+                            (b.remaining, b.retry_after_ms, b.reset_after_ms)
+                        })
+                        .collect();
+                    assert_eq!(found, wanted, "{at}");
+                }
+                other => panic!("{at}: redis {other}"),
+            }
+        }
+    }
+}

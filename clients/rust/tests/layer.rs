@@ -1,0 +1,237 @@
+//! The tower layer in a real axum server over HTTP, in front of a spawned Redis (or of none): headers on every
+//! limited response, 429 with Retry-After and the JSON body, several limits all or nothing, skip, the peer
+//! address as the default identity, and the three fail modes.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use common::{Options, Server};
+use redis_tb_client::{Client, FailMode, Identity, Limit, RateLimitLayer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn with_module() -> Server {
+    let module = std::env::var_os("TB_MODULE").map_or_else(
+        || {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../target/release/libredis_tb.so"
+            ))
+        },
+        PathBuf::from,
+    );
+    Server::start_with(Options {
+        module: Some(module),
+        ..Options::default()
+    })
+}
+
+/// Serves `layer` around a one-route app on a free loopback port, with the peer address for the key.
+async fn serve(layer: RateLimitLayer) -> SocketAddr {
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .route("/health", get(|| async { "ok" }))
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        let service = app.into_make_service_with_connect_info::<SocketAddr>();
+        let _ = axum::serve(listener, service).await;
+    });
+    address
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(found, _)| found.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// One HTTP/1.1 GET on its own connection.
+async fn get_path(address: SocketAddr, path: &str) -> Reply {
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.expect("read");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a head");
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split(' ').nth(1))
+        .and_then(|code| code.parse().ok())
+        .expect("a status line");
+    let headers = lines
+        .filter_map(|line| line.split_once(": "))
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect();
+    Reply {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+fn client(url: &str) -> Client {
+    Client::builder(url)
+        .timeout(Duration::from_millis(500))
+        .build()
+        .expect("a client")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_its_burst_gets_429_with_the_headers_and_body() {
+    let server = with_module();
+    let limit = Limit::new("api", 0.5, 2.0).expect("a limit");
+    let layer = RateLimitLayer::new(client(&server.url()), [limit]).expect("a layer");
+    let address = serve(layer).await;
+
+    let first = get_path(address, "/").await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body, "hello");
+    assert_eq!(first.header("ratelimit-policy"), Some("\"api\";q=2;w=4"));
+    assert_eq!(first.header("ratelimit"), Some("\"api\";r=1;t=2"));
+    assert_eq!(first.header("ratelimit-limit"), Some("2"));
+    assert_eq!(first.header("ratelimit-remaining"), Some("1"));
+    assert_eq!(first.header("retry-after"), None);
+
+    assert_eq!(get_path(address, "/").await.status, 200);
+    let refused = get_path(address, "/").await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("content-type"), Some("application/json"));
+    assert_eq!(refused.header("ratelimit-remaining"), Some("0"));
+    // About 2 s until the next token at 0.5/s: Retry-After rounds up.
+    assert_eq!(refused.header("retry-after"), Some("2"));
+    let body: serde_json::Value = serde_json::from_str(&refused.body).expect("a JSON body");
+    assert_eq!(body["error"], "rate limit exceeded");
+    assert_eq!(body["limit"], "api");
+    let retry = body["retry_after_ms"].as_i64().expect("retry_after_ms");
+    assert!((1_000..=2_000).contains(&retry), "{retry}");
+
+    // The peer address is the identity, in the shared key layout.
+    let mut conn = server.conn();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("ratelimit:{127.0.0.1}:api")
+        .query(&mut conn)
+        .expect("EXISTS");
+    assert_eq!(exists, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_limits_are_all_or_nothing_and_skip_lets_a_request_through() {
+    let server = with_module();
+    let per_client = Limit::new("per-client", 0.001, 5.0).expect("a limit");
+    let per_tenant = Limit::new("tenant", 0.001, 2.0)
+        .expect("a limit")
+        .key(|parts| {
+            if parts.uri.path() == "/health" {
+                Identity::Skip
+            } else {
+                Identity::Key("acme".to_owned())
+            }
+        });
+    let layer = RateLimitLayer::new(client(&server.url()), [per_client, per_tenant])
+        .expect("a layer")
+        .key(|parts| {
+            if parts.uri.path() == "/health" {
+                Identity::Skip
+            } else {
+                Identity::Key("user-1".to_owned())
+            }
+        });
+    let address = serve(layer).await;
+
+    for _ in 0..3 {
+        let health = get_path(address, "/health").await;
+        assert_eq!(health.status, 200);
+        assert_eq!(health.header("ratelimit"), None);
+    }
+    let first = get_path(address, "/").await;
+    assert_eq!(first.status, 200);
+    assert_eq!(
+        first.header("ratelimit"),
+        Some("\"per-client\";r=4;t=1000, \"tenant\";r=1;t=1000")
+    );
+    assert_eq!(get_path(address, "/").await.status, 200);
+    let refused = get_path(address, "/").await;
+    assert_eq!(refused.status, 429);
+    let body: serde_json::Value = serde_json::from_str(&refused.body).expect("a JSON body");
+    assert_eq!(body["limit"], "tenant");
+
+    // The refusal took nothing from the per-client bucket: 3 tokens left after two requests.
+    let mut conn = server.conn();
+    let reply: Vec<i64> = redis::cmd("TB.ACQUIRE")
+        .arg("ratelimit:{user-1}:per-client")
+        .arg(0.001)
+        .arg(5)
+        .arg(0)
+        .query(&mut conn)
+        .expect("peek");
+    assert_eq!(reply[1], 3);
+    // Skipped requests took nothing: the tenant's bucket holds the two requests only.
+    let tenant: Vec<i64> = redis::cmd("TB.ACQUIRE")
+        .arg("ratelimit:{acme}:tenant")
+        .arg(0.001)
+        .arg(2)
+        .arg(0)
+        .query(&mut conn)
+        .expect("peek");
+    assert_eq!(tenant[1], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_redis_each_fail_mode_answers_as_documented() {
+    let url = format!("redis://127.0.0.1:{}/", common::free_port());
+    let limit = || Limit::new("api", 0.001, 3.0).expect("a limit");
+
+    // local (the default): in-memory buckets of the same limit: 3 requests, then 429.
+    let local = serve(RateLimitLayer::new(client(&url), [limit()]).expect("a layer")).await;
+    let statuses = [
+        get_path(local, "/").await.status,
+        get_path(local, "/").await.status,
+        get_path(local, "/").await.status,
+        get_path(local, "/").await.status,
+    ];
+    assert_eq!(statuses, [200, 200, 200, 429]);
+
+    let open = serve(
+        RateLimitLayer::new(client(&url), [limit()])
+            .expect("a layer")
+            .fail(FailMode::Open),
+    )
+    .await;
+    for _ in 0..5 {
+        let reply = get_path(open, "/").await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.header("ratelimit"), None);
+    }
+
+    let closed = serve(
+        RateLimitLayer::new(client(&url), [limit()])
+            .expect("a layer")
+            .fail(FailMode::Closed),
+    )
+    .await;
+    let refused = get_path(closed, "/").await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(refused.body, "{\"error\":\"rate limiter unavailable\"}");
+}

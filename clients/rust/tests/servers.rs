@@ -1,0 +1,372 @@
+//! The client against real servers it spawns (the workspace's harness, `tests/common`): the module, a server
+//! without it (the Functions library on Redis 7.0, the script when forced), a stopped server (SIGSTOP: every
+//! call answered within its deadline, nothing charged later), and no server at all.
+//!
+//! `$REDIS_SERVER` (default Debian's `/usr/bin/redis-server`) and `$TB_MODULE` (default the workspace's
+//! `target/release/libredis_tb.so`, which `make test` builds first) as for the module's own suites.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::{Options, Server};
+use redis_tb_client::{Backend, Bucket, BucketWithCost, Client, Error};
+
+fn module() -> PathBuf {
+    std::env::var_os("TB_MODULE").map_or_else(
+        || {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../target/release/libredis_tb.so"
+            ))
+        },
+        PathBuf::from,
+    )
+}
+
+fn with_module() -> Server {
+    Server::start_with(Options {
+        module: Some(module()),
+        ..Options::default()
+    })
+}
+
+fn without_module() -> Server {
+    Server::start_with(Options {
+        without_module: true,
+        ..Options::default()
+    })
+}
+
+fn client(server: &Server) -> Client {
+    Client::builder(&server.url())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("a client")
+}
+
+/// Every command through one backend, from fresh keys: the replies the module's contract gives.
+async fn every_command_answers(client: &Client, prefix: &str) {
+    let key = format!("{prefix}:a");
+    let first = client
+        .acquire(&key, 1.0, 5.0, 2.0)
+        .await
+        .expect("TB.ACQUIRE");
+    assert!(first.allowed);
+    assert_eq!(first.remaining, 3);
+    assert_eq!(first.retry_after_ms, 0);
+
+    let never = client
+        .acquire(&key, 1.0, 5.0, 6.0)
+        .await
+        .expect("TB.ACQUIRE");
+    assert!(!never.allowed);
+    assert_eq!(never.retry_after_ms, -1);
+
+    let (b, c) = (format!("{prefix}:b"), format!("{prefix}:c"));
+    let all = client
+        .acquire_all(
+            &[
+                Bucket {
+                    key: &b,
+                    rate: 1.0,
+                    burst: 10.0,
+                },
+                Bucket {
+                    key: &c,
+                    rate: 1.0,
+                    burst: 3.0,
+                },
+            ],
+            2.0,
+        )
+        .await
+        .expect("TB.ACQUIREALL");
+    assert!(all.allowed);
+    assert_eq!((all.remaining, all.limiting_index), (1, 1));
+
+    let each = client
+        .acquire_each(&[
+            BucketWithCost {
+                key: &b,
+                rate: 1.0,
+                burst: 10.0,
+                cost: 1.0,
+            },
+            BucketWithCost {
+                key: &c,
+                rate: 1.0,
+                burst: 3.0,
+                cost: 2.0,
+            },
+        ])
+        .await
+        .expect("TB.ACQUIREEACH");
+    assert!(!each.allowed, "{each:?}");
+    assert_eq!(each.limiting_index, 1);
+    assert_eq!(each.buckets.len(), 2);
+    assert!(each.buckets[0].fits && !each.buckets[1].fits);
+
+    let at_most = client
+        .acquire_at_most(&format!("{prefix}:d"), 1.0, 20.0, 15)
+        .await
+        .expect("TB.ACQUIREATMOST");
+    assert_eq!((at_most.granted, at_most.remaining), (15, 5));
+
+    let slot = format!("{prefix}:e");
+    let now = client
+        .reserve(&slot, 10.0, 1.0, 1.0, 1_000)
+        .await
+        .expect("TB.RESERVE");
+    assert!(now.granted && now.wait_ms == 0, "{now:?}");
+    let reserved = client
+        .reserve(&slot, 10.0, 1.0, 1.0, 1_000)
+        .await
+        .expect("TB.RESERVE");
+    assert!(reserved.granted);
+    assert!((1..=100).contains(&reserved.wait_ms), "{reserved:?}");
+
+    let refunded = client.refund(&key, 1.0, 5.0, 1.0).await.expect("TB.REFUND");
+    assert!(refunded.refunded);
+
+    let charged = client
+        .charge(&format!("{prefix}:f"), 0.1, 5.0, 7.0)
+        .await
+        .expect("TB.CHARGE");
+    assert_eq!(charged.remaining, 0);
+    assert!(charged.retry_after_ms > 29_000, "{charged:?}");
+
+    let blocked = client
+        .block(&format!("{prefix}:g"), 1.0, 10.0, 60_000)
+        .await
+        .expect("TB.BLOCK");
+    assert_eq!(blocked.remaining, 0);
+    assert!(blocked.retry_after_ms > 60_000, "{blocked:?}");
+
+    let refused = client
+        .acquire(&key, 0.0, 5.0, 1.0)
+        .await
+        .expect_err("rate 0");
+    assert_eq!(
+        refused.server_text().as_deref(),
+        Some("ERR rate must be a positive number")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_module_runs_every_command() {
+    let server = with_module();
+    let client = client(&server);
+    every_command_answers(&client, "module").await;
+    assert_eq!(client.backend_in_use(), Backend::Module);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_the_module_gets_the_library_loaded_and_called() {
+    let server = without_module();
+    let client = client(&server);
+    every_command_answers(&client, "library").await;
+    assert_eq!(client.backend_in_use(), Backend::Function);
+    let mut conn = server.conn();
+    let libraries: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query(&mut conn)
+        .expect("FUNCTION LIST");
+    assert!(
+        format!("{libraries:?}").contains("tb_0_4_0"),
+        "{libraries:?}"
+    );
+
+    // A FUNCTION FLUSH (or a restart without persistence) loses the library: the next call loads it again.
+    let () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query(&mut conn)
+        .expect("FUNCTION FLUSH");
+    let reply = client
+        .acquire("library:after-flush", 1.0, 5.0, 1.0)
+        .await
+        .expect("reloaded");
+    assert_eq!(reply.remaining, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_script_runs_where_forced_and_survives_a_script_flush() {
+    let server = without_module();
+    let client = Client::builder(&server.url())
+        .backend(Backend::Script)
+        .build()
+        .expect("a client");
+    every_command_answers(&client, "script").await;
+    assert_eq!(client.backend_in_use(), Backend::Script);
+    let mut conn = server.conn();
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut conn)
+        .expect("SCRIPT FLUSH");
+    let reply = client
+        .acquire("script:after-flush", 1.0, 5.0, 1.0)
+        .await
+        .expect("EVAL after NOSCRIPT");
+    assert_eq!(reply.remaining, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_library_and_the_module_keep_one_bucket() {
+    // Buckets move between the backends without migration: the same hash, the same replies.
+    let server = with_module();
+    let module = client(&server);
+    let library = Client::builder(&server.url())
+        .backend(Backend::Function)
+        .build()
+        .expect("a client");
+    assert_eq!(
+        module
+            .acquire("shared", 0.001, 10.0, 4.0)
+            .await
+            .expect("module")
+            .remaining,
+        6
+    );
+    assert_eq!(
+        library
+            .acquire("shared", 0.001, 10.0, 4.0)
+            .await
+            .expect("library")
+            .remaining,
+        2
+    );
+    assert_eq!(
+        module
+            .acquire("shared", 0.001, 10.0, 0.0)
+            .await
+            .expect("module")
+            .remaining,
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_server_fails_every_call_at_once_after_the_first() {
+    let port = common::free_port();
+    let client = Client::builder(&format!("redis://127.0.0.1:{port}/"))
+        .timeout(Duration::from_millis(500))
+        .build()
+        .expect("a client");
+    let first = client
+        .acquire("k", 1.0, 2.0, 1.0)
+        .await
+        .expect_err("nothing listens");
+    assert!(first.stops_calls(), "{first:?}");
+    assert_eq!(first.failure().row, "connection refused");
+    assert!(!client.is_available());
+    let started = Instant::now();
+    for _ in 0..10 {
+        let err = client
+            .acquire("k", 1.0, 2.0, 1.0)
+            .await
+            .expect_err("still nothing");
+        assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+fn signal(server: &Server, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([name, &server.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {name}");
+}
+
+/// Tokens left in a bucket of rate 0.001 (it does not refill during the test), read without taking any.
+async fn peek(client: &Client, key: &str) -> i64 {
+    client
+        .acquire(key, 0.001, 100.0, 0.0)
+        .await
+        .expect("peek")
+        .remaining
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_gets_answers_within_the_deadline_and_nothing_charged_later() {
+    let server = with_module();
+    let deadline = Duration::from_millis(200);
+    let client = Client::builder(&server.url())
+        .timeout(deadline)
+        .build()
+        .expect("a client");
+    let key = "stall";
+    assert_eq!(
+        client
+            .acquire(key, 0.001, 100.0, 1.0)
+            .await
+            .expect("before")
+            .remaining,
+        99
+    );
+
+    signal(&server, "-STOP");
+    let mut took = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let err = client
+            .acquire(key, 0.001, 100.0, 1.0)
+            .await
+            .expect_err("stopped");
+        took.push(started.elapsed());
+        assert!(err.stops_calls(), "{err:?}");
+    }
+    signal(&server, "-CONT");
+
+    // Each call ends at its deadline at the latest (plus the scheduling a loaded machine adds); only the first
+    // waits for it: the others find the connection dropped and fail at once.
+    let longest = took.iter().max().copied().unwrap_or_default();
+    assert!(longest < deadline * 4, "the longest call took {longest:?}");
+    took.sort();
+    assert!(
+        took[10] < deadline / 2,
+        "the median call took {:?}",
+        took[10]
+    );
+
+    // The call written before the stop's first timeout runs when the server resumes; the 19 after it never
+    // reached the server.
+    let observer = client_for(&server);
+    let resumed = Instant::now();
+    let mut left = peek(&observer, key).await;
+    while left != 98 && resumed.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        left = peek(&observer, key).await;
+    }
+    assert!(
+        (98..=99).contains(&left),
+        "{left} tokens left: calls were charged after the stop"
+    );
+    // The client comes back by itself once a probe answers, and charges from then on.
+    let back = Instant::now();
+    loop {
+        match client.acquire(key, 0.001, 100.0, 1.0).await {
+            Ok(reply) => {
+                assert_eq!(reply.remaining, left - 1);
+                break;
+            }
+            Err(err) => {
+                assert!(
+                    back.elapsed() < Duration::from_secs(10),
+                    "never came back: {err}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+fn client_for(server: &Server) -> Client {
+    client(server)
+}
