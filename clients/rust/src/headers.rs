@@ -4,7 +4,9 @@
 //! - [`Standard::Draft`]: `RateLimit-Policy: "<name>";q=<floor(burst)>;w=<ceil(burst / rate)>` and
 //!   `RateLimit: "<name>";r=<remaining>;t=<ceil(reset_after_ms / 1000)>`, one list member per bucket.
 //! - [`Standard::Legacy`]: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` of the limiting bucket.
-//! - [`Standard::Both`] (the default): both sets.
+//! - [`Standard::Both`] (the default): both sets; [`Standard::None`]: neither.
+//! - Every number is an integer from 0 to [`MAX_INTEGER`], the largest RFC 8941 sf-integer: larger values (a burst
+//!   of 1e21, an infinite `burst / rate`, the module's saturated 2^63-1) go out as it (`fixtures/headers.json`).
 //! - `Retry-After` on a refusal, `ceil(retry_after_ms / 1000)` whole seconds; left out when `retry_after_ms` is
 //!   -1 (the cost exceeds the burst: waiting never helps).
 #![forbid(unsafe_code)]
@@ -21,6 +23,27 @@ pub enum Standard {
     /// All five.
     #[default]
     Both,
+    /// No RateLimit fields (`Retry-After` still goes on a refusal).
+    None,
+}
+
+/// The largest RFC 8941 sf-integer (15 digits): every number in a field is at most this.
+pub const MAX_INTEGER: i64 = 999_999_999_999_999;
+
+fn clamp(number: i64) -> i64 {
+    number.clamp(0, MAX_INTEGER)
+}
+
+/// A non-negative double as a field's integer: rounded as given, clamped (infinity and NaN-free inputs only).
+fn clamp_f64(number: f64) -> i64 {
+    if number >= MAX_INTEGER as f64 {
+        MAX_INTEGER
+    } else if number > 0.0 {
+        // Below MAX_INTEGER, so the conversion is exact for integral values.
+        number as i64
+    } else {
+        0
+    }
 }
 
 /// A limit as the headers describe it.
@@ -35,7 +58,7 @@ fn seconds_up(ms: i64) -> i64 {
     if ms <= 0 {
         0
     } else {
-        ms.saturating_add(999) / 1000
+        clamp(ms.saturating_add(999) / 1000)
     }
 }
 
@@ -55,13 +78,12 @@ fn sf_string(text: &str) -> String {
 
 /// Whole requests the burst allows (the draft's `q` is an integer).
 fn quota(burst: f64) -> i64 {
-    // `as` saturates: a burst beyond i64 reads as its largest value.
-    burst.floor() as i64
+    clamp_f64(burst.floor())
 }
 
 /// The window: seconds to fill from empty, rounded up, at least 1.
 fn window(policy: &Policy<'_>) -> i64 {
-    ((policy.burst / policy.rate).ceil() as i64).max(1)
+    clamp_f64((policy.burst / policy.rate).ceil()).max(1)
 }
 
 /// The header fields (name, value) for a decision over `policies`, one per bucket of `reply` in call order.
@@ -86,7 +108,7 @@ pub fn rate_limit_headers(
                 format!(
                     "{};r={};t={}",
                     sf_string(p.name),
-                    b.remaining,
+                    clamp(b.remaining),
                     seconds_up(b.reset_after_ms)
                 )
             })
@@ -102,7 +124,7 @@ pub fn rate_limit_headers(
         };
         if let (Some(policy), Some(bucket)) = (policies.get(index), reply.buckets.get(index)) {
             headers.push(("RateLimit-Limit", quota(policy.burst).to_string()));
-            headers.push(("RateLimit-Remaining", bucket.remaining.to_string()));
+            headers.push(("RateLimit-Remaining", clamp(bucket.remaining).to_string()));
             headers.push((
                 "RateLimit-Reset",
                 seconds_up(bucket.reset_after_ms).to_string(),

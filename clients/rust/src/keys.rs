@@ -55,11 +55,14 @@ impl Default for Ipv6Subnet {
 
 /// The identity of a peer address given as text: `127.0.0.1` as is; `::ffff:127.0.0.1` as `127.0.0.1`; any
 /// other IPv6 address as its network (`2001:db8:1:2ff::1` -> `2001:db8:1:200::/56`), zone id dropped. `None` for
-/// no address or for text that is not an IP address (a Unix socket path, `host:port`).
+/// no address or for text that is not an IP address (a Unix socket path, `host:port`, IPv4 with a zone id).
 pub fn ip_identity(address: Option<&str>, subnet: Ipv6Subnet) -> Option<String> {
     let text = address?;
-    let without_zone = text.split('%').next().unwrap_or(text);
-    let parsed: IpAddr = without_zone.parse().ok()?;
+    let parsed: IpAddr = match text.split_once('%') {
+        // A zone id belongs to an IPv6 address only: `1.2.3.4%eth0` is no address.
+        Some((address, _zone)) => IpAddr::V6(address.parse().ok()?),
+        None => text.parse().ok()?,
+    };
     Some(addr_identity(parsed, subnet))
 }
 
@@ -84,7 +87,8 @@ fn is_kept(byte: u8) -> bool {
     (0x21..=0x7E).contains(&byte) && !matches!(byte, b'%' | b'{' | b'}')
 }
 
-/// The hash tag of an identity: its UTF-8 bytes, with `%`, `{`, `}`, and every byte outside `!`..`~` written as
+/// The hash tag of an identity: its UTF-8 bytes (a Rust string holds no lone surrogate, which the other packages
+/// write as its WTF-8 bytes), with `%`, `{`, `}`, and every byte outside `!`..`~` written as
 /// `%XX` (uppercase hex). Injective, never empty for a non-empty identity, never holds a brace.
 pub fn escape(identity: &str) -> String {
     let mut tag = String::with_capacity(identity.len());

@@ -56,13 +56,13 @@ impl fmt::Debug for Limit {
 
 impl Limit {
     /// A limit named `name` (it names the bucket keys and the header items): `rate` tokens per second, bursts
-    /// of `burst`, each request costing 1. Refuses an empty name and a rate or burst that is not a finite number
-    /// above 0.
+    /// of `burst`, each request costing 1. Refuses a name that is empty or holds a character outside `0x20` to
+    /// `0x7E` (the header's sf-string holds no other), and a rate or burst that is not a finite number above 0.
     pub fn new(name: &str, rate: f64, burst: f64) -> Result<Limit, ConfigError> {
-        if name.is_empty() {
-            return Err(ConfigError::new(
-                "a limit's name must not be empty".to_owned(),
-            ));
+        if name.is_empty() || !name.bytes().all(|byte| (0x20..=0x7E).contains(&byte)) {
+            return Err(ConfigError::new(format!(
+                "a limit's name must be printable ASCII (0x20 to 0x7E), at least one character: {name:?}"
+            )));
         }
         for (what, value) in [("rate", rate), ("burst", burst)] {
             if !(value.is_finite() && value > 0.0) {

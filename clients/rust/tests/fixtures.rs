@@ -1,23 +1,59 @@
 //! The shared rules, tested with the repository's fixtures (the files the Python and Node suites read), each
 //! through the crate's own exported function: bucket keys and identities (`fixtures/keys.json`), the failure
-//! table (`fixtures/failures.json`), the errors that pick a backend (`fixtures/backends.json`) and the local
-//! fallback (`fixtures/local.json`).
+//! table (`fixtures/failures.json`), the errors that pick a backend (`fixtures/backends.json`), the local
+//! fallback (`fixtures/local.json`), the header mapping (`fixtures/headers.json`) and what a limit accepts
+//! (`fixtures/limits.json`).
 
 use std::io;
 use std::path::Path;
 
 use redis_tb_client::failure::{self, Action};
+use redis_tb_client::headers::{self, Policy, Standard};
 use redis_tb_client::keys::{self, Ipv6Subnet};
 use redis_tb_client::local::{ChargeBack, LocalBucket, LocalBuckets};
-use redis_tb_client::{BucketResult, Error};
+use redis_tb_client::{AcquiredEach, BucketResult, Client, Error, Limit, RateLimitLayer};
 use serde_json::Value;
+
+/// Stands for a lone surrogate, which JSON text may hold (`"\ud800"`) and a Rust string cannot.
+const LONE_SURROGATE: &str = "(lone surrogate)";
 
 fn fixture(name: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../fixtures")
         .join(name);
     let text = std::fs::read_to_string(&path).expect("the fixture file");
-    serde_json::from_str(&text).expect("the fixture parses")
+    serde_json::from_str(&without_lone_surrogates(&text)).expect("the fixture parses")
+}
+
+/// `text` with each `\uD800`-`\uDFFF` escape that is not half of a pair replaced by [`LONE_SURROGATE`].
+fn without_lone_surrogates(text: &str) -> String {
+    let surrogate = |at: usize| -> Option<u16> {
+        let escape = text.get(at..at + 6)?;
+        let code = u16::from_str_radix(escape.strip_prefix("\\u")?, 16).ok()?;
+        (0xD800..=0xDFFF).contains(&code).then_some(code)
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    while at < text.len() {
+        if let Some(code) = surrogate(at) {
+            let paired = (0xD800..=0xDBFF).contains(&code)
+                && surrogate(at + 6).is_some_and(|low| (0xDC00..=0xDFFF).contains(&low));
+            if paired {
+                out.push_str(&text[at..at + 12]);
+                at += 12;
+            } else {
+                out.push_str(LONE_SURROGATE);
+                at += 6;
+            }
+            continue;
+        }
+        // Any other escape (`\\`, `\"`, `\n`, `\u0041`) is copied whole, so its backslash starts nothing.
+        let width = if text[at..].starts_with('\\') { 2 } else { 1 };
+        let taken: String = text[at..].chars().take(width).collect();
+        out.push_str(&taken);
+        at += taken.len();
+    }
+    out
 }
 
 fn cases<'a>(value: &'a Value, field: &str) -> &'a Vec<Value> {
@@ -32,6 +68,12 @@ fn text(value: &Value) -> &str {
 fn bucket_keys_follow_the_shared_layout() {
     let fixture = fixture("keys.json");
     for case in cases(&fixture, "keys") {
+        if case["identity"]
+            .as_str()
+            .is_some_and(|identity| identity.contains(LONE_SURROGATE))
+        {
+            continue;
+        }
         let key = keys::bucket_key(
             text(&case["prefix"]),
             case["identity"].as_str(),
@@ -241,4 +283,136 @@ fn the_local_fallback_follows_the_shared_call_sequences() {
             }
         }
     }
+}
+
+fn standard(name: &str) -> Standard {
+    match name {
+        "both" => Standard::Both,
+        "draft" => Standard::Draft,
+        "legacy" => Standard::Legacy,
+        "none" => Standard::None,
+        other => panic!("standard {other}"),
+    }
+}
+
+#[test]
+fn every_decision_gets_the_shared_header_fields() {
+    let fixture = fixture("headers.json");
+    for case in cases(&fixture, "cases") {
+        let buckets = cases(case, "buckets");
+        let policies: Vec<Policy<'_>> = buckets
+            .iter()
+            .map(|bucket| Policy {
+                name: text(&bucket["name"]),
+                rate: bucket["rate"].as_f64().expect("rate"),
+                burst: bucket["burst"].as_f64().expect("burst"),
+            })
+            .collect();
+        let reply = AcquiredEach {
+            allowed: case["allowed"].as_bool().expect("allowed"),
+            limiting_index: case["limiting_index"].as_u64().expect("index") as usize,
+            buckets: buckets
+                .iter()
+                .map(|bucket| {
+                    // remaining may be 2^63-1, which serde_json keeps as an i64.
+                    bucket_result(bucket, bucket["fits"].as_bool().expect("fits"))
+                })
+                .collect(),
+        };
+        let found =
+            headers::rate_limit_headers(&policies, &reply, standard(text(&case["standard"])));
+        let expected: Vec<(String, String)> = cases(case, "headers")
+            .iter()
+            .map(|pair| (text(&pair[0]).to_owned(), text(&pair[1]).to_owned()))
+            .collect();
+        let found: Vec<(String, String)> = found
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value))
+            .collect();
+        assert_eq!(found, expected, "{}", case["about"]);
+    }
+}
+
+#[test]
+fn limit_names_the_header_cannot_hold_are_refused() {
+    let fixture = fixture("headers.json");
+    for name in cases(&fixture["names"], "accepted") {
+        assert!(Limit::new(text(name), 1.0, 1.0).is_ok(), "{name}");
+    }
+    for name in cases(&fixture["names"], "refused") {
+        if text(name).contains(LONE_SURROGATE) {
+            continue;
+        }
+        let err = Limit::new(text(name), 1.0, 1.0).expect_err("refused");
+        assert!(err.to_string().contains("name"), "{err}");
+    }
+}
+
+/// A number of fixtures/limits.json: `Some` for a number or the strings standing for infinities and NaN; `None`
+/// for what Rust's `f64` cannot be handed (text, a boolean, null).
+fn number(value: &Value) -> Option<f64> {
+    match value {
+        Value::Number(number) => number.as_f64(),
+        Value::String(text) if text == "Infinity" => Some(f64::INFINITY),
+        Value::String(text) if text == "-Infinity" => Some(f64::NEG_INFINITY),
+        Value::String(text) if text == "NaN" => Some(f64::NAN),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn limits_are_accepted_and_refused_as_the_shared_cases_say() {
+    let fixture = fixture("limits.json");
+    let client = Client::new("redis://127.0.0.1:1/").expect("a client (never connected)");
+    let mut checked = 0;
+    'cases: for case in cases(&fixture, "cases") {
+        let mut limits = Vec::new();
+        let mut refused: Option<(usize, String)> = None;
+        for (index, given) in cases(case, "limits").iter().enumerate() {
+            let (Some(rate), Some(burst)) = (number(&given["rate"]), number(&given["burst"]))
+            else {
+                continue 'cases;
+            };
+            let cost = match given.get("cost") {
+                None => 1.0,
+                Some(cost) => match number(cost) {
+                    Some(cost) => cost,
+                    None => continue 'cases,
+                },
+            };
+            match Limit::new(text(&given["name"]), rate, burst).and_then(|limit| limit.cost(cost)) {
+                Ok(limit) => limits.push(limit),
+                Err(err) => {
+                    refused = Some((index, err.to_string()));
+                    break;
+                }
+            }
+        }
+        if refused.is_none() {
+            if let Err(err) = RateLimitLayer::new(client.clone(), limits) {
+                refused = Some((usize::MAX, err.to_string()));
+            }
+        }
+        match (&case["refused"], refused) {
+            (Value::Null, None) => {}
+            (Value::Null, Some((_, err))) => panic!("{}: refused: {err}", case["about"]),
+            (expected, None) => panic!("{}: accepted, expected {expected}", case["about"]),
+            (expected, Some((index, err))) => {
+                let field = text(&expected["field"]);
+                assert!(
+                    err.contains(field),
+                    "{}: {err} names no {field}",
+                    case["about"]
+                );
+                if let Some(wanted) = expected["index"].as_u64() {
+                    // Duplicate names are found when the layer is built, from the list as a whole.
+                    if index != usize::MAX {
+                        assert_eq!(index as u64, wanted, "{}", case["about"]);
+                    }
+                }
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked >= 20, "{checked} cases checked");
 }
