@@ -54,44 +54,47 @@ class TbUnavailableError extends Error {
 }
 
 // The failure table of docs/clients.md, for replies: the first word of the server's error text (or the whole
-// text, for the ERR rows that are not configuration errors) to its row and action. fixtures/failures.json holds
+// text, for the ERR rows that are not configuration errors) to its row, its class (the row's short name, the label
+// of redis_tb_redis_failures_total) and action. fixtures/failures.json holds
 // examples of each row; the Python package classifies them the same way.
 //   fail-mode        Redis cannot serve now: the middleware's fail mode, a warning once per fault episode
 //   error-fail-mode  a configuration error: logged as an error (at most once a minute), then the fail mode
 //   reload-retry     the script or library is missing: the client loads it and retries once
 //   script-retry     the module is gone: the client moves to the script and retries once
 const REPLY_ROWS = [
-  [/^ERR max number of clients reached/, "too many clients", "fail-mode"],
-  [/^CLUSTERDOWN\b/, "CLUSTERDOWN", "fail-mode"],
-  [/^MASTERDOWN\b/, "MASTERDOWN", "fail-mode"],
-  [/^LOADING\b/, "LOADING", "fail-mode"],
-  [/^BUSY\b/, "BUSY", "fail-mode"],
-  [/^READONLY\b/, "READONLY", "fail-mode"],
-  [/^OOM\b/, "OOM", "fail-mode"],
-  [/^NOREPLICAS\b/, "NOREPLICAS", "fail-mode"],
-  [/^MISCONF\b/, "MISCONF", "fail-mode"],
-  [/^(MOVED|ASK) /, "MOVED/ASK that do not settle", "fail-mode"],
-  [/^TRYAGAIN\b/, "TRYAGAIN", "fail-mode"],
-  [/^CROSSSLOT\b/, "CROSSSLOT", "error-fail-mode"],
-  [/^NOSCRIPT\b/, "NOSCRIPT", "reload-retry"],
-  [/^ERR Function not found/, "function missing", "reload-retry"],
-  [/^ERR unknown command/i, "unknown command", "script-retry"],
-  [/^NOAUTH\b/, "NOAUTH", "error-fail-mode"],
-  [/^WRONGPASS\b/, "WRONGPASS", "error-fail-mode"],
-  [/^NOPERM\b/, "NOPERM", "error-fail-mode"],
-  [/^WRONGTYPE\b/, "WRONGTYPE", "error-fail-mode"],
+  [/^ERR max number of clients reached/, "too many clients", "max_clients", "fail-mode"],
+  [/^CLUSTERDOWN\b/, "CLUSTERDOWN", "clusterdown", "fail-mode"],
+  [/^MASTERDOWN\b/, "MASTERDOWN", "masterdown", "fail-mode"],
+  [/^LOADING\b/, "LOADING", "loading", "fail-mode"],
+  [/^BUSY\b/, "BUSY", "busy", "fail-mode"],
+  [/^READONLY\b/, "READONLY", "readonly", "fail-mode"],
+  [/^OOM\b/, "OOM", "oom", "fail-mode"],
+  [/^NOREPLICAS\b/, "NOREPLICAS", "noreplicas", "fail-mode"],
+  [/^MISCONF\b/, "MISCONF", "misconf", "fail-mode"],
+  [/^(MOVED|ASK) /, "MOVED/ASK that do not settle", "moved", "fail-mode"],
+  [/^TRYAGAIN\b/, "TRYAGAIN", "tryagain", "fail-mode"],
+  [/^CROSSSLOT\b/, "CROSSSLOT", "crossslot", "error-fail-mode"],
+  [/^NOSCRIPT\b/, "NOSCRIPT", "noscript", "reload-retry"],
+  [/^ERR Function not found/, "function missing", "function_missing", "reload-retry"],
+  [/^ERR unknown command/i, "unknown command", "unknown_command", "script-retry"],
+  [/^NOAUTH\b/, "NOAUTH", "noauth", "error-fail-mode"],
+  [/^WRONGPASS\b/, "WRONGPASS", "wrongpass", "error-fail-mode"],
+  [/^NOPERM\b/, "NOPERM", "noperm", "error-fail-mode"],
+  [/^WRONGTYPE\b/, "WRONGTYPE", "wrongtype", "error-fail-mode"],
 ];
 
 // Errors that are not replies, by the texts ioredis, node-redis and this package give them.
 const CONDITION_ROWS = [
-  [/no reply from Redis within|timed? ?out|ETIMEDOUT/i, "timeout"],
-  [/cluster|startup nodes|slots cache|slot .*not covered/i, "cluster unreachable"],
-  [/ECONNREFUSED|connection refused/i, "connection refused"],
+  [/no reply from Redis within|timed? ?out|ETIMEDOUT/i, "timeout", "timeout"],
+  [/cluster|startup nodes|slots cache|slot .*not covered/i, "cluster unreachable", "cluster_unreachable"],
+  [/ECONNREFUSED|connection refused/i, "connection refused", "connection"],
 ];
+
+const OTHER = Object.freeze({ row: "other ERR", class: "other", action: "error-fail-mode" });
 
 /**
  * The row of docs/clients.md's failure table that `error` (what a limiter call rejected with) falls in, and what
- * to do about it: `{ row, action }`. A reply matching no row is "other ERR", a configuration error; an error that
+ * to do about it: `{ row, class, action }`. A reply matching no row is "other ERR", a configuration error; an error that
  * is not a reply (a closed or reset connection, a timeout, an unreachable cluster) is a fail-mode row.
  */
 function classifyFailure(error) {
@@ -99,15 +102,15 @@ function classifyFailure(error) {
   if (reply !== undefined) {
     // A command refused inside the script comes back as the script's error: `ERR user_script:795: OOM ...`.
     const inner = reply.replace(/^ERR user_script:\d+: /, "");
-    for (const [pattern, row, action] of REPLY_ROWS) if (pattern.test(inner)) return { row, action };
-    return { row: "other ERR", action: "error-fail-mode" };
+    for (const [pattern, row, name, action] of REPLY_ROWS) if (pattern.test(inner)) return { row, class: name, action };
+    return OTHER;
   }
-  if (error instanceof TbProtocolError) return { row: "other ERR", action: "error-fail-mode" };
+  if (error instanceof TbProtocolError) return OTHER;
   // A call not sent because the connection is down falls in the row of what brought it down.
   if (error instanceof TbUnavailableError && error.cause !== undefined) return classifyFailure(error.cause);
   const text = String(error?.message ?? error);
-  for (const [pattern, row] of CONDITION_ROWS) if (pattern.test(text)) return { row, action: "fail-mode" };
-  return { row: "connection reset", action: "fail-mode" };
+  for (const [pattern, row, name] of CONDITION_ROWS) if (pattern.test(text)) return { row, class: name, action: "fail-mode" };
+  return { row: "connection reset", class: "connection", action: "fail-mode" };
 }
 
 /** The server's error text of a reply error (a TbReplyError keeps it as its cause), else undefined. */

@@ -37,9 +37,18 @@ describe("the failure table's classifier", () => {
     }
   });
 
+  test("every case of fixtures/failures.json has a snake_case class, one per row", () => {
+    const classOf = new Map();
+    for (const row of FIXTURE.cases) {
+      assert.match(row.class ?? "", /^[a-z][a-z_]*$/, row.row);
+      assert.equal(classOf.get(row.row) ?? row.class, row.class, `every case of ${row.row} has one class`);
+      classOf.set(row.row, row.class);
+    }
+  });
+
   test("every reply of fixtures/failures.json falls in its row, from either client", () => {
     for (const row of FIXTURE.cases.filter((c) => c.reply !== undefined)) {
-      const expected = { row: row.row, action: row.action };
+      const expected = { row: row.row, class: row.class, action: row.action };
       assert.deepEqual(classifyFailure(new TbReplyError("TB.ACQUIRE", "k", new ReplyError(row.reply))), expected, row.reply);
       assert.deepEqual(classifyFailure(new ErrorReply(row.reply)), expected, row.reply);
     }
@@ -48,7 +57,9 @@ describe("the failure table's classifier", () => {
   test("every condition of fixtures/failures.json has Node errors that fall in its row", () => {
     for (const row of FIXTURE.cases.filter((c) => c.reply === undefined)) {
       assert.ok(CONDITIONS[row.row], `a Node error for ${row.row}`);
-      for (const error of CONDITIONS[row.row]) assert.deepEqual(classifyFailure(error), { row: row.row, action: row.action }, error.message);
+      for (const error of CONDITIONS[row.row]) {
+        assert.deepEqual(classifyFailure(error), { row: row.row, class: row.class, action: row.action }, error.message);
+      }
     }
   });
 });

@@ -135,8 +135,14 @@ export class TbUnavailableError extends Error {}
 /** The failure table's row of a limiter call's error, and what the middleware does about it. */
 export interface Failure {
   row: string;
+  /** The row's short name (fixtures/failures.json's `class`), the label of `redis_tb_redis_failures_total`. */
+  class: FailureClass;
   action: "fail-mode" | "error-fail-mode" | "reload-retry" | "script-retry";
 }
+export type FailureClass =
+  | "connection" | "timeout" | "cluster_unreachable" | "max_clients" | "clusterdown" | "masterdown" | "loading"
+  | "busy" | "readonly" | "oom" | "noreplicas" | "misconf" | "moved" | "tryagain" | "crossslot" | "noscript"
+  | "function_missing" | "unknown_command" | "noauth" | "wrongpass" | "noperm" | "wrongtype" | "other";
 export function classifyFailure(error: unknown): Failure;
 
 /** A reply of an unexpected shape. */
