@@ -7,7 +7,8 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
@@ -15,8 +16,10 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from . import _protocol as protocol
+from ._failures import Failure
 from ._guard import MAX_IN_FLIGHT, Guard, configure
 from ._local import CAPACITY, ChargeBack, LocalBuckets, limiting_index
+from ._metrics import DEFAULT_REGISTRY, metrics_for
 from .aio import AsyncTokenBucket
 from .client import TokenBucket
 from .headers import STANDARDS, Standard, headers_for
@@ -33,6 +36,11 @@ from .limit import KeyFunction, Limit, check_limits
 from .replies import Acquired, AcquiredEach, BucketResult
 
 FailMode = Literal["local", "open", "closed"]
+#: The `on_error` option: called with the error, the request (ASGI scope or WSGI environ) and the failure table's
+#: row (`Failure`: its `class_` is the row's class) for every limiter call that failed.
+ErrorHook = Callable[[BaseException, Mapping[str, Any], Failure], object]
+#: A shadow limit's refusals are logged at most once per limit in this many seconds.
+SHADOW_LOG_INTERVAL_S = 1.0
 logger = logging.getLogger("redis_tb")
 #: The limits of a request: the same for every request, or chosen from the request (by path, say).
 LimitsSpec = Limit | Sequence[Limit] | Callable[[Mapping[str, Any]], Sequence[Limit]]
@@ -72,6 +80,26 @@ class Plan:
             [(key, limit.rate, limit.burst, limit.cost) for key, limit in zip(self.keys, self.limits, strict=True)]
         )
 
+    def split(self, shadow_all: bool) -> tuple[Plan | None, Plan | None]:
+        """The enforced limits and the shadow ones (every limit with `shadow_all`), each a plan of its own, decided in
+        a call of its own: None where there are none."""
+        if shadow_all:
+            return None, self
+        shadows = [limit.shadow for limit in self.limits]
+        if not any(shadows):
+            return self, None
+        if all(shadows):
+            return None, self
+        return self._chosen(not shadow for shadow in shadows), self._chosen(shadows)
+
+    def _chosen(self, flags: Iterable[bool]) -> Plan:
+        chosen = [index for index, flag in enumerate(flags) if flag]
+        return Plan(
+            tuple(self.limits[i] for i in chosen),
+            tuple(self.keys[i] for i in chosen),
+            tuple(self.tags[i] for i in chosen),
+        )
+
     def parts(self) -> tuple[Plan, ...]:
         """The plan split by identity, for a cluster: limits with their own key function (per tenant next to per
         user) have buckets in other slots, which no single call can reach. Each part is one atomic call."""
@@ -80,14 +108,7 @@ class Plan:
             indexes.setdefault(tag, []).append(index)
         if len(indexes) == 1:
             return (self,)
-        return tuple(
-            Plan(
-                tuple(self.limits[i] for i in chosen),
-                tuple(self.keys[i] for i in chosen),
-                tuple(self.tags[i] for i in chosen),
-            )
-            for chosen in indexes.values()
-        )
+        return tuple(self._chosen(index in chosen for index in range(len(self.limits))) for chosen in indexes.values())
 
     def combined(self, parts: Sequence[Plan], replies: Sequence[Acquired | AcquiredEach]) -> AcquiredEach:
         """The replies of `parts` as the one `TB.ACQUIREEACH` reply of the whole plan, buckets in plan order."""
@@ -163,19 +184,76 @@ class Verdict:
     headers: list[tuple[str, str]]
     status: int = 200
     body: bytes = b""
+    #: The names of the limits whose bucket did not fit (none for a fail mode's refusal).
+    refused: tuple[str, ...] = ()
 
 
-def verdict(plan: Plan, reply: Acquired | AcquiredEach, standard: Standard) -> Verdict:
+@dataclass(frozen=True)
+class Decision:
+    """A refusal, as the `body` function is given it: the limit that refuses (the one with the longest wait), its
+    wait in ms (-1: its cost exceeds its burst, waiting never helps), every enforced limit of the request and Redis's
+    reply (or the local fallback's, alike)."""
+
+    limit: Limit
+    retry_after_ms: int
+    limits: tuple[Limit, ...]
+    reply: Acquired | AcquiredEach
+
+
+#: The `body` option: a JSON object, or a function of the refusal returning one.
+Body = Mapping[str, Any] | Callable[[Decision], Mapping[str, Any]]
+
+
+def default_body(decision: Decision) -> dict[str, Any]:
+    """`{"error": "rate limit exceeded", "limit": <name>, "retry_after_ms": <ms>}`, the wait left out when
+    waiting never helps."""
+    body: dict[str, Any] = {"error": "rate limit exceeded", "limit": decision.limit.name}
+    if decision.retry_after_ms >= 0:
+        body["retry_after_ms"] = decision.retry_after_ms
+    return body
+
+
+@dataclass(frozen=True)
+class Refusals:
+    """How a refusal answers: the status code and the body (docs/operating.md, "Refusals")."""
+
+    status: int = 429
+    body: Body = default_body
+
+    def encoded(self, decision: Decision) -> bytes:
+        body = self.body
+        if callable(body):
+            try:
+                body = body(decision)
+                return json.dumps(body).encode()
+            except Exception:  # a refusal is never a 500: the default body instead, and the bug logged
+                logger.exception("redis-tb: the body function failed for limit %r", decision.limit.name)
+                return json.dumps(default_body(decision)).encode()
+        return json.dumps(body).encode()
+
+
+def verdict(
+    plan: Plan, reply: Acquired | AcquiredEach, standard: Standard, refusals: Refusals | None = None
+) -> Verdict:
+    """The answer to `reply`; without `refusals` (a shadow plan) only whether it allows and which limits refused."""
+    if refusals is None:
+        return Verdict(reply.allowed, [], refused=refused_limits(plan, reply))
     headers = headers_for(plan.limits, reply, standard=standard)
-    limiting = reply.limiting_index if isinstance(reply, AcquiredEach) else 0
-    retry_after_ms = reply.retry_after_ms
     if reply.allowed:
         return Verdict(True, headers)
-    body: dict[str, Any] = {"error": "rate limit exceeded", "limit": plan.limits[limiting].name}
-    if retry_after_ms >= 0:
-        body["retry_after_ms"] = retry_after_ms
+    limiting = reply.limiting_index if isinstance(reply, AcquiredEach) else 0
+    decision = Decision(plan.limits[limiting], reply.retry_after_ms, plan.limits, reply)
     headers.append(("Content-Type", "application/json"))
-    return Verdict(False, headers, 429, json.dumps(body).encode())
+    return Verdict(False, headers, refusals.status, refusals.encoded(decision), refused_limits(plan, reply))
+
+
+def refused_limits(plan: Plan, reply: Acquired | AcquiredEach) -> tuple[str, ...]:
+    """The names of the limits whose bucket did not fit: none when the reply allows."""
+    if reply.allowed:
+        return ()
+    if isinstance(reply, AcquiredEach):
+        return tuple(limit.name for limit, bucket in zip(plan.limits, reply.buckets, strict=True) if not bucket.fits)
+    return (plan.limits[0].name,)
 
 
 def unavailable() -> Verdict:
@@ -222,6 +300,11 @@ class Middleware(Generic[App, Limiter]):
         ipv6_subnet: int = DEFAULT_IPV6_SUBNET,
         timeout: float = 1.0,
         local_capacity: int = CAPACITY,
+        shadow: bool = False,
+        status_code: int = 429,
+        body: Body = default_body,
+        on_error: ErrorHook | None = None,
+        metrics: Any = DEFAULT_REGISTRY,
     ) -> None:
         if fail not in ("local", "open", "closed"):
             raise ValueError(f"fail must be 'local', 'open' or 'closed', not {fail!r}")
@@ -229,6 +312,19 @@ class Middleware(Generic[App, Limiter]):
             raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
         if standard not in STANDARDS:
             raise ValueError(f"standard must be one of {', '.join(STANDARDS)}, not {standard!r}")
+        if not isinstance(shadow, bool):
+            raise ValueError(f"shadow must be True or False, not {shadow!r}")
+        if isinstance(status_code, bool) or not isinstance(status_code, int) or not 400 <= status_code <= 599:
+            raise ValueError(f"status_code must be an HTTP error status (400 to 599), not {status_code!r}")
+        if not callable(body):
+            try:
+                json.dumps(body)
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"body must be a JSON object or a function returning one, not {body!r}") from error
+            if not isinstance(body, Mapping):
+                raise ValueError(f"body must be a JSON object or a function returning one, not {body!r}")
+        if on_error is not None and not callable(on_error):
+            raise ValueError(f"on_error must be a function (error, request, failure), not {on_error!r}")
         self.app = app
         self.limiter = limiter
         self.limits: LimitsSpec = limits if callable(limits) else check_limits(limits)
@@ -240,6 +336,11 @@ class Middleware(Generic[App, Limiter]):
         self.timeout = float(timeout)
         self.guard = Guard(fail)
         self.local = LocalBuckets(local_capacity)
+        self.shadow = shadow
+        self.refusals = Refusals(status_code, body)
+        self.on_error = on_error
+        self.metrics = metrics_for(metrics)
+        self._shadow_logged_at: dict[str, float] = {}
         configure(limiter.redis, self.timeout)
         #: The WSGI middleware's `MAX_IN_FLIGHT` (the ASGI one keeps an asyncio semaphore of its own).
         self.thread_slots = threading.BoundedSemaphore(MAX_IN_FLIGHT)
@@ -250,8 +351,46 @@ class Middleware(Generic[App, Limiter]):
         """The default key function: the peer address, IPv6 grouped by the `ipv6_subnet` prefix."""
         return ip_identity(peer_address(request), self.ipv6_subnet)
 
-    def plan(self, request: Mapping[str, Any]) -> Plan | None:
-        return plan(request, self.limits, self.key, self.prefix)
+    def plans(self, request: Mapping[str, Any]) -> tuple[Plan | None, Plan | None] | None:
+        """The enforced plan and the shadow plan of `request`; None (counted as skipped) when no limit applies."""
+        found = plan(request, self.limits, self.key, self.prefix)
+        if found is None:
+            if self.metrics is not None:
+                self.metrics.requests["skipped"].inc()
+            return None
+        return found.split(self.shadow)
+
+    def refused(self, verdict: Verdict) -> None:
+        """An enforced plan refused the request."""
+        if self.metrics is not None:
+            self.metrics.requests["refused"].inc()
+            self.metrics.refused(verdict.refused)
+
+    def served(self, shadow: Plan | None, verdict: Verdict | None) -> None:
+        """The request is served: allowed, or refused by shadow limits only (`verdict`, that of the shadow plan)."""
+        if verdict is None or verdict.allowed:
+            if self.metrics is not None:
+                self.metrics.requests["allowed"].inc()
+            return
+        if self.metrics is not None:
+            self.metrics.requests["shadow_refused"].inc()
+            self.metrics.refused(verdict.refused)
+        names = verdict.refused or tuple(limit.name for limit in shadow.limits) if shadow is not None else ()
+        now = time.monotonic()
+        for name in names:
+            last = self._shadow_logged_at.get(name)
+            if last is None or now - last >= SHADOW_LOG_INTERVAL_S:
+                self._shadow_logged_at[name] = now
+                logger.warning(
+                    "redis-tb: shadow limit %r would have refused a request; it was served (logged at most once a "
+                    "second per limit)",
+                    name,
+                )
+
+    def called(self, started: float) -> None:
+        """A limiter call ended (Redis's answer or the fail mode's), begun at `started` (`time.perf_counter()`)."""
+        if self.metrics is not None:
+            self.metrics.duration.observe(time.perf_counter() - started)
 
     def parts(self, plan: Plan) -> tuple[Plan, ...]:
         return plan.parts() if self.in_parts else (plan,)
@@ -281,24 +420,38 @@ class Middleware(Generic[App, Limiter]):
         for charge in charges:
             self.local.charge_failed(charge)
 
-    def answered(self, plan: Plan, reply: Acquired | AcquiredEach) -> Verdict:
-        """Redis answered: the in-memory buckets of the plan's keys continue from its report."""
+    def answered(self, plan: Plan, reply: Acquired | AcquiredEach, enforced: bool) -> Verdict:
+        """Redis answered: the in-memory buckets of the plan's keys continue from its report. `enforced`: the answer
+        is the response's (headers, body); else only whether it allows."""
         self.guard.answered()
+        if self.metrics is not None:
+            self.metrics.decisions[self.limiter.backend_in_use or protocol.MODULE].inc()
         if self.fail == "local":
             self.local.observe(plan.limits, plan.keys, reply)
-        return verdict(plan, reply, self.standard)
+        return verdict(plan, reply, self.standard, self.refusals if enforced else None)
 
-    def failed(self, plan: Plan, error: BaseException) -> Verdict | None:
-        self.guard.failed(error)
-        return self.fallback(plan)
+    def failed(self, plan: Plan, error: BaseException, request: Mapping[str, Any], enforced: bool) -> Verdict | None:
+        """A limiter call failed: counted, logged, given to `on_error`, and the fail mode answers."""
+        failure = self.guard.failed(error)
+        if self.metrics is not None:
+            self.metrics.failed(failure.class_)
+        if self.on_error is not None:
+            try:
+                self.on_error(error, request, failure)
+            except Exception:  # the hook's own failure is no 500 either
+                logger.exception("redis-tb: on_error raised")
+        return self.fallback(plan, enforced)
 
-    def fallback(self, plan: Plan) -> Verdict | None:
+    def fallback(self, plan: Plan, enforced: bool) -> Verdict | None:
         """The fail mode's answer: None lets the request through (open), else a verdict (local or closed)."""
+        if self.metrics is not None:
+            self.metrics.decisions[self.fail].inc()
         if self.fail == "open":
             return None
         if self.fail == "closed":
             return unavailable()
-        return verdict(plan, self.local.acquire_each(plan.limits, plan.keys), self.standard)
+        reply = self.local.acquire_each(plan.limits, plan.keys)
+        return verdict(plan, reply, self.standard, self.refusals if enforced else None)
 
 
 def charge_call(charge: ChargeBack) -> protocol.Call[Any]:

@@ -11,6 +11,7 @@ logged at ERROR level whatever the fail mode. And what follows: only a timeout o
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 
 from redis import exceptions as redis_errors
@@ -20,12 +21,16 @@ from . import errors
 
 @dataclass(frozen=True)
 class Failure:
-    """One row: its name in the table, and whether it is a configuration error (logged at ERROR level)."""
+    """One row: what failed (the error code or the exception's type, for the logs), the row's `class` in
+    `fixtures/failures.json` (the label of `redis_tb_redis_failures_total`), and whether it is a configuration
+    error (logged at ERROR level)."""
 
     row: str
     config_error: bool
     #: A timeout or a connection that could not be made or was lost (not an error reply).
     lost_connection: bool = False
+    #: The row's class: `timeout`, `connection`, `oom`, `readonly`, ... (`class` is a keyword in Python).
+    class_: str = "other"
 
 
 #: Error codes a server puts first in its reply, for the rows where the server cannot run the call now. Older
@@ -44,7 +49,6 @@ UNAVAILABLE_CODES = (
     "TRYAGAIN",
     "NOSCRIPT",
 )
-CONFIG_CODES = ("NOAUTH", "WRONGPASS", "NOPERM", "WRONGTYPE")
 
 # redis-py raises these for a server's reply (codes stripped from the text) or for the client's own conditions.
 _CONFIG_TYPES: tuple[type[BaseException], ...] = (
@@ -85,28 +89,87 @@ def _is_lost_connection(error: BaseException) -> bool:
     return isinstance(error, _LOST_TYPES) and not isinstance(error, _ANSWERED_TYPES)
 
 
+#: The class of each error code a server's reply starts with (the fixture's `class` of its row).
+_CODE_CLASSES = {
+    "CLUSTERDOWN": "clusterdown",
+    "MASTERDOWN": "masterdown",
+    "LOADING": "loading",
+    "BUSY": "busy",
+    "READONLY": "readonly",
+    "OOM": "oom",
+    "NOREPLICAS": "noreplicas",
+    "MISCONF": "misconf",
+    "MOVED": "moved",
+    "ASK": "moved",
+    "TRYAGAIN": "tryagain",
+    "NOSCRIPT": "noscript",
+    "CROSSSLOT": "crossslot",
+    "NOAUTH": "noauth",
+    "WRONGPASS": "wrongpass",
+    "NOPERM": "noperm",
+    "WRONGTYPE": "wrongtype",
+}
+#: The class of the exceptions redis-py raises with the code taken off the text; subclasses first.
+_TYPE_CLASSES: tuple[tuple[type[BaseException], str], ...] = (
+    (redis_errors.NoPermissionError, "noperm"),
+    (redis_errors.AuthorizationError, "noperm"),
+    (redis_errors.BusyLoadingError, "loading"),
+    (redis_errors.SlotNotCoveredError, "cluster_unreachable"),
+    (redis_errors.MasterDownError, "masterdown"),
+    (redis_errors.ClusterDownError, "clusterdown"),
+    (redis_errors.ReadOnlyError, "readonly"),
+    (redis_errors.OutOfMemoryError, "oom"),
+    (redis_errors.TryAgainError, "tryagain"),
+    (redis_errors.AskError, "moved"),
+    (redis_errors.NoScriptError, "noscript"),
+    (redis_errors.TimeoutError, "timeout"),
+    (asyncio.TimeoutError, "timeout"),
+    (TimeoutError, "timeout"),
+    (redis_errors.ConnectionError, "connection"),
+    (redis_errors.RedisClusterException, "cluster_unreachable"),
+    (OSError, "connection"),
+)
+#: What Redis puts before an error that a script's `redis.call` met (Redis 7+): the error itself follows.
+_SCRIPT_ERROR = re.compile(r"^ERR user_script:\d+: ")
+
+
+def _type_class(error: BaseException) -> str:
+    if isinstance(error, redis_errors.AuthenticationError):
+        return "noauth" if str(error).startswith("Authentication required") else "wrongpass"
+    if isinstance(error, redis_errors.ConnectionError) and "max number of clients" in str(error):
+        return "max_clients"
+    for kind, class_ in _TYPE_CLASSES:
+        if isinstance(error, kind):
+            return class_
+    return "other"
+
+
 def classify(error: BaseException) -> Failure:
     """The row of the failure table `error` belongs to."""
     if isinstance(error, _CONFIG_TYPES):
-        return Failure(type(error).__name__, True)
+        return Failure(type(error).__name__, True, class_=_type_class(error))
     if isinstance(error, redis_errors.ClusterCrossSlotError) or (
         isinstance(error, redis_errors.RedisClusterException) and "same key slot" in str(error)
     ):
         # The key layout keeps a request's buckets in one slot: if this happens anyway, it is a bug to see.
-        return Failure("CROSSSLOT", True)
+        return Failure("CROSSSLOT", True, class_="crossslot")
     if isinstance(error, _UNAVAILABLE_TYPES):
-        return Failure(type(error).__name__, False, _is_lost_connection(error))
+        return Failure(type(error).__name__, False, _is_lost_connection(error), _type_class(error))
     if isinstance(error, errors.ServerError):
-        return Failure(error.server_message.split(" ", 1)[0], True)
+        code = error.server_message.split(" ", 1)[0]
+        return Failure(code, True, class_=_CODE_CLASSES.get(code, "other"))
     if isinstance(error, redis_errors.ResponseError):
-        text = str(error)
+        text = _SCRIPT_ERROR.sub("", str(error), count=1)
         code = text.split(" ", 1)[0]
         if code in UNAVAILABLE_CODES:
-            return Failure(code, False)
-        if code == "CROSSSLOT" or code in CONFIG_CODES:
-            return Failure(code, True)
-        if "unknown command" in text or text.startswith(("Function not found", "ERR Function not found")):
-            # The client reloads or switches to the script and retries once: this is the retry failing too.
-            return Failure("script or module missing", False)
+            return Failure(code, False, class_=_CODE_CLASSES[code])
+        if code in _CODE_CLASSES:
+            return Failure(code, True, class_=_CODE_CLASSES[code])
+        if "unknown command" in text:
+            # The client switches to the script and retries once: this is the retry failing too.
+            return Failure("script or module missing", False, class_="unknown_command")
+        if text.startswith(("Function not found", "ERR Function not found")):
+            # The client loads the library and retries once: this is the retry failing too.
+            return Failure("script or module missing", False, class_="function_missing")
         return Failure("ERR", True)
     return Failure(type(error).__name__, True)

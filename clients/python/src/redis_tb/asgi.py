@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from . import _decide
-from ._decide import FailMode, LimitsSpec, by_path, client_address
+from ._decide import Body, Decision, ErrorHook, FailMode, LimitsSpec, by_path, client_address, default_body
 from ._guard import MAX_IN_FLIGHT
 from ._local import CAPACITY
+from ._metrics import DEFAULT_REGISTRY
 from .aio import AsyncTokenBucket
 from .errors import DebtLimitExceeded
 from .headers import Standard
@@ -30,7 +32,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-__all__ = ["RateLimitMiddleware", "by_path", "client_address"]
+__all__ = ["Decision", "RateLimitMiddleware", "by_path", "client_address"]
 
 
 class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
@@ -50,6 +52,15 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
     - `standard`: which header fields to send: `"draft"`, `"legacy"` or `"both"` (docs/headers.md).
     - `local_capacity`: the keys `fail="local"` keeps in memory per process (default 10,000); beyond them, keys
       share one overflow bucket per limit.
+    - `shadow`: try every limit without enforcing it (`Limit(shadow=True)` for one): buckets are charged, refusals
+      are counted and logged, requests are served. Enforced limits are decided first; when they allow, the shadow
+      limits in a second call. Headers describe the enforced limits only.
+    - `status_code` (default 429) and `body` (a JSON object, or a function of the `Decision` returning one) of a
+      refusal.
+    - `on_error(error, request, failure)`: called for every limiter call that failed, with the failure table's
+      row (`failure.class_`), before the fail mode answers.
+    - `metrics`: the `prometheus_client` registry to count into (default: its default registry when installed);
+      None for no metrics. docs/operating.md lists the metrics.
     """
 
     _probe_task: asyncio.Task[None] | None = None
@@ -59,28 +70,39 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        plan = self.plan(scope)
-        if plan is None:
+        plans = self.plans(scope)
+        if plans is None:
             await self.app(scope, receive, send)
             return
+        enforced, shadow = plans
+        verdict = None if enforced is None else await self._decision(enforced, scope, True)
+        if verdict is not None and not verdict.allowed:
+            self.refused(verdict)
+            await _respond(send, verdict)
+            return
+        self.served(shadow, None if shadow is None else await self._decision(shadow, scope, False))
+        if verdict is None or not verdict.headers:
+            await self.app(scope, receive, send)
+        else:
+            await self.app(scope, receive, _with_headers(send, verdict.headers))
+
+    async def _decision(self, plan: _decide.Plan, scope: Scope, enforced: bool) -> _decide.Verdict | None:
+        """One limiter call for `plan`: Redis's answer, or the fail mode's when Redis fails or the gate is closed."""
+        started = time.perf_counter()
         verdict: _decide.Verdict | None
         if not self.guard.admits:
             if self.guard.probe_due():
                 self._probe_task = asyncio.ensure_future(self._probe())
-            verdict = self.fallback(plan)
+            verdict = self.fallback(plan, enforced)
         else:
             try:
                 reply = await self._ask_within_deadline(plan)
             except Exception as error:  # every failure is a row of the failure table, none a 500
-                verdict = self.failed(plan, error)
+                verdict = self.failed(plan, error, scope, enforced)
             else:
-                verdict = self.answered(plan, reply)
-        if verdict is None:
-            await self.app(scope, receive, send)
-        elif not verdict.allowed:
-            await _respond(send, verdict)
-        else:
-            await self.app(scope, receive, _with_headers(send, verdict.headers))
+                verdict = self.answered(plan, reply, enforced)
+        self.called(started)
+        return verdict
 
     async def _ask_within_deadline(self, plan: _decide.Plan) -> Acquired | AcquiredEach:
         """`_ask` once one of the `MAX_IN_FLIGHT` slots is free, cancelled at the deadline (redis-py then closes
@@ -165,6 +187,11 @@ def limited(
     ipv6_subnet: int = DEFAULT_IPV6_SUBNET,
     timeout: float = 1.0,
     local_capacity: int = CAPACITY,
+    shadow: bool = False,
+    status_code: int = 429,
+    body: Body = default_body,
+    on_error: ErrorHook | None = None,
+    metrics: Any = DEFAULT_REGISTRY,
 ) -> Callable[[ASGIApp], RateLimitMiddleware]:
     """The middleware as a wrapper: `app = limited(limiter, limits)(app)`."""
 
@@ -180,6 +207,11 @@ def limited(
             ipv6_subnet=ipv6_subnet,
             timeout=timeout,
             local_capacity=local_capacity,
+            shadow=shadow,
+            status_code=status_code,
+            body=body,
+            on_error=on_error,
+            metrics=metrics,
         )
 
     return wrap

@@ -31,7 +31,8 @@ class Limit:
     characters 0x20 to 0x7E (printable ASCII and space). `rate` and `burst` are finite numbers > 0, `cost` a
     finite number >= 0 (0 peeks). `key`, when given, overrides the middleware's key function for this limit (a
     per-tenant limit next to a per-user one); `redis_tb.SKIP` from a key function skips the limit for that request.
-    Anything else raises ValueError.
+    `shadow=True` tries the limit without enforcing it: its bucket is charged, but a request it refuses is served
+    (counted and logged; docs/operating.md, "Shadow mode"). Anything else raises ValueError.
     """
 
     name: str
@@ -39,6 +40,7 @@ class Limit:
     burst: float
     cost: float = 1
     key: KeyFunction | None = None
+    shadow: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -51,6 +53,8 @@ class Limit:
         _check_number(self.name, "cost", self.cost, minimum_excluded=False)
         if self.key is not None and not callable(self.key):
             raise ValueError(f"limit {self.name!r}: key must be a function of the request, not {self.key!r}")
+        if not isinstance(self.shadow, bool):
+            raise ValueError(f"limit {self.name!r}: shadow must be True or False, not {self.shadow!r}")
 
 
 def _check_number(name: str, field: str, value: object, *, minimum_excluded: bool) -> None:

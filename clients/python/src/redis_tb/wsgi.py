@@ -7,11 +7,13 @@ app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=TokenBucket(redis.Redis
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
+from http import HTTPStatus
 from typing import Any
 
 from . import _decide
-from ._decide import by_path, client_address
+from ._decide import Decision, by_path, client_address
 from ._guard import MAX_IN_FLIGHT
 from .client import TokenBucket
 from .errors import DebtLimitExceeded
@@ -20,9 +22,7 @@ from .replies import Acquired, AcquiredEach
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
-__all__ = ["RateLimitMiddleware", "by_path", "client_address"]
-
-_REASONS = {429: "429 Too Many Requests", 503: "503 Service Unavailable"}
+__all__ = ["Decision", "RateLimitMiddleware", "by_path", "client_address"]
 
 
 class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
@@ -30,31 +30,41 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         request: Mapping[str, Any] = environ
-        plan = self.plan(request)
-        if plan is None:
+        plans = self.plans(request)
+        if plans is None:
             return self.app(environ, start_response)
-        verdict: _decide.Verdict | None
-        if not self.guard.admits:
-            if self.guard.probe_due():
-                threading.Thread(target=self._probe, name="redis-tb probe", daemon=True).start()
-            verdict = self.fallback(plan)
-        else:
-            try:
-                reply = self._ask(plan)
-            except Exception as error:  # every failure is a row of the failure table, none a 500
-                verdict = self.failed(plan, error)
-            else:
-                verdict = self.answered(plan, reply)
-        if verdict is None:
-            return self.app(environ, start_response)
-        if not verdict.allowed:
+        enforced, shadow = plans
+        verdict = None if enforced is None else self._decision(enforced, request, True)
+        if verdict is not None and not verdict.allowed:
+            self.refused(verdict)
             return _respond(start_response, verdict)
+        self.served(shadow, None if shadow is None else self._decision(shadow, request, False))
+        if verdict is None or not verdict.headers:
+            return self.app(environ, start_response)
         headers = verdict.headers
 
         def start_with_headers(status: str, own: list[tuple[str, str]], exc_info: Any | None = None) -> Any:
             return start_response(status, [*own, *headers], exc_info)
 
         return self.app(environ, start_with_headers)
+
+    def _decision(self, plan: _decide.Plan, request: Mapping[str, Any], enforced: bool) -> _decide.Verdict | None:
+        """One limiter call for `plan`: Redis's answer, or the fail mode's when Redis fails or the gate is closed."""
+        started = time.perf_counter()
+        verdict: _decide.Verdict | None
+        if not self.guard.admits:
+            if self.guard.probe_due():
+                threading.Thread(target=self._probe, name="redis-tb probe", daemon=True).start()
+            verdict = self.fallback(plan, enforced)
+        else:
+            try:
+                reply = self._ask(plan)
+            except Exception as error:  # every failure is a row of the failure table, none a 500
+                verdict = self.failed(plan, error, request, enforced)
+            else:
+                verdict = self.answered(plan, reply, enforced)
+        self.called(started)
+        return verdict
 
     def _ask(self, plan: _decide.Plan) -> Acquired | AcquiredEach:
         """The plan's calls, once one of the `MAX_IN_FLIGHT` slots is free (waiting up to the deadline)."""
@@ -103,5 +113,12 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
 
 def _respond(start_response: StartResponse, verdict: _decide.Verdict) -> Iterable[bytes]:
     headers = [*verdict.headers, ("Content-Length", str(len(verdict.body)))]
-    start_response(_REASONS.get(verdict.status, str(verdict.status)), headers)
+    start_response(_status_line(verdict.status), headers)
     return [verdict.body]
+
+
+def _status_line(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:  # a code without a registered phrase
+        return f"{status} Error"
