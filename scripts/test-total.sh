@@ -4,6 +4,7 @@
 #   cargo test     `test result: ok. X passed; Y failed; ...`
 #   pytest         `X passed, Y failed in 1.23s` (the closing line; -q or not)
 #   node --test    `# pass X` / `# fail Y` (TAP) or `ℹ pass X` / `ℹ fail Y` (spec reporter)
+#   promtool test rules    `Unit Testing:  <file>`, then `  SUCCESS` or `  FAILED:`: one test per file
 #
 #   scripts/test-total.sh "cargo test --all-targets --no-fail-fast" "cargo test --doc"
 #   ...
@@ -45,5 +46,9 @@ awk '/^test result: / {
      # node --test: TAP or spec reporter totals.
      /^(# |ℹ )pass [0-9]+$/ { passed += $NF; next }
      /^(# |ℹ )fail [0-9]+$/ { failed += $NF; next }
+     # promtool test rules: the line after each file'"'"'s "Unit Testing:" line.
+     /^Unit Testing: / { rules = 1; next }
+     rules && /^  SUCCESS$/ { passed += 1; rules = 0; next }
+     rules && /^  FAILED:$/ { failed += 1; rules = 0; next }
      END { printf "%d passed, %d failed\n", passed, failed }' "$log"
 exit "$status"
