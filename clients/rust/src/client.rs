@@ -522,7 +522,7 @@ impl Client {
         };
         if dropped {
             self.inner.down.store(true, Ordering::Release);
-            tracing::warn!("redis-tb: dropped the redis connection after a failed call; probing");
+            tracing::debug!("redis-tb: dropped the redis connection after a failed call; probing");
             self.reconnect();
         }
     }
@@ -545,7 +545,9 @@ impl Client {
                 match connect(&inner).await {
                     Ok(connection) => {
                         install(&inner, connection);
-                        tracing::info!("redis-tb: redis answers again; limiter calls go to it");
+                        tracing::debug!(
+                            "redis-tb: a probe answered; limiter calls go to redis again"
+                        );
                         break;
                     }
                     Err(_) => backoff = (backoff * 2).min(MAX_BACKOFF),

@@ -29,6 +29,8 @@ pub enum Action {
 pub struct Failure {
     /// The row's name, as `fixtures/failures.json` spells it (`"timeout"`, `"OOM"`, `"other ERR"`).
     pub row: &'static str,
+    /// The row's short name, as every package reports it (`"timeout"`, `"oom"`, `"other"`): a metric's label.
+    pub class: &'static str,
     pub action: Action,
 }
 
@@ -39,80 +41,89 @@ impl Failure {
     }
 }
 
-const fn row(row: &'static str, action: Action) -> Failure {
-    Failure { row, action }
+const fn row(row: &'static str, class: &'static str, action: Action) -> Failure {
+    Failure { row, class, action }
 }
 
-/// Codes of a server that cannot run the call now; each is its own row of the table, except MOVED and ASK,
-/// which share one.
-const UNAVAILABLE_CODES: [&str; 11] = [
-    "CLUSTERDOWN",
-    "MASTERDOWN",
-    "LOADING",
-    "BUSY",
-    "READONLY",
-    "OOM",
-    "NOREPLICAS",
-    "MISCONF",
-    "MOVED",
-    "ASK",
-    "TRYAGAIN",
+/// Codes of a server that cannot run the call now, with their rows and classes.
+const UNAVAILABLE_CODES: [(&str, &str, &str); 11] = [
+    ("CLUSTERDOWN", "CLUSTERDOWN", "clusterdown"),
+    ("MASTERDOWN", "MASTERDOWN", "masterdown"),
+    ("LOADING", "LOADING", "loading"),
+    ("BUSY", "BUSY", "busy"),
+    ("READONLY", "READONLY", "readonly"),
+    ("OOM", "OOM", "oom"),
+    ("NOREPLICAS", "NOREPLICAS", "noreplicas"),
+    ("MISCONF", "MISCONF", "misconf"),
+    ("MOVED", "MOVED/ASK that do not settle", "moved"),
+    ("ASK", "MOVED/ASK that do not settle", "moved"),
+    ("TRYAGAIN", "TRYAGAIN", "tryagain"),
 ];
-/// Codes of a configuration error, each its own row.
-const CONFIG_CODES: [&str; 5] = ["NOAUTH", "WRONGPASS", "NOPERM", "WRONGTYPE", "CROSSSLOT"];
+/// Codes of a configuration error, with their rows and classes.
+const CONFIG_CODES: [(&str, &str, &str); 5] = [
+    ("NOAUTH", "NOAUTH", "noauth"),
+    ("WRONGPASS", "WRONGPASS", "wrongpass"),
+    ("NOPERM", "NOPERM", "noperm"),
+    ("WRONGTYPE", "WRONGTYPE", "wrongtype"),
+    ("CROSSSLOT", "CROSSSLOT", "crossslot"),
+];
 
 /// The row of an error reply, given as the server sends it without the leading `-`
 /// (`OOM command not allowed ...`).
 pub fn classify_reply(text: &str) -> Failure {
     let code = text.split(' ').next().unwrap_or("");
-    if let Some(&found) = UNAVAILABLE_CODES.iter().find(|&&known| known == code) {
-        let name = if found == "MOVED" || found == "ASK" {
-            "MOVED/ASK that do not settle"
-        } else {
-            found
-        };
-        return row(name, Action::FailMode);
+    if let Some(&(_, name, class)) = UNAVAILABLE_CODES
+        .iter()
+        .find(|(known, _, _)| *known == code)
+    {
+        return row(name, class, Action::FailMode);
     }
-    if let Some(&found) = CONFIG_CODES.iter().find(|&&known| known == code) {
-        return row(found, Action::ErrorFailMode);
+    if let Some(&(_, name, class)) = CONFIG_CODES.iter().find(|(known, _, _)| *known == code) {
+        return row(name, class, Action::ErrorFailMode);
     }
     if code == "NOSCRIPT" {
-        return row("NOSCRIPT", Action::ReloadRetry);
+        return row("NOSCRIPT", "noscript", Action::ReloadRetry);
     }
     if text.starts_with("ERR max number of clients reached") {
-        return row("too many clients", Action::FailMode);
+        return row("too many clients", "max_clients", Action::FailMode);
     }
     if is_function_missing(text) {
-        return row("function missing", Action::ReloadRetry);
+        return row("function missing", "function_missing", Action::ReloadRetry);
     }
     if is_unknown_command(text) {
-        return row("unknown command", Action::ScriptRetry);
+        return row("unknown command", "unknown_command", Action::ScriptRetry);
     }
-    row("other ERR", Action::ErrorFailMode)
+    row("other ERR", "other", Action::ErrorFailMode)
 }
 
 /// The row of a limiter call's error.
 pub fn classify(error: &Error) -> Failure {
     match error {
-        Error::Timeout(_) => row("timeout", Action::FailMode),
-        Error::Unavailable(_) => row("connection refused", Action::FailMode),
+        Error::Timeout(_) => row("timeout", "timeout", Action::FailMode),
+        Error::Unavailable(_) => row("connection refused", "connection", Action::FailMode),
         Error::Redis(err) => {
             if let Some(text) = wire_text(err) {
                 return classify_reply(&text);
             }
             if err.is_timeout() {
-                row("timeout", Action::FailMode)
+                row("timeout", "timeout", Action::FailMode)
             } else if err.is_connection_refusal() {
-                row("connection refused", Action::FailMode)
+                row("connection refused", "connection", Action::FailMode)
             } else if err.kind() == redis::ErrorKind::ClusterConnectionNotFound {
-                row("cluster unreachable", Action::FailMode)
+                row(
+                    "cluster unreachable",
+                    "cluster_unreachable",
+                    Action::FailMode,
+                )
             } else if err.is_io_error() || err.is_connection_dropped() {
-                row("connection reset", Action::FailMode)
+                row("connection reset", "connection", Action::FailMode)
             } else {
-                row("other ERR", Action::ErrorFailMode)
+                row("other ERR", "other", Action::ErrorFailMode)
             }
         }
-        Error::Protocol(_) | Error::InvalidArgument(_) => row("other ERR", Action::ErrorFailMode),
+        Error::Protocol(_) | Error::InvalidArgument(_) => {
+            row("other ERR", "other", Action::ErrorFailMode)
+        }
     }
 }
 

@@ -292,7 +292,7 @@ impl Shared {
         for limit in &self.limits {
             let identity = match limit.key.as_ref().or(self.key.as_ref()) {
                 Some(key) => key(parts),
-                None => self.peer_identity(parts),
+                None => peer_identity(parts, self.ipv6_subnet),
             };
             let tag = match identity {
                 Identity::Skip => continue,
@@ -306,16 +306,6 @@ impl Shared {
             limits.push(limit.clone());
         }
         (!limits.is_empty()).then_some(Plan { limits, keys })
-    }
-
-    /// The default key: the peer address from axum's `ConnectInfo`, IPv6 by its prefix.
-    fn peer_identity(&self, parts: &Parts) -> Identity {
-        match parts.extensions.get::<ConnectInfo<SocketAddr>>() {
-            Some(ConnectInfo(address)) => {
-                Identity::Key(addr_identity(address.ip(), self.ipv6_subnet))
-            }
-            None => Identity::Anonymous,
-        }
     }
 
     fn warn_anonymous(&self, limit: &Limit) {
@@ -516,6 +506,17 @@ impl Shared {
                 self.fail
             );
         }
+    }
+}
+
+/// The default key: the peer address from axum's `ConnectInfo<SocketAddr>` (served with
+/// `into_make_service_with_connect_info::<SocketAddr>()`), IPv4-mapped IPv6 as IPv4, other IPv6 by its `subnet`
+/// prefix; [`Identity::Anonymous`] without one. For a key function that skips some requests and keys the others
+/// as the default does.
+pub fn peer_identity(parts: &Parts, subnet: Ipv6Subnet) -> Identity {
+    match parts.extensions.get::<ConnectInfo<SocketAddr>>() {
+        Some(ConnectInfo(address)) => Identity::Key(addr_identity(address.ip(), subnet)),
+        None => Identity::Anonymous,
     }
 }
 

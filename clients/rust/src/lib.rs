@@ -58,7 +58,7 @@ pub mod script;
 pub use client::{redact, Backend, Client, ClientBuilder, DEFAULT_TIMEOUT, MAX_IN_FLIGHT};
 pub use command::{Bucket, BucketWithCost};
 pub use error::{ConfigError, Error};
-pub use layer::{FailMode, RateLimit, RateLimitLayer};
+pub use layer::{peer_identity, FailMode, RateLimit, RateLimitLayer};
 pub use limit::{Identity, KeyFn, Limit};
 pub use replies::{
     Acquired, AcquiredAll, AcquiredEach, BucketResult, Charged, PartialGrant, Refunded, Reservation,

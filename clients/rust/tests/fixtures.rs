@@ -160,6 +160,7 @@ fn every_failure_lands_in_its_row_of_the_table() {
         };
         assert_eq!(found.action, action, "{case}");
         assert_eq!(found.row, row, "{case}");
+        assert_eq!(found.class, text(&case["class"]), "{case}");
     }
 }
 

@@ -235,3 +235,51 @@ async fn without_redis_each_fail_mode_answers_as_documented() {
     assert_eq!(refused.header("retry-after"), Some("1"));
     assert_eq!(refused.body, "{\"error\":\"rate limiter unavailable\"}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_memory_admitted_during_a_fault_is_charged_back_to_redis() {
+    let server = with_module();
+    let limit = Limit::new("api", 0.001, 10.0).expect("a limit");
+    let layer = RateLimitLayer::new(client(&server.url()), [limit]).expect("a layer");
+    let address = serve(layer).await;
+    let mut conn = server.conn();
+    let maxmemory = |conn: &mut redis::Connection, bytes: &str| {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(bytes)
+            .query(conn)
+            .expect("CONFIG SET");
+    };
+
+    for left in [9, 8] {
+        let reply = get_path(address, "/").await;
+        assert_eq!(
+            reply.header("ratelimit-remaining"),
+            Some(left.to_string().as_str())
+        );
+    }
+    // Out of memory: every TB.ACQUIRE is refused with OOM, a fault of each call alone; the in-memory bucket
+    // continues from Redis's last answer (8 left).
+    maxmemory(&mut conn, "1");
+    for left in [7, 6, 5] {
+        let reply = get_path(address, "/").await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(
+            reply.header("ratelimit-remaining"),
+            Some(left.to_string().as_str())
+        );
+    }
+    maxmemory(&mut conn, "0");
+    // Redis answers again: the 3 admitted meanwhile are charged back first, then the request takes its token.
+    let reply = get_path(address, "/").await;
+    assert_eq!(reply.header("ratelimit-remaining"), Some("4"));
+    let peek: Vec<i64> = redis::cmd("TB.ACQUIRE")
+        .arg("ratelimit:{127.0.0.1}:api")
+        .arg(0.001)
+        .arg(10)
+        .arg(0)
+        .query(&mut conn)
+        .expect("peek");
+    assert_eq!(peek[1], 4);
+}
