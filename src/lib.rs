@@ -6,6 +6,8 @@
 //! - `codec`: the stored form of a bucket (`State` <-> the `tokens`/`ts` hash values). Pure and public, like
 //!   `bucket`, so benches measure it.
 //! - `number`: decimal text to numbers, for arguments and stored fields alike. Pure and public.
+//! - `gcra`: the pure GCRA behind `CL.THROTTLE`, redis-cell's arithmetic (stored TAT + now + limit -> decision +
+//!   new TAT). Public, like `bucket`.
 //! - `command`: the glue and the command contract: parsing, hash state I/O, expiry, replication, replies.
 //! - `stats`: the counters behind `INFO tb`.
 //! - `server`: the one place with `unsafe`, a safe face over the few raw server calls `command` needs.
@@ -25,6 +27,7 @@
 pub mod bucket;
 pub mod codec;
 mod command;
+pub mod gcra;
 pub mod number;
 mod server;
 mod stats;

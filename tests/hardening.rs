@@ -153,6 +153,8 @@ fn renamed_replicated_command_refuses_the_load() {
         ("HSET", ""),
         ("HSET", "hset-renamed"),
         ("DEL", ""),
+        // CL.THROTTLE replicates as SET.
+        ("SET", ""),
     ] {
         let (refused, log) = common::start_refused(&["--rename-command", name, new_name], &[]);
         assert!(refused, "the server must refuse to start:\n{log}");
@@ -162,6 +164,17 @@ fn renamed_replicated_command_refuses_the_load() {
     // Renaming a command the module does not replicate as is fine.
     let server = Server::start_with(Options {
         args: vec!["--rename-command".into(), "HDEL".into(), "".into()],
+        ..Options::default()
+    });
+    assert_eq!(acquire(&mut server.conn(), "k", "1", "5", None)[0], 1);
+}
+
+/// Without CL.THROTTLE (`cl-throttle no`) the module writes no string, so a renamed `SET` does not stop it loading.
+#[test]
+fn renamed_set_loads_without_cl_throttle() {
+    let server = Server::start_with(Options {
+        args: vec!["--rename-command".into(), "SET".into(), "".into()],
+        module_args: vec!["cl-throttle".into(), "no".into()],
         ..Options::default()
     });
     assert_eq!(acquire(&mut server.conn(), "k", "1", "5", None)[0], 1);

@@ -366,7 +366,7 @@ fn unknown_module_argument_refuses_to_load() {
     let (refused, text) = common::start_refused(&[], &["no-such-option"]);
     assert!(refused, "the server must refuse to start:\n{text}");
     assert!(
-        text.contains("refusing to load with: no-such-option"),
+        text.contains("refusing to load: unknown module argument 'no-such-option'"),
         "{text}"
     );
 }

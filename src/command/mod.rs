@@ -48,6 +48,23 @@
 //!   2) retry_after_ms   ms until one whole token is there (debt repaid); 0 when there now; -1 when burst < 1
 //!   3) reset_after_ms
 //!
+//! CL.THROTTLE key max_burst count_per_period period [quantity]        (redis-cell's command, reply for reply)
+//!
+//!   max_burst         integer >= 0; the limit L is max_burst + 1
+//!   count_per_period  integer >= 1, per period seconds (integer >= 1); quantity integer >= 0, default 1
+//! Reply: array of 5 integers
+//!   1) limited          0 or 1
+//!   2) limit            max_burst + 1
+//!   3) remaining        requests of quantity 1 left after this call, never below 0
+//!   4) retry_after      seconds until this call would be allowed; -1 when allowed, and when it never will be
+//!   5) reset_after      seconds until the key is empty again
+//!   Both waits are truncated to the ms, then rounded up to whole seconds (2.000 s -> 2, 2.001 s -> 3).
+//! State: a string, the theoretical arrival time in decimal ns since the epoch, expiring when it passes (to the
+//!   ms below); written by allowed calls only (quantity 0 too), replicated as `SET key tat PXAT ms`. See `gcra`.
+//! Errors: ERR max_burst must be an integer from 0 to 9223372036854775806 (likewise count_per_period, period,
+//!   quantity: each named), ERR key does not hold a CL.THROTTLE state (...), WRONGTYPE for a hash or other type,
+//!   and ERRs for limits whose nanoseconds overflow (see `TbError::wire_text`).
+//!
 //! Errors (nothing is changed by a call that errors):
 //!   ERR wrong number of arguments for 'tb.acquire' command
 //!   ERR rate must be a positive number          (likewise burst; cost must be a non-negative number)
@@ -77,7 +94,7 @@
 //! re-create the new state" (`module.c`); ours reads the clock, so a replica re-running it would compute with its
 //! own clock, and a replica or AOF loader without the module could not run it at all.
 //!
-//! Layout: `acquire` holds `TB.ACQUIRE` and `TB.ACQUIREALL`; `each` holds `TB.ACQUIREEACH` and
+//! Layout: `throttle` holds `CL.THROTTLE`; `acquire` holds `TB.ACQUIRE` and `TB.ACQUIREALL`; `each` holds `TB.ACQUIREEACH` and
 //! `TB.ACQUIREATMOST`; `reserve` holds `TB.RESERVE` and `TB.REFUND`; `charge` holds `TB.CHARGE` and `TB.BLOCK`; `args` parses what every command shares (rate,
 //! burst, cost); `state` reads and writes a bucket's hash, expiry and replication; this file holds the error
 //! type, the replies and the module's registration.
@@ -89,6 +106,7 @@ mod charge;
 mod each;
 mod reserve;
 mod state;
+mod throttle;
 
 use std::ffi::CStr;
 use std::marker::PhantomData;
@@ -97,6 +115,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use redis_module::{Context, RedisString, Status};
 
 use crate::bucket::ParamError;
+use crate::gcra::GcraError;
 use crate::server::{self, ArgDoc, ArgKind, Call, Command, CommandDocs, ShutdownHook, Support};
 use crate::stats::{self, Tally};
 
@@ -115,6 +134,7 @@ use reserve::{
     Refund, Reserve, REFUND_DOCS, REFUND_FLAGS, REFUND_NAME, RESERVE_DOCS, RESERVE_FLAGS,
     RESERVE_NAME,
 };
+use throttle::{Throttled, THROTTLE_DOCS, THROTTLE_FLAGS, THROTTLE_NAME};
 
 const fn arg(name: &'static CStr, kind: ArgKind, optional: bool) -> ArgDoc {
     ArgDoc {
@@ -173,6 +193,10 @@ pub enum TbError {
     WriteFailed,
     /// Called from a script on a server whose scripts can keep a module's writes from replicas and the AOF.
     ScriptOnLegacyServer,
+    /// A `CL.THROTTLE` argument or result out of range.
+    Gcra(GcraError),
+    /// A `CL.THROTTLE` key holding a string that is not a decimal TAT.
+    NotAThrottleState,
 }
 
 impl TbError {
@@ -201,10 +225,38 @@ impl TbError {
                 c"ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)"
             }
             TbError::WriteFailed => c"ERR failed to write the token bucket",
+            TbError::Gcra(GcraError::MaxBurst) => {
+                c"ERR max_burst must be an integer from 0 to 9223372036854775806"
+            }
+            TbError::Gcra(GcraError::CountPerPeriod) => {
+                c"ERR count_per_period must be a positive integer"
+            }
+            TbError::Gcra(GcraError::Period) => {
+                c"ERR period must be a positive integer (seconds)"
+            }
+            TbError::Gcra(GcraError::Quantity) => c"ERR quantity must be a non-negative integer",
+            TbError::Gcra(GcraError::IntervalUnderOneNs) => {
+                c"ERR count_per_period / period must be at most 1000000000 a second (requests at least 1 ns apart)"
+            }
+            TbError::Gcra(GcraError::ToleranceTooLong) => {
+                c"ERR (max_burst + 1) * period / count_per_period must be under 2^63 ns (about 292 years)"
+            }
+            TbError::Gcra(GcraError::TatOutOfRange) => {
+                c"ERR the key's theoretical arrival time would pass 2^63 ns since the epoch (the year 2262)"
+            }
+            TbError::NotAThrottleState => {
+                c"ERR key does not hold a CL.THROTTLE state (expected a string of decimal nanoseconds since the epoch)"
+            }
             TbError::ScriptOnLegacyServer => {
                 c"ERR TB commands are refused inside scripts on Redis before 7.0: there a script (redis.set_repl, or lua-replicate-commands no) can keep their writes from replicas and the AOF. Call them outside the script (MULTI/EXEC is fine), or upgrade to Redis 7.0 or later"
             }
         }
+    }
+}
+
+impl From<GcraError> for TbError {
+    fn from(error: GcraError) -> TbError {
+        TbError::Gcra(error)
     }
 }
 
@@ -218,6 +270,44 @@ impl From<ParamError> for TbError {
 /// could not be replicated after it was made: the module checks them when it loads, so that no call can fail
 /// between its first write and its reply (issue #12).
 const REPLICATED_COMMANDS: [&CStr; 3] = [c"HSET", c"PEXPIREAT", c"DEL"];
+/// The native command `CL.THROTTLE`'s writes are replicated as, checked likewise when it is registered.
+const THROTTLE_REPLICATED_COMMAND: &CStr = c"SET";
+
+/// The module argument that leaves `CL.THROTTLE` out (`cl-throttle no`), for a server that loads redis-cell too.
+const CL_THROTTLE_ARG: &str = "cl-throttle";
+
+/// What the module's load arguments ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LoadOptions {
+    /// Register `CL.THROTTLE` (the default; `cl-throttle no` leaves it to another module).
+    cl_throttle: bool,
+}
+
+/// Parses the load arguments: nothing, or `cl-throttle yes|no` (case-insensitive). The error is the log line.
+fn parse_load_args(args: &[String]) -> Result<LoadOptions, String> {
+    let mut options = LoadOptions { cl_throttle: true };
+    let mut rest = args;
+    while let [name, tail @ ..] = rest {
+        if !name.eq_ignore_ascii_case(CL_THROTTLE_ARG) {
+            return Err(format!(
+                "redis-tb: refusing to load: unknown module argument '{name}' (the only one is `{CL_THROTTLE_ARG} yes|no`)"
+            ));
+        }
+        let value = tail.first().map(String::as_str);
+        options.cl_throttle = match value.map(str::to_ascii_lowercase).as_deref() {
+            Some("yes") => true,
+            Some("no") => false,
+            _ => {
+                return Err(format!(
+                    "redis-tb: refusing to load: `{CL_THROTTLE_ARG}` takes yes or no, got {}",
+                    value.map_or("nothing".to_string(), |value| format!("'{value}'"))
+                ))
+            }
+        };
+        rest = tail.get(1..).unwrap_or_default();
+    }
+    Ok(options)
+}
 
 /// The module's own ACL category, on servers that let modules add one.
 const ACL_CATEGORY: &CStr = c"ratelimit";
@@ -226,15 +316,16 @@ const ACL_CATEGORY: &CStr = c"ratelimit";
 /// ACL categories. Every server feature is detected by the presence of its API, not by version number; a missing
 /// one is logged once and skipped. The one exception, a behaviour rather than an API, is [`SCRIPTS_MAY_DROP_WRITES`].
 pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
-    if !args.is_empty() {
-        let given: Vec<String> = args.iter().map(RedisString::to_string_lossy).collect();
-        ctx.log_warning(&format!(
-            "redis-tb takes no module arguments; refusing to load with: {}",
-            given.join(" ")
-        ));
-        return Status::Err;
-    }
-    for name in REPLICATED_COMMANDS {
+    let given: Vec<String> = args.iter().map(RedisString::to_string_lossy).collect();
+    let options = match parse_load_args(&given) {
+        Ok(options) => options,
+        Err(message) => {
+            ctx.log_warning(&message);
+            return Status::Err;
+        }
+    };
+    let throttle_needs = options.cl_throttle.then_some(THROTTLE_REPLICATED_COMMAND);
+    for name in REPLICATED_COMMANDS.into_iter().chain(throttle_needs) {
         if !server::command_exists(ctx, name) {
             ctx.log_warning(&format!(
                 "redis-tb: refusing to load: the command {} is renamed or disabled (rename-command), and the module replicates its writes as that command",
@@ -251,7 +342,25 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
         Support::Done => c"write fast ratelimit",
         Support::Unsupported | Support::Failed => c"write fast",
     };
+    // First, so that a name taken by another module (redis-cell) fails the load before anything else is set up.
+    let throttle = if options.cl_throttle {
+        let registered = register_one::<Throttled>(
+            ctx,
+            THROTTLE_NAME,
+            THROTTLE_FLAGS,
+            &THROTTLE_DOCS,
+            categories,
+        );
+        if registered.is_err() {
+            ctx.log_warning("redis-tb: refusing to load: could not register CL.THROTTLE, most likely because another module (redis-cell) already did. Load redis-tb with the module argument `cl-throttle no` to leave CL.THROTTLE to that module, or load redis-tb alone");
+            return Status::Err;
+        }
+        registered
+    } else {
+        Ok((Support::Done, Support::Done))
+    };
     let registered = [
+        throttle,
         register_one::<Acquire>(ctx, ACQUIRE_NAME, ACQUIRE_FLAGS, &ACQUIRE_DOCS, categories),
         register_one::<AcquireAll>(
             ctx,
@@ -416,6 +525,38 @@ mod tests {
         ACQUIRE_AT_MOST_ARITY_ERROR, ACQUIRE_EACH_ARITY_ERROR, ACQUIRE_EACH_TOO_MANY_ERROR,
     };
     use reserve::{REFUND_ARITY_ERROR, RESERVE_ARITY_ERROR};
+    use throttle::THROTTLE_ARITY_ERROR;
+
+    fn load(args: &[&str]) -> Result<LoadOptions, String> {
+        parse_load_args(&args.iter().map(|arg| arg.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn load_arguments_switch_cl_throttle() {
+        assert_eq!(load(&[]), Ok(LoadOptions { cl_throttle: true }));
+        assert_eq!(
+            load(&["cl-throttle", "no"]),
+            Ok(LoadOptions { cl_throttle: false })
+        );
+        assert_eq!(
+            load(&["CL-THROTTLE", "No"]),
+            Ok(LoadOptions { cl_throttle: false })
+        );
+        assert_eq!(
+            load(&["cl-throttle", "yes"]),
+            Ok(LoadOptions { cl_throttle: true })
+        );
+        assert_eq!(
+            load(&["cl-throttle", "no", "cl-throttle", "yes"]),
+            Ok(LoadOptions { cl_throttle: true })
+        );
+        let error = load(&["cl-throttle"]).expect_err("no value");
+        assert!(error.contains("takes yes or no, got nothing"), "{error}");
+        let error = load(&["cl-throttle", "off"]).expect_err("bad value");
+        assert!(error.contains("got 'off'"), "{error}");
+        let error = load(&["bogus"]).expect_err("unknown");
+        assert!(error.contains("unknown module argument 'bogus'"), "{error}");
+    }
 
     #[test]
     fn error_texts_carry_a_redis_prefix() {
@@ -443,6 +584,15 @@ mod tests {
             TbError::NotABucket,
             TbError::WriteFailed,
             TbError::ScriptOnLegacyServer,
+            TbError::WrongArity(THROTTLE_ARITY_ERROR),
+            TbError::NotAThrottleState,
+            TbError::Gcra(GcraError::MaxBurst),
+            TbError::Gcra(GcraError::CountPerPeriod),
+            TbError::Gcra(GcraError::Period),
+            TbError::Gcra(GcraError::Quantity),
+            TbError::Gcra(GcraError::IntervalUnderOneNs),
+            TbError::Gcra(GcraError::ToleranceTooLong),
+            TbError::Gcra(GcraError::TatOutOfRange),
         ];
         for error in all {
             let text = error.wire_text().to_str().expect("ascii");

@@ -66,7 +66,7 @@ impl<'c> OpenBucket<'c> {
 fn read_state(key: &Key<'_>) -> Result<Option<State>, TbError> {
     match key.kind() {
         KeyKind::Empty => Ok(None),
-        KeyKind::Other => Err(TbError::WrongType),
+        KeyKind::Other | KeyKind::String => Err(TbError::WrongType),
         KeyKind::Hash if key.hash_len() != 2 => Err(TbError::NotABucket),
         KeyKind::Hash => key
             .hash_get2([&FIELD_TOKENS, &FIELD_UPDATED_US], decode_state)

@@ -18,6 +18,7 @@ const RELATIVE_EXPIRY_MARGIN_MS: i64 = 2;
 pub enum KeyKind {
     Empty,
     Hash,
+    String,
     Other,
 }
 
@@ -41,6 +42,7 @@ impl Key<'_> {
         match unsafe { key_type(self.key) } as isize {
             raw::REDISMODULE_KEYTYPE_EMPTY => KeyKind::Empty,
             raw::REDISMODULE_KEYTYPE_HASH => KeyKind::Hash,
+            raw::REDISMODULE_KEYTYPE_STRING => KeyKind::String,
             _ => KeyKind::Other,
         }
     }
@@ -119,6 +121,49 @@ impl Key<'_> {
         } else {
             Ok(())
         }
+    }
+
+    /// Hands the bytes of a string key to `read` (`None`: not a string). The bytes live only for that closure.
+    ///
+    /// The server gives direct access to its own buffer (`RedisModule_StringDMA`); a short or integer-encoded
+    /// value is first converted to a plain buffer, once, after which the key's own writes keep it that way (see
+    /// [`Key::string_set`]).
+    pub fn string_get<R>(&self, read: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let dma = unsafe { raw::RedisModule_StringDMA }?;
+        let mut len: usize = 0;
+        // SAFETY: `self.key` is open until drop; READ access does not change the value.
+        let data = unsafe { dma(self.key, &mut len, raw::REDISMODULE_READ as c_int) };
+        if data.is_null() {
+            return None;
+        }
+        // SAFETY: the server guarantees `len` readable bytes at `data` until the key is written or closed; the
+        // slice does not outlive `read`, which cannot write or close the key (it gets only the bytes).
+        let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
+        Some(read(bytes))
+    }
+
+    /// Makes the key a string holding exactly `bytes` (creating it if it is empty), keeping its expiry. Written in
+    /// place through `RedisModule_StringTruncate` and `RedisModule_StringDMA`: no new value object, no delete and
+    /// re-insert of the key, as `RedisModule_StringSet` would do. Only for a key that is empty or a string.
+    pub fn string_set(&self, bytes: &[u8]) -> Result<(), ()> {
+        let (truncate, dma) = (unsafe { raw::RedisModule_StringTruncate }, unsafe {
+            raw::RedisModule_StringDMA
+        });
+        let (Some(truncate), Some(dma)) = (truncate, dma) else {
+            return Err(());
+        };
+        self.modified.set(true);
+        // SAFETY: `self.key` is open for writing until drop and holds nothing or a string.
+        status(unsafe { truncate(self.key, bytes.len()) })?;
+        let mut len: usize = 0;
+        // SAFETY: as above; WRITE access gives a buffer of `len` bytes the module may change.
+        let data = unsafe { dma(self.key, &mut len, raw::REDISMODULE_WRITE as c_int) };
+        if data.is_null() || len != bytes.len() {
+            return Err(());
+        }
+        // SAFETY: `data` holds `len` writable bytes, the same count as `bytes`, and the two cannot overlap.
+        unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), data.cast::<u8>(), len) };
+        Ok(())
     }
 
     /// Deletes the key.

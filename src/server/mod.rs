@@ -218,6 +218,27 @@ impl<'a> Call<'a> {
         })
     }
 
+    /// Sends `SET <key> <value> PXAT <at_ms>` to replicas and the AOF, after this command: one command, which the
+    /// server sends alone (Redis 7.0+), and which every supported server accepts (PXAT is Redis 6.2+).
+    pub fn replicate_set_pxat(&self, key: &Key<'_>, value: &[u8], at_ms: i64) -> Result<(), ()> {
+        let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(())?;
+        let pxat = PXAT.get().ok_or(())?;
+        // SAFETY: format "sbsl" takes a live RedisModuleString, a buffer with its length (copied), a live
+        // RedisModuleString and a long long.
+        status(unsafe {
+            replicate(
+                self.ctx,
+                c"SET".as_ptr(),
+                c"sbsl".as_ptr(),
+                key.name,
+                value.as_ptr().cast::<c_char>(),
+                value.len(),
+                pxat,
+                at_ms,
+            )
+        })
+    }
+
     /// Sends `PEXPIREAT <key> <at_ms>` to replicas and the AOF, after this command.
     pub fn replicate_pexpireat(&self, key: &Key<'_>, at_ms: i64) -> Result<(), ()> {
         let replicate = unsafe { raw::RedisModule_Replicate }.ok_or(())?;
@@ -243,9 +264,14 @@ impl Call<'_> {
     }
 }
 
+/// The `PXAT` option of a replicated `SET`, made once.
+static PXAT: Interned = Interned::new(c"PXAT");
+
 /// The class of a keyspace event, as `notify-keyspace-events` filters them.
 #[derive(Clone, Copy)]
 pub enum EventClass {
+    /// `$`: string events such as `set`.
+    String,
     /// `g`: generic events such as `expire` and `del`.
     Generic,
     /// `h`: hash events such as `hset`.
@@ -262,6 +288,7 @@ impl Call<'_> {
         let class = match class {
             EventClass::Generic => raw::REDISMODULE_NOTIFY_GENERIC,
             EventClass::Hash => raw::REDISMODULE_NOTIFY_HASH,
+            EventClass::String => raw::REDISMODULE_NOTIFY_STRING,
         };
         // SAFETY: live context and key name; the server copies what it publishes.
         unsafe { notify(self.ctx, class, event.as_ptr(), key.name) };
@@ -361,6 +388,20 @@ pub fn now_us() -> i64 {
     spec.tv_sec
         .saturating_mul(1_000_000)
         .saturating_add(spec.tv_nsec / 1_000)
+}
+
+/// The server's wall clock in nanoseconds since the Unix epoch (`CLOCK_REALTIME`, what redis-cell reads), for
+/// `CL.THROTTLE`. Read once per call.
+pub fn now_ns() -> i64 {
+    let mut spec = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `spec` is a valid out-pointer; CLOCK_REALTIME always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut spec) };
+    spec.tv_sec
+        .saturating_mul(1_000_000_000)
+        .saturating_add(spec.tv_nsec)
 }
 
 pub(super) fn string_bytes<'a>(string: *const raw::RedisModuleString) -> &'a [u8] {

@@ -70,6 +70,8 @@ pub struct Options {
     pub clock: Option<PathBuf>,
     /// Another module file than `module_path()`, e.g. the one unpacked from a release artifact.
     pub module: Option<PathBuf>,
+    /// Arguments after the module's path on its `--loadmodule` line, e.g. `["cl-throttle", "no"]`.
+    pub module_args: Vec<String>,
 }
 
 impl Server {
@@ -202,7 +204,8 @@ fn spawn(port: u16, dir: &Path, options: &Options) -> Child {
     if !options.without_module {
         command
             .arg("--loadmodule")
-            .arg(options.module.clone().unwrap_or_else(module_path));
+            .arg(options.module.clone().unwrap_or_else(module_path))
+            .args(&options.module_args);
     }
     command.args(&options.args);
     if let Some(timestamp_file) = &options.clock {
@@ -903,6 +906,21 @@ impl Clock {
         assert!(unix_us >= 0, "a clock before 1970 breaks Redis itself");
         let tmp = self.path.with_extension("tmp");
         std::fs::write(&tmp, format!("{}5\n", faketime_text(unix_us))).expect("write the clock");
+        std::fs::rename(&tmp, &self.path).expect("move the clock into place");
+    }
+
+    /// Sets the clock to `unix_ns`, for a server whose module reads nanoseconds (`CL.THROTTLE`). A tenth of a
+    /// nanosecond is written after it: libfaketime parses the fraction through a double and truncates, so both
+    /// nanosecond and microsecond readers read exactly `unix_ns` (truncated to the µs for the latter).
+    pub fn set_ns(&self, unix_ns: i64) {
+        assert!(unix_ns >= 0, "a clock before 1970 breaks Redis itself");
+        let tmp = self.path.with_extension("tmp");
+        let text = format!(
+            "{}{:03}1\n",
+            faketime_text(unix_ns / 1_000),
+            unix_ns % 1_000
+        );
+        std::fs::write(&tmp, text).expect("write the clock");
         std::fs::rename(&tmp, &self.path).expect("move the clock into place");
     }
 

@@ -223,10 +223,11 @@ def test_wsgi_limits_again_after_a_planned_failover() -> None:
         http = wsgi_app(TokenBucket(client), "u1", prefix="f:", fail="closed").test_client()
         assert http.get("/").status_code == 200
         replica.client().cluster("failover")
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
         while replica.client().info("replication")["role"] != "master":
             assert time.monotonic() < deadline, "the replica never took over"
             time.sleep(0.05)
+        deadline = time.monotonic() + 30
         statuses: list[int] = []
         while (status := http.get("/").status_code) == 503 or not statuses:
             statuses.append(status)

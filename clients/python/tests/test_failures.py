@@ -23,7 +23,9 @@ import httpx
 import pytest
 import redis
 import redis.asyncio
-from conftest import MODULE, SERVER, Server
+import redis.asyncio.sentinel
+import redis.sentinel
+from conftest import MODULE, SERVER, Server, free_port
 from fastapi import FastAPI
 from flask import Flask
 from redis._parsers.base import BaseParser
@@ -67,14 +69,16 @@ class Answer:
 
 class Served:
     """An app of `kind` ("asgi": FastAPI, "wsgi": Flask) with the middleware, over a client built with
-    `client_kwargs`; `get()` sends a request, `pause(s)` lets time pass (and the app's background work run)."""
+    `client_kwargs` (or the option `client`); `get()` sends a request, `pause(s)` lets time pass (and the app's
+    background work run)."""
 
     def __init__(self, kind: str, client_kwargs: dict[str, Any], options: dict[str, Any]) -> None:
         limits = options.pop("limits", LIMITS)
+        client = options.pop("client", None)
         self.kind = kind
         self.loop = asyncio.new_event_loop()
         if kind == "wsgi":
-            self.conn: Any = redis.Redis(**client_kwargs)
+            self.conn: Any = client or redis.Redis(**client_kwargs)
             flask = Flask(__name__)
             flask.get("/")(lambda: "hello")
             flask.wsgi_app = wsgi.RateLimitMiddleware(  # type: ignore[method-assign]
@@ -82,7 +86,7 @@ class Served:
             )
             self.flask = flask.test_client()
         else:
-            self.conn = redis.asyncio.Redis(**client_kwargs)
+            self.conn = client or redis.asyncio.Redis(**client_kwargs)
             app = FastAPI()
             app.get("/")(lambda: "hello")
             app.add_middleware(asgi.RateLimitMiddleware, limiter=AsyncTokenBucket(self.conn), limits=limits, **options)
@@ -284,6 +288,54 @@ def test_fail_mode_and_timeout_are_checked() -> None:
         with pytest.raises(ValueError, match=next(iter(options))):
             wsgi.RateLimitMiddleware(lambda e, s: [], limiter=TokenBucket(conn), limits=LIMITS, **options)
     assert redis_tb.SKIP is not None
+
+
+@contextlib.contextmanager
+def sentinel_for(primary: Server) -> Iterator[int]:
+    """A Sentinel watching `primary` as "mymaster": its port."""
+    port = free_port()
+    config = primary.dir / "sentinel.conf"
+    config.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {primary.dir}\nlogfile {primary.dir / 'sentinel.log'}\n"
+        f"sentinel monitor mymaster 127.0.0.1 {primary.port} 1\n"
+    )
+    process = subprocess.Popen(
+        [SERVER, str(config), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if redis.Redis(port=port, socket_timeout=1).sentinel_get_master_addr_by_name("mymaster"):
+                    break
+            except redis.exceptions.ConnectionError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, "the sentinel did not start"
+            time.sleep(0.02)
+        yield port
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_middleware_limits_through_a_sentinel_client(kind: str, fresh: Server) -> None:
+    """The deadline settings on a client from Sentinel (its pool asks Sentinel for the primary on each new
+    connection): timeouts capped, and the calls still limit, in Redis."""
+    with sentinel_for(fresh) as port:
+        client: Any
+        if kind == "wsgi":
+            sentinel = redis.sentinel.Sentinel([("127.0.0.1", port)], socket_timeout=1)  # type: ignore[no-untyped-call]
+            client = sentinel.master_for("mymaster")  # type: ignore[no-untyped-call]
+        else:
+            async_sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+                [("127.0.0.1", port)], socket_timeout=1
+            )
+            client = async_sentinel.master_for("mymaster")
+        with served(kind, {}, client=client, fail="closed", timeout=0.5) as app:
+            assert [app.get().status for _ in range(3)] == [200, 200, 429]
+            assert client.connection_pool.connection_kwargs["socket_timeout"] == 0.5
+    assert fresh.client().exists("ratelimit:{127.0.0.1}:per-client")
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -14,8 +14,9 @@ any interval `t`, however Redis fails or flaps.
   admissions are not charged back. A flood of identities thus shares one limit rather than going unlimited.
 
 The arithmetic is the module's in floating point (refill `rate` per second up to `burst`; a cost above the burst
-never fits; all of a call's costs or none), on a clock that only moves forward (`time.monotonic` by default): a
-stepped wall clock neither refills nor drains the buckets.
+never fits; all of a call's costs or none): `cost_fits` and `bucket_result`, which the `limits` strategy's
+in-memory buckets (`redis_tb.limits.MemoryBuckets`) use too. Here it runs on a clock that only moves forward
+(`time.monotonic` by default): a stepped wall clock neither refills nor drains the buckets.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ CAPACITY = 10_000
 EVICTION_WINDOW = 16
 #: Milliseconds this close above a whole number are that number (the refill is computed in doubles).
 MS_SLACK = 1e-6
+#: Tokens closer than this below a whole number count as that number, for the same reason.
+EPSILON = 1e-9
 #: Where the module's waits saturate (i64::MAX milliseconds).
 MAX_MS = 2**63 - 1
 
@@ -98,9 +101,7 @@ class LocalBuckets:
             now = self.clock()
             buckets = [self._bucket(key, limit, now, keys) for key, limit in zip(keys, limits, strict=True)]
             held = [bucket.held(now) for bucket in buckets]
-            fits = [
-                limit.cost <= limit.burst and limit.cost <= tokens for limit, tokens in zip(limits, held, strict=True)
-            ]
+            fits = [cost_fits(tokens, limit.burst, limit.cost) for limit, tokens in zip(limits, held, strict=True)]
             allowed = all(fits)
             if allowed:
                 held = [tokens - limit.cost for limit, tokens in zip(limits, held, strict=True)]
@@ -108,7 +109,10 @@ class LocalBuckets:
                 bucket.tokens, bucket.at = tokens, now
                 if allowed and not bucket.overflow:
                     bucket.owed += limit.cost
-        results = tuple(_result(limit, tokens, fit) for limit, tokens, fit in zip(limits, held, fits, strict=True))
+        results = tuple(
+            bucket_result(tokens, limit.rate, limit.burst, limit.cost, fit)
+            for limit, tokens, fit in zip(limits, held, fits, strict=True)
+        )
         return AcquiredEach(allowed, limiting_index(results, allowed), results)
 
     def observe(self, limits: Sequence[Limit], keys: Sequence[str], reply: Acquired | AcquiredEach) -> None:
@@ -201,15 +205,21 @@ def _ceil_ms(value: float) -> int:
     return math.ceil(value - MS_SLACK) if value < MAX_MS else MAX_MS
 
 
-def _result(limit: Limit, held: float, fits: bool) -> BucketResult:
-    reset_after_ms = max(0, _ceil_ms((limit.burst - held) / limit.rate * 1000))
+def cost_fits(held: float, burst: float, cost: float) -> bool:
+    """Whether a bucket holding `held` tokens gives `cost` now (never when the cost exceeds the burst)."""
+    return cost <= burst and cost <= held + EPSILON
+
+
+def bucket_result(held: float, rate: float, burst: float, cost: float, fits: bool) -> BucketResult:
+    """The reply fields of a bucket left holding `held` tokens after a call for `cost` that `fits` or not."""
+    reset_after_ms = max(0, _ceil_ms((burst - held) / rate * 1000))
     if fits:
         retry_after_ms = 0
-    elif limit.cost > limit.burst:
+    elif cost > burst:
         retry_after_ms = -1
     else:
-        retry_after_ms = max(1, _ceil_ms((limit.cost - held) / limit.rate * 1000))
-    return BucketResult(fits, max(0, math.floor(held)), retry_after_ms, reset_after_ms)
+        retry_after_ms = max(1, _ceil_ms((cost - held) / rate * 1000))
+    return BucketResult(fits, max(0, math.floor(held + EPSILON)), retry_after_ms, reset_after_ms)
 
 
 def limiting_index(results: Sequence[BucketResult], allowed: bool) -> int:

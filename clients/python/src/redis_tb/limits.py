@@ -31,14 +31,13 @@ from limits.storage import MemoryStorage, Storage
 from limits.strategies import STRATEGIES, RateLimiter
 from limits.util import WindowStats
 
+from ._local import bucket_result, cost_fits
 from .aio import AsyncTokenBucket
 from .client import TokenBucket
 from .replies import Acquired
 
 #: The name Flask-Limiter, slowapi and limits configurations use.
 STRATEGY_NAME = "token-bucket"
-#: Tokens closer than this to a whole number count as that number (the refill is computed in doubles).
-EPSILON = 1e-9
 #: The in-memory buckets drop the expired entries of their storage once per this many writes.
 SWEEP_EVERY = 4096
 #: A reset this close before a whole second is reported at that second (see `window_stats`).
@@ -50,11 +49,12 @@ SUPPORTED_CLIENTS = (redis.Redis, redis.cluster.RedisCluster, redis.asyncio.Redi
 
 
 class MemoryBuckets:
-    """Token buckets in a `limits` in-memory storage (sync or asyncio), with the module's arithmetic.
+    """Token buckets in a `limits` in-memory storage (sync or asyncio), with the arithmetic of the middleware's
+    in-memory buckets (`redis_tb._local.cost_fits` and `bucket_result`).
 
     A bucket is one entry of the storage's counter: the microsecond at which it is full again, expiring then (a
     missing bucket is a full one). The storage's `clear`, `reset` and expiry therefore apply to the buckets as
-    to its own counters; nothing lives outside it. Its clock is `time.time()`.
+    to its own counters; nothing lives outside it. Its clock is `time.time()`, as the storage's expiry's is.
     """
 
     def __init__(self, storage: MemoryStorage | AsyncMemoryStorage) -> None:
@@ -71,23 +71,15 @@ class MemoryBuckets:
             stored = self.full_at_us.get(key) if self.expirations.get(key, 0.0) > now else None
             full_at_us = max(stored if stored is not None else now_us, now_us)
             tokens = burst - (full_at_us - now_us) * rate / 1_000_000
-            if cost > burst:
-                return self._reply(False, tokens, -1, full_at_us, now_us)
-            if cost > 0 and tokens + EPSILON < cost:
-                wait_ms = max(1, math.ceil((cost - tokens) / rate * 1000 - EPSILON))
-                return self._reply(False, tokens, wait_ms, full_at_us, now_us)
-            if cost > 0:
+            fits = cost_fits(tokens, burst, cost)
+            if fits and cost > 0:
                 full_at_us += round(cost / rate * 1_000_000)
                 tokens -= cost
                 self.full_at_us[key] = full_at_us
                 self.expirations[key] = full_at_us / 1_000_000
                 self._sweep(now)
-            return self._reply(True, tokens, 0, full_at_us, now_us)
-
-    @staticmethod
-    def _reply(allowed: bool, tokens: float, retry_after_ms: int, full_at_us: int, now_us: int) -> Acquired:
-        remaining = max(0, math.floor(tokens + EPSILON))
-        return Acquired(allowed, remaining, retry_after_ms, max(0, math.ceil((full_at_us - now_us) / 1000)))
+        result = bucket_result(tokens, rate, burst, cost, fits)
+        return Acquired(fits, result.remaining, result.retry_after_ms, result.reset_after_ms)
 
     def _sweep(self, now: float) -> None:
         """Every `SWEEP_EVERY` writes, drops the storage's expired entries (full buckets), as its timer does."""
