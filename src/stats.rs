@@ -16,9 +16,9 @@
 //!
 //! The counters only ever grow (saturating at `u64::MAX`, and `tokens_granted` at the largest finite `f64`): a
 //! metrics scraper computes rates from their differences, and a reset it did not see reads as a huge negative
-//! rate. `CONFIG RESETSTAT` does not reset them. An earlier version reset them from a command filter that saw
-//! `CONFIG RESETSTAT` before the server decided to run it, so a client the server then refused (NOAUTH, NOPERM,
-//! a DISCARDed MULTI) could zero them (issue #12); no server event tells a module that RESETSTAT really ran.
+//! rate. `CONFIG RESETSTAT` does not reset them, and no command filter watches for it: a filter sees
+//! `CONFIG RESETSTAT` before the server decides to run it, so a client the server then refuses (NOAUTH, NOPERM, a
+//! DISCARDed MULTI) could zero them (issue #12), and no server event tells a module that RESETSTAT really ran.
 //!
 //! Commands and INFO both run on the server's main thread, so the counters need no read-modify-write atomics: a
 //! relaxed load and store is enough and costs what a plain `u64` would. They are atomics only because a `static`

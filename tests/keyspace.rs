@@ -223,8 +223,8 @@ fn exec_survives(server: &Server, key: &str, between: impl FnOnce(&mut redis::Co
     exec.is_some()
 }
 
-/// Regression (issue #4): the server signals every key a module opened for writing as modified, so denials and
-/// peeks used to abort a WATCH on the bucket although they change nothing.
+/// Regression test for issue #4: the server signals every key a module opened for writing as modified; denials
+/// and peeks change nothing, so they must leave a WATCH on the bucket standing.
 #[test]
 fn only_writes_abort_transactions_watching_a_bucket() {
     let server = Server::start();

@@ -13,7 +13,7 @@ use common::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
-/// The two tests take turns: two clusters, two tb-rls and an Envoy under load at once would share 2 cores.
+/// The two tests take turns: two clusters, two tb-rls and an Envoy under load at once would starve each other.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Cluster {

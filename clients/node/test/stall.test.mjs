@@ -43,8 +43,8 @@ describe("a Redis stall (SIGSTOP) is never charged later", () => {
           durations.push(performance.now() - started);
         }
         assert.deepEqual(new Set(statuses), new Set([503]));
-        // The first waits for its deadline; the others are answered at once (old code: 30 deadlines, 9 s). The
-        // median, not the total, so that a busy machine starving a few answers does not count.
+        // The first waits for its deadline; the others are answered at once, not after a deadline each (30
+        // deadlines, 9 s). The median, not the total, so that a busy machine starving a few answers does not count.
         const median = [...durations].sort((a, b) => a - b)[durations.length >> 1];
         assert.ok(median < TIMEOUT_MS, `answers took ${durations.map(Math.round).join(", ")} ms`);
         server.child.kill("SIGCONT");

@@ -132,7 +132,7 @@ async def test_skip_is_the_only_way_to_skip_the_limit(server: Server, key: str) 
 async def test_no_identity_shares_the_anonymous_bucket_with_one_warning(
     nothing: str | None, server: Server, key: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """0.3.0 let every request through when the key function found no identity."""
+    """A request for which the key function finds no identity takes the shared anonymous bucket, never a pass."""
     monkeypatch.setattr(_decide, "_anonymous_warned", False)
     conn = server.async_client()
     app = make_app(conn, [Limit("per-user", rate=0.01, burst=2)], prefix=f"{key}:", key=lambda scope: nothing)
@@ -147,7 +147,7 @@ async def test_no_identity_shares_the_anonymous_bucket_with_one_warning(
 
 
 async def test_ipv6_clients_of_one_slash_56_share_a_bucket(server: Server, key: str) -> None:
-    """0.3.0 keyed each IPv6 address apart: a client holding a /64 took a fresh bucket per address."""
+    """IPv6 clients are keyed by their /56: a client holding a /64 cannot take a fresh bucket per address."""
     conn = server.async_client()
     app = make_app(conn, [Limit("per-client", rate=0.01, burst=2)], prefix=f"{key}:")
     statuses = []
@@ -167,7 +167,7 @@ async def test_ipv6_clients_of_one_slash_56_share_a_bucket(server: Server, key: 
 
 @pytest.mark.parametrize("row", [row for row in KEYS if row["prefix"] == "ratelimit:"][:12], ids=lambda r: r["key"])
 async def test_the_middleware_writes_the_fixture_key(row: dict[str, Any], server: Server) -> None:
-    """The keys Node writes too (fixtures/keys.json): 0.3.0 wrote `ratelimit:{}x}:per-client` and friends."""
+    """The middleware writes the keys Node writes too (fixtures/keys.json), escaped: never `ratelimit:{}x}:...`."""
     conn = server.async_client()
     app = make_app(conn, [Limit(row["limit"], rate=1, burst=5)], key=lambda scope: row["identity"])
     await conn.delete(row["key"])
@@ -222,7 +222,7 @@ async def hello() -> dict[str, str]:
 
 
 def test_uvicorn_on_a_unix_socket_is_limited(module_server: Server, key: str, tmp_path: Path) -> None:
-    """Under `uvicorn --uds` the scope has no client: 0.3.0 let every request through, writing no key."""
+    """Under `uvicorn --uds` the scope has no client: requests take the anonymous bucket, and its key is written."""
     (tmp_path / "uds_app.py").write_text(UDS_APP)
     path = str(tmp_path / "app.sock")
     env = dict(os.environ, REDIS_URL=module_server.url(), PREFIX=f"{key}:")

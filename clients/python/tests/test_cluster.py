@@ -88,7 +88,8 @@ def fastapi_app(limiter: AsyncTokenBucket, identity: str | None, prefix: str, **
 
 
 def test_wsgi_limits_any_identity_on_a_cluster(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
-    """0.3.0 built `ratelimit:{}x}:a`: an empty hash tag, buckets in two slots, CROSSSLOT, a 500."""
+    """Identities holding `{`, `}`, spaces or nothing are escaped in keys, so no key gets an empty hash tag
+    (`ratelimit:{}x}:a`), which would put a request's buckets in two slots: CROSSSLOT, a 500."""
     client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
     for identity in AWKWARD:
         http = wsgi_app(TokenBucket(client), identity, prefix="wsgi:", fail="closed").test_client()
@@ -120,7 +121,8 @@ def lone_node() -> Server:
 
 
 async def test_the_fail_mode_answers_when_the_cluster_is_gone() -> None:
-    """0.3.0 answered 500 ("Redis Cluster cannot be connected") whatever the fail mode, in ASGI and WSGI."""
+    """A cluster that cannot be connected ("Redis Cluster cannot be connected") is answered by the fail mode, in
+    ASGI and WSGI, never a 500."""
     node = lone_node()
     sync_client = RedisCluster(host="127.0.0.1", port=node.port)
     flask = wsgi_app(TokenBucket(sync_client), "user", prefix="gone:", fail="closed", timeout=0.5).test_client()

@@ -128,7 +128,7 @@ async def test_pacing_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_every_block_sets_timeouts() -> None:
-    """0.3.0's snippets built clients without timeouts: with Redis stalled, a request never returned."""
+    """Every snippet builds its client with timeouts: without them, a request never returns while Redis stalls."""
     for block in blocks():
         assert "timeout" in block, block
 

@@ -340,11 +340,11 @@ def test_the_middleware_limits_through_a_sentinel_client(kind: str, fresh: Serve
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_calls_during_a_stall_are_not_charged_when_redis_resumes(kind: str, fresh: Server) -> None:
-    """A stalled Redis (SIGSTOP) runs, when it resumes, what was written to it meanwhile. 0.3.0 let redis-py retry
-    each timed-out call, and sent every request's call: each was charged later. Now only the call in flight when
-    the stall began may be; the others get the fail mode at once and send nothing."""
+    """A stalled Redis (SIGSTOP) runs, when it resumes, what was written to it meanwhile: a client that retried each
+    timed-out call, or sent every request's call, would have each charged later. Only the call in flight when the
+    stall began may be; the others get the fail mode at once and send nothing."""
     key = f"stall:{kind}"
-    # Timeouts as docs/python.md advised for 0.3.0, with redis-py's default retries.
+    # A client with socket timeouts and redis-py's default retries: the middleware takes its retries away.
     client = address(fresh, socket_timeout=0.3, socket_connect_timeout=0.3)
     limits = [Limit("stall", rate=0.001, burst=100)]  # no refill to speak of during the test
     with served(kind, client, limits=limits, prefix=key, fail="open", timeout=0.3) as app:
@@ -361,7 +361,7 @@ def test_calls_during_a_stall_are_not_charged_when_redis_resumes(kind: str, fres
             fresh.process.send_signal(signal.SIGCONT)
         assert [response.status for response in during] == [200] * 20
         assert not any(response.remaining is not None for response in during)
-        # One deadline (0.3 s), then the fail mode answers at once: 0.3.0 waited a deadline or more for each. The
+        # One deadline (0.3 s), then the fail mode answers at once, without waiting a deadline for each. The
         # median, not the total, so that a busy machine starving a few answers does not count.
         assert sorted(durations)[len(durations) // 2] < 0.3, durations
         deadline = time.monotonic() + 10
@@ -456,10 +456,10 @@ def test_configuration_errors_are_logged_at_most_once_a_minute(caplog: pytest.Lo
 
 async def test_calls_in_flight_during_a_stall_are_at_most_max_in_flight(fresh: Server) -> None:
     """Many concurrent requests when Redis stalls: each one whose call went out before the deadline may be charged
-    when Redis resumes. At most MAX_IN_FLIGHT calls are out at once, whatever the request rate; 0.3.0 sent them
-    all (here, one per pooled connection: 150). The tokens are read before the stall, once a call has answered:
-    under load some warm-up calls miss their deadline (the gate closes and later ones are answered by the fail
-    mode, never charged), so the warm-up's charge is not 150."""
+    when Redis resumes. At most MAX_IN_FLIGHT calls are out at once, whatever the request rate, where sending
+    them all would charge 150 here (one per pooled connection). The tokens are read before the stall, once a call
+    has answered: under load some warm-up calls miss their deadline (the gate closes and later ones are answered by
+    the fail mode, never charged), so the warm-up's charge is not 150."""
     conn = redis.asyncio.Redis(**address(fresh, socket_timeout=0.3, socket_connect_timeout=0.3))
     app = FastAPI()
     app.get("/")(lambda: "hello")

@@ -32,12 +32,12 @@ def test_ipv6_subnet_outside_1_to_64_is_refused(subnet: Any) -> None:
 
 
 def test_express_and_fastify_addresses_of_one_client_are_one_identity() -> None:
-    """0.3.0 keyed Express's `::ffff:127.0.0.1` and Fastify's `127.0.0.1` apart: two buckets for one client."""
+    """Express's `::ffff:127.0.0.1` and Fastify's `127.0.0.1` are one client: one identity, one bucket."""
     assert ip_identity("::ffff:127.0.0.1") == ip_identity("127.0.0.1") == "127.0.0.1"
 
 
 def test_ipv6_addresses_of_one_slash_56_share_a_bucket() -> None:
-    """0.3.0 gave each IPv6 address its own bucket: a client holding a /64 picked a fresh one per request."""
+    """IPv6 addresses of one /56 are one identity: a client holding a /64 cannot pick a fresh bucket per request."""
     identities = {ip_identity(f"2001:db8:1:2{n:02x}::{n}:1") for n in range(256)}
     assert identities == {"2001:db8:1:200::/56"}
     assert ip_identity("2001:db8:1:300::1") != ip_identity("2001:db8:1:2ff::1")

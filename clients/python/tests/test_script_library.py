@@ -344,8 +344,8 @@ def test_a_caller_a_day_behind_is_told_the_buckets_wait_not_its_lag(
     frozen: tuple[Clock, redis.Redis, list[str], bool],
 ) -> None:
     """A bucket of 5 at 1/s emptied on the server's time, then a caller whose clock is a day behind: refused, with
-    the second the bucket makes everyone wait, nothing written. (Counted from its own reading, the wait was a day:
-    Retry-After 86,401 s.)"""
+    the second the bucket makes everyone wait, nothing written. (Counted from its own reading, the wait would be a
+    day: Retry-After 86,401 s.)"""
     clock, conn, forms, _ = frozen
     start_us = CLOCK_2030_US + 3 * 10**12
     for form in forms:

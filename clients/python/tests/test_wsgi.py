@@ -82,7 +82,7 @@ def test_redis_stopped(fail: str, key: str) -> None:
 
 
 def test_no_peer_address_is_limited_under_the_anonymous_identity(server: Server, key: str) -> None:
-    """A WSGI server on a Unix socket gives an empty REMOTE_ADDR: 0.3.0 let every such request through."""
+    """A WSGI server on a Unix socket gives an empty REMOTE_ADDR: such requests share the anonymous bucket."""
     app = make_app(server.client(), [Limit("per-client", rate=0.01, burst=2)], prefix=f"{key}:")
     http = app.test_client()
     statuses = [http.get("/hello", environ_base={"REMOTE_ADDR": ""}).status_code for _ in range(3)]
