@@ -1,13 +1,7 @@
-//! The async client: sends each command to the first backend the server offers (docs/clients.md, "Which backend
-//! runs the calls"), within a deadline, never twice.
+//! The async client: sends each command to the first backend the server offers (`backends.rs`), within a
+//! deadline, never twice.
 //!
 //! ```text
-//! backend     the module (TB.ACQUIRE ...) while its commands answer; else the Functions library (FCALL, loaded
-//!             with FUNCTION LOAD on the call that meets "ERR Function not found"); else the script (EVALSHA,
-//!             EVAL on NOSCRIPT). A switch moves down this list and retries the call once on the next backend,
-//!             found from the replies, never by an extra round trip. A client that left a module that had
-//!             answered tries it again once a minute (a failback). TIME refused inside scripts: the call is
-//!             retried once with the caller's clock (`@<µs>`), which is then kept.
 //! deadline    every call, with its retries, its connection and its wait for a slot, ends within `timeout`.
 //!             A call that misses it drops the connection it used, so nothing more is written there; until a
 //!             probe (PING on a new connection, a few a second at most) answers, calls fail at once.
@@ -20,61 +14,26 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Cmd, Value};
+use redis::{AsyncConnectionConfig, Value};
 use tokio::sync::Semaphore;
 
+use crate::backends::{Backend, Backends};
 use crate::command::{self, Bucket, BucketWithCost, Call};
 use crate::error::{ConfigError, Error};
-use crate::failure;
 use crate::replies::{
     Acquired, AcquiredAll, AcquiredEach, Charged, PartialGrant, Refunded, Reservation,
 };
-use crate::script;
 
 /// The deadline of a call unless one is set.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Calls one client has out at once, at most; the others wait for a slot within their deadline.
 pub const MAX_IN_FLIGHT: usize = 64;
-/// How often a client that left a module that had answered tries it again.
-const MODULE_RETRY: Duration = Duration::from_secs(60);
 /// Waits between probes while Redis is away: the first soon, then doubling up to a second.
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
-
-/// Where a command runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    /// The module's commands (`TB.ACQUIRE` ...).
-    Module,
-    /// The Redis Functions library (`FCALL tb_0_4_0_acquire ...`), Redis 7.0+ and Valkey.
-    Function,
-    /// The Lua script (`EVALSHA`), where functions are unavailable.
-    Script,
-}
-
-impl Backend {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::Module => "module",
-            Backend::Function => "function",
-            Backend::Script => "script",
-        }
-    }
-
-    fn describe(self) -> String {
-        match self {
-            Backend::Module => "the redis-tb module".to_owned(),
-            Backend::Function => format!(
-                "the Redis Functions library {} (FCALL)",
-                script::library_name()
-            ),
-            Backend::Script => "the Lua script (EVALSHA)".to_owned(),
-        }
-    }
-}
 
 /// Builds a [`Client`].
 #[derive(Clone, Debug)]
@@ -117,15 +76,7 @@ impl ClientBuilder {
                 reconnecting: AtomicBool::new(false),
                 first_connect: tokio::sync::Mutex::new(()),
                 slots: Semaphore::new(MAX_IN_FLIGHT),
-                selection: Mutex::new(Selection {
-                    current: self.backend.unwrap_or(Backend::Module),
-                    forced: self.backend.is_some(),
-                    module_answered: false,
-                    functions_unavailable: false,
-                    next_module_try: None,
-                    answered: Vec::with_capacity(3),
-                    caller_clock: false,
-                }),
+                backends: Backends::new(self.backend),
             }),
         })
     }
@@ -151,22 +102,6 @@ struct Live {
     connection: MultiplexedConnection,
 }
 
-/// Which backend runs the calls, and what the replies have shown so far.
-struct Selection {
-    current: Backend,
-    /// Set by [`ClientBuilder::backend`]: never switch.
-    forced: bool,
-    /// Whether the module answered a call at least once (only then is it tried again after a switch).
-    module_answered: bool,
-    /// FCALL or FUNCTION LOAD was refused: the library is skipped for good.
-    functions_unavailable: bool,
-    next_module_try: Option<Instant>,
-    /// The backends that answered at least once: a switch away from one that did is a warning.
-    answered: Vec<Backend>,
-    /// TIME is refused inside scripts: the library and the script get the caller's clock.
-    caller_clock: bool,
-}
-
 struct Inner {
     client: redis::Client,
     timeout: Duration,
@@ -178,17 +113,7 @@ struct Inner {
     /// Serialises the first connection, which a call makes itself (within its deadline).
     first_connect: tokio::sync::Mutex<()>,
     slots: Semaphore,
-    selection: Mutex<Selection>,
-}
-
-/// What one attempt on one backend came to.
-enum Step {
-    Done(Value),
-    /// Move to this backend (the reason is the server's error) and retry once.
-    Switch(Backend, Error),
-    /// TIME was refused inside the script: retry with the caller's clock.
-    ClockRefused(Error),
-    Fail(Error),
+    backends: Backends,
 }
 
 impl Client {
@@ -212,11 +137,7 @@ impl Client {
 
     /// The backend calls go to now.
     pub fn backend_in_use(&self) -> Backend {
-        self.inner
-            .selection
-            .lock()
-            .map(|selection| selection.current)
-            .unwrap_or(Backend::Module)
+        self.inner.backends.in_use()
     }
 
     /// Whether calls are sent: false from a timeout or a lost connection until a probe answers.
@@ -332,142 +253,13 @@ impl Client {
             .map_err(|_| Error::Unavailable("the client is closing".to_owned()))?;
         let (generation, mut connection) = self.connection().await?;
         used.store(generation, Ordering::Release);
-        let result = self.dispatch(&mut connection, call).await;
+        let result = self.inner.backends.run(&mut connection, call).await;
         if let Err(err) = &result {
             if err.stops_calls() {
                 self.drop_connection(generation);
             }
         }
         result
-    }
-
-    /// Sends `call` to the backend in use, switching and retrying as the replies say (a few attempts at most).
-    async fn dispatch<T>(
-        &self,
-        connection: &mut MultiplexedConnection,
-        call: &Call<T>,
-    ) -> Result<T, Error> {
-        let mut backend = self.pick();
-        for _ in 0..4 {
-            let caller_clock = self.with_selection(|s| s.caller_clock).unwrap_or(false);
-            let step = match backend {
-                Backend::Module => {
-                    module_attempt(connection, call, self.functions_unavailable()).await
-                }
-                Backend::Function => function_attempt(connection, call, caller_clock).await,
-                Backend::Script => script_attempt(connection, call, caller_clock).await,
-            };
-            match step {
-                Step::Done(value) => {
-                    self.answered(backend);
-                    return (call.parse)(&value);
-                }
-                Step::Switch(next, err) => {
-                    if self.with_selection(|s| s.forced).unwrap_or(true) {
-                        return Err(err);
-                    }
-                    self.switch(backend, next, &err.server_text().unwrap_or_default());
-                    backend = next;
-                }
-                Step::ClockRefused(err) => {
-                    let first = self
-                        .with_selection(|s| !std::mem::replace(&mut s.caller_clock, true))
-                        .unwrap_or(false);
-                    if !first {
-                        // Refused with the caller's clock too: another command is refused (an ACL too narrow).
-                        return Err(err);
-                    }
-                    tracing::warn!(
-                        "redis-tb: the server refuses TIME inside scripts; {} now runs on this process's clock",
-                        backend.describe()
-                    );
-                }
-                Step::Fail(err) => return Err(err),
-            }
-        }
-        Err(Error::Unavailable(
-            "no backend answered the call after several switches".to_owned(),
-        ))
-    }
-
-    fn with_selection<R>(&self, f: impl FnOnce(&mut Selection) -> R) -> Option<R> {
-        self.inner.selection.lock().ok().map(|mut s| f(&mut s))
-    }
-
-    fn functions_unavailable(&self) -> bool {
-        self.with_selection(|s| s.functions_unavailable)
-            .unwrap_or(false)
-    }
-
-    /// The backend for the next call: the one in use, or the module once a minute after a switch away from a
-    /// module that had answered.
-    fn pick(&self) -> Backend {
-        self.with_selection(|s| {
-            if s.forced || s.current == Backend::Module || !s.module_answered {
-                return s.current;
-            }
-            let now = Instant::now();
-            match s.next_module_try {
-                Some(at) if now < at => s.current,
-                _ => {
-                    s.next_module_try = Some(now + MODULE_RETRY);
-                    Backend::Module
-                }
-            }
-        })
-        .unwrap_or(Backend::Module)
-    }
-
-    fn answered(&self, backend: Backend) {
-        let back = self
-            .with_selection(|s| {
-                if !s.answered.contains(&backend) {
-                    s.answered.push(backend);
-                }
-                if backend == Backend::Module {
-                    s.module_answered = true;
-                }
-                let back = s.current != backend;
-                s.current = backend;
-                back
-            })
-            .unwrap_or(false);
-        if back {
-            tracing::warn!(
-                "redis-tb: {} answers again; calls go to it",
-                backend.describe()
-            );
-        }
-    }
-
-    fn switch(&self, from: Backend, to: Backend, why: &str) {
-        let had_answered = self
-            .with_selection(|s| {
-                if to == Backend::Script && from == Backend::Function {
-                    s.functions_unavailable = true;
-                }
-                if from == Backend::Module {
-                    s.next_module_try = Some(Instant::now() + MODULE_RETRY);
-                }
-                let changed = s.current != to;
-                s.current = to;
-                changed.then_some(s.answered.contains(&from))
-            })
-            .flatten();
-        let why = failure::summary(why);
-        match had_answered {
-            Some(true) => tracing::warn!(
-                "redis-tb: {} went away ({why}); calls go to {}",
-                from.describe(),
-                to.describe()
-            ),
-            Some(false) => tracing::info!(
-                "redis-tb: {} is not available ({why}); calls go to {}",
-                from.describe(),
-                to.describe()
-            ),
-            None => {}
-        }
     }
 
     /// The connection to send on: the live one; else, on the first call, a new one made within the call's
@@ -589,139 +381,6 @@ async fn connect(inner: &Inner) -> Result<MultiplexedConnection, Error> {
         Ok(Ok(connection)) => Ok(connection),
         Ok(Err(err)) => Err(Error::Redis(err)),
         Err(_) => Err(Error::Timeout(inner.timeout)),
-    }
-}
-
-async fn query(connection: &mut MultiplexedConnection, command: &Cmd) -> Result<Value, Error> {
-    command
-        .query_async::<Value>(connection)
-        .await
-        .map_err(Error::Redis)
-}
-
-/// The server's error text of a failed query, if it is an error reply.
-fn reply_text(err: &Error) -> Option<String> {
-    err.server_text()
-}
-
-async fn module_attempt<T>(
-    connection: &mut MultiplexedConnection,
-    call: &Call<T>,
-    functions_unavailable: bool,
-) -> Step {
-    let mut command = redis::cmd(call.name);
-    command.arg(&call.module_args);
-    match query(connection, &command).await {
-        Ok(value) => Step::Done(value),
-        Err(err) => match reply_text(&err) {
-            Some(text) if failure::is_unknown_command(&text) => {
-                let next = if functions_unavailable {
-                    Backend::Script
-                } else {
-                    Backend::Function
-                };
-                Step::Switch(next, err)
-            }
-            _ => Step::Fail(err),
-        },
-    }
-}
-
-/// `@<µs>`: this process's clock, for servers that refuse TIME inside scripts.
-fn caller_time() -> String {
-    let micros = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_micros())
-        .unwrap_or(0);
-    format!("@{micros}")
-}
-
-fn script_arguments<T>(command: &mut Cmd, call: &Call<T>, caller_clock: bool) {
-    command.arg(call.keys.len()).arg(&call.keys);
-    if caller_clock {
-        command.arg(caller_time());
-    }
-}
-
-/// FCALL, loading the library first where the server lacks it, and retrying once.
-async fn function_attempt<T>(
-    connection: &mut MultiplexedConnection,
-    call: &Call<T>,
-    caller_clock: bool,
-) -> Step {
-    let mut fcall = redis::cmd("FCALL");
-    fcall.arg(script::function_name(call.name));
-    script_arguments(&mut fcall, call, caller_clock);
-    fcall.arg(&call.script_args);
-    let err = match query(connection, &fcall).await {
-        Ok(value) => return Step::Done(value),
-        Err(err) => err,
-    };
-    let Some(text) = reply_text(&err) else {
-        return Step::Fail(err);
-    };
-    if failure::is_functions_unavailable(&text) {
-        return Step::Switch(Backend::Script, err);
-    }
-    if failure::is_time_refused(&text) {
-        return Step::ClockRefused(err);
-    }
-    if !failure::is_function_missing(&text) {
-        return Step::Fail(err);
-    }
-    let mut load = redis::cmd("FUNCTION");
-    load.arg("LOAD").arg(script::library());
-    if let Err(load_err) = query(connection, &load).await {
-        match reply_text(&load_err) {
-            Some(text) if failure::is_library_loaded(&text) => {}
-            Some(text)
-                if failure::is_functions_unavailable(&text)
-                    || failure::is_library_refused(&text) =>
-            {
-                return Step::Switch(Backend::Script, load_err);
-            }
-            _ => return Step::Fail(load_err),
-        }
-    }
-    match query(connection, &fcall).await {
-        Ok(value) => Step::Done(value),
-        Err(err) => match reply_text(&err) {
-            Some(text) if failure::is_time_refused(&text) => Step::ClockRefused(err),
-            _ => Step::Fail(err),
-        },
-    }
-}
-
-/// EVALSHA; on NOSCRIPT (a restart, a failover, SCRIPT FLUSH), EVAL, which runs the script and caches it.
-async fn script_attempt<T>(
-    connection: &mut MultiplexedConnection,
-    call: &Call<T>,
-    caller_clock: bool,
-) -> Step {
-    let mut evalsha = redis::cmd("EVALSHA");
-    evalsha.arg(script::script_sha());
-    script_arguments(&mut evalsha, call, caller_clock);
-    evalsha.arg(call.name).arg(&call.script_args);
-    let err = match query(connection, &evalsha).await {
-        Ok(value) => return Step::Done(value),
-        Err(err) => err,
-    };
-    let outcome = match reply_text(&err) {
-        Some(text) if text.starts_with("NOSCRIPT") => {
-            let mut eval = redis::cmd("EVAL");
-            eval.arg(script::SCRIPT);
-            script_arguments(&mut eval, call, caller_clock);
-            eval.arg(call.name).arg(&call.script_args);
-            query(connection, &eval).await
-        }
-        _ => Err(err),
-    };
-    match outcome {
-        Ok(value) => Step::Done(value),
-        Err(err) => match reply_text(&err) {
-            Some(text) if failure::is_time_refused(&text) => Step::ClockRefused(err),
-            _ => Step::Fail(err),
-        },
     }
 }
 

@@ -19,7 +19,8 @@
 //! # Layout
 //!
 //! ```text
-//! client.rs    the connection, the deadline of each call, backend selection (module, library, script)
+//! client.rs    the connection and the deadline of each call
+//! backends.rs  backend selection (module, library, script) over any redis-rs async connection
 //! command.rs   each command's arguments for the module and for the script; replies.rs their typed replies
 //! script.rs    lua/tb.lua embedded at build time, and the library generated from it
 //! failure.rs   the failure table of docs/clients.md and the errors that pick a backend
@@ -43,6 +44,7 @@
     )
 )]
 
+pub mod backends;
 mod client;
 mod command;
 mod error;
@@ -55,7 +57,8 @@ pub mod local;
 mod replies;
 pub mod script;
 
-pub use client::{redact, Backend, Client, ClientBuilder, DEFAULT_TIMEOUT, MAX_IN_FLIGHT};
+pub use backends::{Backend, Backends};
+pub use client::{redact, Client, ClientBuilder, DEFAULT_TIMEOUT, MAX_IN_FLIGHT};
 pub use command::{Bucket, BucketWithCost};
 pub use error::{ConfigError, Error};
 pub use layer::{peer_identity, FailMode, RateLimit, RateLimitLayer};
