@@ -69,8 +69,10 @@ const CONFIG_CODES: [(&str, &str, &str); 5] = [
 ];
 
 /// The row of an error reply, given as the server sends it without the leading `-`
-/// (`OOM command not allowed ...`).
+/// (`OOM command not allowed ...`). A command refused inside the script or library comes back as the script's
+/// error (`ERR user_script:795: OOM ...`): its row is the refused command's.
 pub fn classify_reply(text: &str) -> Failure {
+    let text = without_script_prefix(text);
     let code = text.split(' ').next().unwrap_or("");
     if let Some(&(_, name, class)) = UNAVAILABLE_CODES
         .iter()
@@ -96,6 +98,18 @@ pub fn classify_reply(text: &str) -> Failure {
     row("other ERR", "other", Action::ErrorFailMode)
 }
 
+/// `text` without a leading `ERR user_script:<line>: `, or `text` itself.
+fn without_script_prefix(text: &str) -> &str {
+    let Some(rest) = text.strip_prefix("ERR user_script:") else {
+        return text;
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    match rest.get(digits..).and_then(|tail| tail.strip_prefix(": ")) {
+        Some(inner) if digits > 0 => inner,
+        _ => text,
+    }
+}
+
 /// The row of a limiter call's error.
 pub fn classify(error: &Error) -> Failure {
     match error {
@@ -118,11 +132,11 @@ pub fn classify(error: &Error) -> Failure {
             } else if err.is_io_error() || err.is_connection_dropped() {
                 row("connection reset", "connection", Action::FailMode)
             } else {
-                row("other ERR", "other", Action::ErrorFailMode)
+                row("any other error", "other", Action::ErrorFailMode)
             }
         }
         Error::Protocol(_) | Error::InvalidArgument(_) => {
-            row("other ERR", "other", Action::ErrorFailMode)
+            row("any other error", "other", Action::ErrorFailMode)
         }
     }
 }

@@ -125,6 +125,7 @@ fn condition_error(row: &str) -> Error {
         }
         "connection reset" => Error::Redis(io::Error::from(io::ErrorKind::ConnectionReset).into()),
         "timeout" => Error::Timeout(std::time::Duration::from_millis(1000)),
+        "any other error" => Error::Protocol("an unexpected error".to_owned()),
         "cluster unreachable" => Error::Redis(redis::RedisError::from((
             redis::ErrorKind::ClusterConnectionNotFound,
             "no node serves the slot",
