@@ -90,6 +90,11 @@ const CONDITION_ROWS = [
   [/ECONNREFUSED|connection refused/i, "connection refused", "connection"],
 ];
 
+/** Every class of the failure table, in its order (docs/clients.md; fixtures/failures.json's `class`). */
+const FAILURE_CLASSES = Object.freeze([
+  "connection", "timeout", "cluster_unreachable", ...new Set(REPLY_ROWS.map(([, , name]) => name)), "other",
+]);
+
 const OTHER = Object.freeze({ row: "other ERR", class: "other", action: "error-fail-mode" });
 
 /**
@@ -120,4 +125,4 @@ function replyText(error) {
   return isReplyError(error) ? String(error.message) : undefined;
 }
 
-module.exports = { TbReplyError, TbArgumentError, TbProtocolError, TbUnavailableError, isReplyError, classifyFailure };
+module.exports = { TbReplyError, TbArgumentError, TbProtocolError, TbUnavailableError, isReplyError, classifyFailure, FAILURE_CLASSES };

@@ -1,13 +1,16 @@
 "use strict";
 // What the Express middleware and the Fastify plugin share: from a request to a decision, its headers and, when
 // refused, the 429 body. One call to Redis per request: TB.ACQUIRE for one limit, TB.ACQUIREEACH for several
-// (all or nothing, and a report on every bucket for the headers).
+// (all or nothing, and a report on every bucket for the headers). Shadow limits (docs/operating.md, "Watching the
+// middleware") take a second call, made only when the enforced limits allow the request: all or nothing among
+// themselves, never refusing, never in the headers. Each request and limiter call is counted (metrics.cjs).
 
 const { TbClient } = require("./client.cjs");
 const { TbArgumentError, classifyFailure } = require("./errors.cjs");
 const { callsFor } = require("./lane.cjs");
 const { headersFor, waitMs, FORMATS } = require("./headers.cjs");
-const { limitList } = require("./limit.cjs");
+const { checkShadow, limitList } = require("./limit.cjs");
+const { metricsFor } = require("./metrics.cjs");
 const { acquireEachBySlot } = require("./slots.cjs");
 const { LocalBuckets, CAPACITY, checkCapacity } = require("./local.cjs");
 const { SKIP, DEFAULT_IPV6_SUBNET, bucketKey, checkIpv6Subnet, ipIdentity, isAnonymous } = require("./identity.cjs");
@@ -45,6 +48,7 @@ function defaultBody(decision) {
 
 const FAIL_MODES = ["local", "open", "closed"];
 const ERROR_LOG_INTERVAL_MS = 60_000;
+const SHADOW_LOG_INTERVAL_MS = 1000;
 
 /**
  * What the limiter logs about Redis failures (docs/clients.md, "When Redis fails"): a warning when a fault
@@ -103,7 +107,13 @@ function failureLog(logger, fail) {
  *               the Redis client, offline queue and all
  *   statusCode  for a refusal (default 429)
  *   body        the refusal's JSON body: an object, or (decision) => object
- *   onError     (error, req) => void, called for every Redis failure (then the fail mode answers)
+ *   onError     (error, req, failureClass) => void, called for every failed limiter call (then the fail mode
+ *               answers), with the failure table's class of the error ("timeout", "oom", ...)
+ *   shadow      true: every limit in shadow mode (a limit's own `shadow: true` puts that one alone): charged as
+ *               usual, but a request only shadow limits refuse is served, counted and logged (once a second per
+ *               limit), and the headers show the enforced limits only
+ *   metrics     a prom-client Registry to count into, false for none (default: prom-client's default registry
+ *               where prom-client is installed)
  */
 function createHttpLimiter(options) {
   if (options === null || typeof options !== "object") throw new TbArgumentError("options must be an object");
@@ -125,13 +135,18 @@ function createHttpLimiter(options) {
     throw new TbArgumentError(`prefix ${JSON.stringify(prefix)} has an empty hash tag ("{}"), which would put every bucket in one slot`);
   }
   if (typeof key !== "function") throw new TbArgumentError("key must be a function of the request");
-  const limits = limitList(options.limits);
+  const everyShadow = checkShadow(options.shadow, "shadow");
+  const limits = limitList(options.limits).map((limit) => (everyShadow ? { ...limit, shadow: true } : limit));
+  const anyShadow = limits.some((limit) => limit.shadow);
+  if (onError !== undefined && typeof onError !== "function") throw new TbArgumentError("onError must be a function (error, req, failureClass)");
+  const metrics = metricsFor(options.metrics, limits.map((limit) => limit.name));
   // A logger of the application also hears of backend switches; by default those stay warnings (emitWarning).
   const tb = TbClient.from(client, options.logger === undefined ? undefined : { logger });
   // Each call under its deadline through the lane (lane.cjs: never charged after it), or as the client sends it.
   const { run } = callsFor(client, tb, timeoutMs);
   const local = fail === "local" ? new LocalBuckets({ capacity: localCapacity, logger }) : undefined;
   const failures = failureLog(logger, fail);
+  const shadowLoggedMs = new Map();
 
   /** The buckets `req` takes from (identity and cost found), or an empty list when every limit is skipped. */
   async function bucketsFor(req) {
@@ -167,15 +182,85 @@ function createHttpLimiter(options) {
     };
   }
 
-  /** What the fail mode answers for `buckets` when Redis failed with `error` ("local": `reply`, decided in memory). */
-  function failed(req, buckets, error, reply) {
-    failures.failed(error, classifyFailure(error));
-    if (onError) onError(error, req);
+  /**
+   * One limiter call for `buckets`: { decision } where Redis answered, or { decision?, error } where it failed (a
+   * decision when fail "local" decided in memory). Logs and counts it, and tells onError of a failure.
+   */
+  async function limiterCall(req, buckets) {
+    const started = metrics === undefined ? 0 : performance.now();
+    let source;
+    const call = async (redis) => {
+      const decision = await decide(redis, buckets);
+      source = redis.backendInUse;
+      return decision;
+    };
+    let outcome;
+    if (local !== undefined) {
+      // The charge-backs of what these keys owe, then the call, or the in-memory decision (local.cjs).
+      outcome = await local.decide(buckets, run, call);
+    } else {
+      try {
+        outcome = { decision: await run(call) };
+      } catch (error) {
+        if (error instanceof TbArgumentError) throw error;
+        outcome = { error };
+      }
+    }
+    if (outcome.error === undefined) {
+      failures.answered();
+      metrics?.call(source, undefined, (performance.now() - started) / 1000);
+      return outcome;
+    }
+    const failure = classifyFailure(outcome.error);
+    failures.failed(outcome.error, failure);
+    metrics?.call(fail, failure.class, (performance.now() - started) / 1000);
+    if (onError !== undefined) {
+      try {
+        onError(outcome.error, req, failure.class);
+      } catch (hookError) {
+        logger.error(`redis-tb: onError threw (${hookError?.message ?? hookError}); the fail mode answers as usual`);
+      }
+    }
+    return outcome;
+  }
+
+  /** A decision on `buckets` with each bucket's limit (name, rate, burst, cost, key) beside its report. */
+  function withLimits(buckets, decision) {
+    return { ...decision, buckets: buckets.map((bucket, index) => ({ ...bucket, ...decision.buckets[index] })) };
+  }
+
+  /** The answer for the enforced limits' `buckets`: allowed with its headers, refused, or the fail mode's. */
+  async function enforce(req, buckets) {
+    const { decision, error } = await limiterCall(req, buckets);
+    if (error === undefined) return answer(decision);
     if (fail === "open") return { action: "allow", headers: {}, error };
     if (fail === "closed") {
       return { action: "unavailable", headers: { "retry-after": "1" }, status: 503, body: { error: "rate limiter unavailable" }, error };
     }
-    return { ...answer({ ...reply, buckets: buckets.map((bucket, index) => ({ ...bucket, ...reply.buckets[index] })) }), error };
+    return { ...answer(withLimits(buckets, decision)), error };
+  }
+
+  /**
+   * The shadow limits' `buckets`, charged in their own call: the decision (refusing or not) where Redis or fail
+   * "local" decided, undefined where the fail mode "open" or "closed" answered (nothing refused).
+   */
+  async function tryShadow(req, buckets) {
+    const { decision, error } = await limiterCall(req, buckets);
+    if (decision === undefined) return undefined;
+    return error === undefined ? decision : withLimits(buckets, decision);
+  }
+
+  /** A request the shadow limits of `decision` refused: logged at most once a second per limit. */
+  function logShadowRefusal(decision) {
+    const now = performance.now();
+    for (const bucket of decision.buckets) {
+      if (bucket.fits !== false) continue;
+      const last = shadowLoggedMs.get(bucket.name);
+      if (last !== undefined && now - last < SHADOW_LOG_INTERVAL_MS) continue;
+      shadowLoggedMs.set(bucket.name, now);
+      const wait = bucket.retryAfterMs < 0 ? "a cost above its burst" : `retry after ${bucket.retryAfterMs} ms`;
+      logger.warn(`redis-tb: shadow limit ${JSON.stringify(bucket.name)} would have refused a request (${wait}); it was served`);
+    }
   }
 
   /** The outcome of a decision: allowed with its headers, or refused with `statusCode` and the body. */
@@ -187,29 +272,49 @@ function createHttpLimiter(options) {
   }
 
   /**
-   * { action: "allow" | "refuse" | "unavailable", headers, status?, body?, decision?, error? } for `req`.
-   * Never rejects on a Redis failure: the fail mode answers instead (docs/clients.md, "When Redis fails"). An
-   * error of the key or cost function, or a TbArgumentError, rejects.
+   * { action: "allow" | "refuse" | "unavailable", headers, status?, body?, decision?, error?, shadow? } for `req`.
+   * `shadow`: the shadow limits' decision, when they were decided. Never rejects on a Redis failure: the fail mode
+   * answers instead (docs/clients.md, "When Redis fails"). An error of the key or cost function, or a
+   * TbArgumentError, rejects.
    */
   async function check(req) {
     const buckets = await bucketsFor(req);
-    if (buckets.length === 0) return { action: "allow", headers: {} };
-    let decision;
-    if (local !== undefined) {
-      // The charge-backs of what these keys owe, then the call, or the in-memory decision (local.cjs).
-      const outcome = await local.decide(buckets, run, (redis) => decide(redis, buckets));
-      if (outcome.error !== undefined) return failed(req, buckets, outcome.error, outcome.decision);
-      decision = outcome.decision;
-    } else {
-      try {
-        decision = await run((redis) => decide(redis, buckets));
-      } catch (error) {
-        if (error instanceof TbArgumentError) throw error;
-        return failed(req, buckets, error);
-      }
+    if (buckets.length === 0) {
+      metrics?.request("skipped");
+      return { action: "allow", headers: {} };
     }
-    failures.answered();
-    return answer(decision);
+    if (!anyShadow) {
+      const outcome = await enforce(req, buckets);
+      count(outcome);
+      return outcome;
+    }
+    const enforced = buckets.filter((bucket) => !bucket.shadow);
+    const outcome = enforced.length === 0 ? { action: "allow", headers: {} } : await enforce(req, enforced);
+    const tried = enforced.length === buckets.length || outcome.action !== "allow" ? [] : buckets.filter((bucket) => bucket.shadow);
+    if (tried.length === 0) {
+      count(outcome);
+      return outcome;
+    }
+    const shadow = await tryShadow(req, tried);
+    if (shadow === undefined || shadow.allowed) {
+      metrics?.request("allowed");
+    } else {
+      metrics?.request("shadow_refused");
+      metrics?.refused(shadow.buckets);
+      logShadowRefusal(shadow);
+    }
+    return shadow === undefined ? outcome : { ...outcome, shadow };
+  }
+
+  /** Counts a request that no shadow limit took part in deciding. */
+  function count(outcome) {
+    if (metrics === undefined) return;
+    if (outcome.action === "allow") {
+      metrics.request("allowed");
+      return;
+    }
+    metrics.request("refused");
+    if (outcome.decision !== undefined) metrics.refused(outcome.decision.buckets);
   }
 
   return { check, client: tb, limits };

@@ -6,6 +6,7 @@
 //          an RFC 8941 sf-string, which holds nothing else (a non-Latin-1 character would make setHeader throw,
 //          CR LF would split the field). Unique among the limits of one middleware.
 //   rate, burst  finite numbers > 0; cost  a finite number >= 0 (0 peeks), as the server accepts them.
+//   shadow true: the limit's buckets are charged but a request it refuses is served (docs/operating.md).
 
 const { TbArgumentError } = require("./errors.cjs");
 
@@ -30,9 +31,17 @@ function checkNumber(limit, field, where, minimumExcluded) {
   }
 }
 
+/** A `shadow` option: true or false (default false). */
+function checkShadow(shadow, where) {
+  if (shadow !== undefined && typeof shadow !== "boolean") {
+    throw new TbArgumentError(`${where} must be true or false, got ${typeof shadow}`);
+  }
+  return shadow === true;
+}
+
 /**
  * The limits option checked: a limit { name, rate, burst, cost?, key? } or a non-empty array of them, as an array
- * of { name, rate, burst, cost, key }. A single limit without a name is named "default".
+ * of { name, rate, burst, cost, key, shadow }. A single limit without a name is named "default".
  */
 function limitList(limits) {
   const list = Array.isArray(limits) ? limits : [limits];
@@ -51,8 +60,9 @@ function limitList(limits) {
     if (limit.key !== undefined && typeof limit.key !== "function") {
       throw new TbArgumentError(`${where}.key must be a function of the request`);
     }
-    return { name, rate: limit.rate, burst: limit.burst, cost: limit.cost, key: limit.key };
+    const shadow = checkShadow(limit.shadow, `${where}.shadow`);
+    return { name, rate: limit.rate, burst: limit.burst, cost: limit.cost, key: limit.key, shadow };
   });
 }
 
-module.exports = { checkLimitName, limitList };
+module.exports = { checkLimitName, checkShadow, limitList };

@@ -4,6 +4,7 @@ import { createClient } from "redis";
 import express from "express";
 import Fastify from "fastify";
 import { rateLimit as expressRateLimit } from "express-rate-limit";
+import { Registry } from "prom-client";
 import tbDefault, {
   TbClient,
   TbReplyError,
@@ -49,6 +50,17 @@ app.use(
     key: (req: express.Request) => (req.path === "/health" ? SKIP : ipIdentity(req.ip, { ipv6Subnet: 64 })),
   }),
 );
+app.use(
+  rateLimit({
+    client: tb,
+    limits: [{ name: "user", rate: 10, burst: 20 }, { name: "trial", rate: 1, burst: 2, shadow: true }],
+    metrics: new Registry(),
+    statusCode: 503,
+    body: (decision) => ({ limit: decision.buckets[decision.limitingIndex].name }),
+    onError: (error: unknown, req: express.Request, failureClass) => console.log(failureClass === "timeout", req.path),
+  }),
+);
+app.use(rateLimit({ client: tb, limits: { rate: 1, burst: 2 }, shadow: true, metrics: false, onError: (error) => console.log(error) }));
 app.use(expressRateLimit({ limit: 20, windowMs: 2000, store: new TbStore({ client: tb, timeoutMs: 300 }) }));
 
 const fastify = Fastify();

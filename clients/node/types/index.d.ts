@@ -200,6 +200,20 @@ export interface Limit<Req = any> {
   cost?: number;
   /** Whose bucket, for this limit only (default: the shared `key`). */
   key?: (req: Req) => Identity | Promise<Identity>;
+  /**
+   * Shadow mode for this limit (default false): its bucket is charged as usual, but a request it refuses is served,
+   * counted (`shadow_refused`) and logged; the headers leave it out (docs/operating.md).
+   */
+  shadow?: boolean;
+}
+
+/**
+ * Where the middleware counts (docs/operating.md, "Watching the middleware"): a prom-client `Registry` (any object
+ * with its `getSingleMetric` and `registerMetric`), or false for no metrics.
+ */
+export interface MetricsRegistry {
+  getSingleMetric(name: string): unknown;
+  registerMetric(metric: any): void;
 }
 
 export interface HttpLimiterOptions<Req = any> {
@@ -229,9 +243,19 @@ export interface HttpLimiterOptions<Req = any> {
   logger?: { warn(message: string): void; error(message: string): void };
   /** The longest to wait for Redis, in ms (default 1000; 0: as long as the Redis client waits). */
   timeoutMs?: number;
+  /** The status of a refusal (default 429). */
   statusCode?: number;
+  /** The refusal's JSON body (default `{ error: "rate limit exceeded", limit, retry_after_ms }`). */
   body?: object | ((decision: Decision) => object);
-  onError?: (error: unknown, req: Req) => void;
+  /** Called for every failed limiter call (the fail mode then answers), with the failure table's class. */
+  onError?: (error: unknown, req: Req, failureClass: FailureClass) => void;
+  /** Every limit in shadow mode (default false): see `Limit.shadow`. */
+  shadow?: boolean;
+  /**
+   * The registry of the metrics (default: prom-client's default registry where prom-client is installed, else
+   * none); false for none. Middlewares over one registry count into the same series.
+   */
+  metrics?: MetricsRegistry | false;
 }
 
 export interface HttpOutcome {
@@ -241,6 +265,8 @@ export interface HttpOutcome {
   body?: object;
   decision?: Decision;
   error?: unknown;
+  /** The shadow limits' decision, where they were decided (the enforced limits allowed the request). */
+  shadow?: Decision;
 }
 
 export interface HttpLimiter<Req = any> {
