@@ -139,7 +139,7 @@ function createHttpLimiter(options) {
   const limits = limitList(options.limits).map((limit) => (everyShadow ? { ...limit, shadow: true } : limit));
   const anyShadow = limits.some((limit) => limit.shadow);
   if (onError !== undefined && typeof onError !== "function") throw new TbArgumentError("onError must be a function (error, req, failureClass)");
-  const metrics = metricsFor(options.metrics, limits.map((limit) => limit.name));
+  const metrics = metricsFor(options.metrics);
   // A logger of the application also hears of backend switches; by default those stay warnings (emitWarning).
   const tb = TbClient.from(client, options.logger === undefined ? undefined : { logger });
   // Each call under its deadline through the lane (lane.cjs: never charged after it), or as the client sends it.
@@ -241,25 +241,34 @@ function createHttpLimiter(options) {
   }
 
   /**
-   * The shadow limits' `buckets`, charged in their own call: the decision (refusing or not) where Redis or fail
-   * "local" decided, undefined where the fail mode "open" or "closed" answered (nothing refused).
+   * The shadow limits' `buckets`, charged in their own call, as enforced limits would be: { decision, refused }
+   * where Redis or fail "local" decided; where the fail mode "open" answered, { refused: false }, and where
+   * "closed" did, { refused: true } (enforced, the limits would have had the request refused with a 503).
    */
   async function tryShadow(req, buckets) {
     const { decision, error } = await limiterCall(req, buckets);
-    if (decision === undefined) return undefined;
-    return error === undefined ? decision : withLimits(buckets, decision);
+    if (decision === undefined) return { refused: fail === "closed" };
+    const decided = error === undefined ? decision : withLimits(buckets, decision);
+    return { decision: decided, refused: !decided.allowed };
   }
 
-  /** A request the shadow limits of `decision` refused: logged at most once a second per limit. */
-  function logShadowRefusal(decision) {
+  /**
+   * A request that shadow limits refused, logged at most once a second per limit: those of `buckets` that did not
+   * fit, or all of them where the fail mode "closed" answered (`decision` undefined).
+   */
+  function logShadowRefusal(buckets, decision) {
     const now = performance.now();
-    for (const bucket of decision.buckets) {
-      if (bucket.fits !== false) continue;
+    for (const bucket of decision?.buckets ?? buckets) {
+      if (decision !== undefined && bucket.fits !== false) continue;
       const last = shadowLoggedMs.get(bucket.name);
       if (last !== undefined && now - last < SHADOW_LOG_INTERVAL_MS) continue;
       shadowLoggedMs.set(bucket.name, now);
-      const wait = bucket.retryAfterMs < 0 ? "a cost above its burst" : `retry after ${bucket.retryAfterMs} ms`;
-      logger.warn(`redis-tb: shadow limit ${JSON.stringify(bucket.name)} would have refused a request (${wait}); it was served`);
+      let why = "Redis failed and the fail mode is closed";
+      if (decision !== undefined) why = bucket.retryAfterMs < 0 ? "a cost above its burst" : `retry after ${bucket.retryAfterMs} ms`;
+      logger.warn(
+        `redis-tb: shadow limit ${JSON.stringify(bucket.name)} would have refused a request (${why}); it was served ` +
+          "(logged at most once a second per limit)",
+      );
     }
   }
 
@@ -295,15 +304,15 @@ function createHttpLimiter(options) {
       count(outcome);
       return outcome;
     }
-    const shadow = await tryShadow(req, tried);
-    if (shadow === undefined || shadow.allowed) {
+    const { decision, refused } = await tryShadow(req, tried);
+    if (!refused) {
       metrics?.request("allowed");
     } else {
       metrics?.request("shadow_refused");
-      metrics?.refused(shadow.buckets);
-      logShadowRefusal(shadow);
+      if (decision !== undefined) metrics?.refused(decision.buckets);
+      logShadowRefusal(tried, decision);
     }
-    return shadow === undefined ? outcome : { ...outcome, shadow };
+    return decision === undefined ? outcome : { ...outcome, shadow: decision };
   }
 
   /** Counts a request that no shadow limit took part in deciding. */

@@ -9,8 +9,9 @@
 //   redis_tb_call_duration_seconds           the limiter call's time (the round trip, or the fail mode's answer)
 // Labels hold limit names and fixed words only, never an identity. Each metric is registered once per registry:
 // every middleware of the process (or another copy of this package) over the same registry finds it there and
-// counts into the same series. The fixed words and the middleware's limit names start at 0, so that a rate over
-// a series that has not moved yet reads 0 rather than nothing.
+// counts into the same series. The fixed words (outcomes and sources) start at 0, so that a rate over a series
+// that has not moved yet reads 0 rather than nothing; a limit's and a class's series appear with their first count,
+// as the Python package's do.
 
 const { TbArgumentError, FAILURE_CLASSES } = require("./errors.cjs");
 
@@ -22,7 +23,7 @@ const DURATION_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
 const DEFINITIONS = {
   requests: {
     name: "redis_tb_requests_total",
-    help: "Requests the rate limiting middleware saw, by outcome: allowed, refused, shadow_refused (served: only shadow limits refused), skipped",
+    help: "Requests the rate-limit middleware saw, by outcome",
     labelNames: ["outcome"],
   },
   refusals: {
@@ -32,7 +33,7 @@ const DEFINITIONS = {
   },
   decisions: {
     name: "redis_tb_decisions_total",
-    help: "Limiter calls by what decided: module, function, script (Redis answered through that backend), or the fail mode: local, open, closed",
+    help: "Limiter calls by what decided: the backend that answered or the fail mode",
     labelNames: ["source"],
   },
   failures: {
@@ -42,7 +43,7 @@ const DEFINITIONS = {
   },
   duration: {
     name: "redis_tb_call_duration_seconds",
-    help: "Time of a limiter call: the Redis round trip, or the fail mode's answer",
+    help: "The limiter call: the Redis round trip, or the fail mode's answer",
     labelNames: [],
     buckets: DURATION_BUCKETS,
   },
@@ -79,7 +80,7 @@ function metricOf(registry, Kind, type, definition) {
 
 /** What one middleware counts into: its registry's metrics, with the label sets it uses made once. */
 class MiddlewareMetrics {
-  constructor(prom, registry, limitNames) {
+  constructor(prom, registry) {
     this.requests = metricOf(registry, prom.Counter, "counter", DEFINITIONS.requests);
     this.refusals = metricOf(registry, prom.Counter, "counter", DEFINITIONS.refusals);
     this.decisions = metricOf(registry, prom.Counter, "counter", DEFINITIONS.decisions);
@@ -88,11 +89,9 @@ class MiddlewareMetrics {
     this.outcomeLabels = labelSets("outcome", OUTCOMES);
     this.sourceLabels = labelSets("source", SOURCES);
     this.classLabels = labelSets("class", FAILURE_CLASSES);
-    this.limitLabels = labelSets("limit", limitNames);
+    this.limitLabels = new Map();
     for (const labels of Object.values(this.outcomeLabels)) this.requests.inc(labels, 0);
     for (const labels of Object.values(this.sourceLabels)) this.decisions.inc(labels, 0);
-    for (const labels of Object.values(this.classLabels)) this.failures.inc(labels, 0);
-    for (const labels of Object.values(this.limitLabels)) this.refusals.inc(labels, 0);
   }
 
   /** One request, by `outcome` (one of OUTCOMES). */
@@ -102,7 +101,15 @@ class MiddlewareMetrics {
 
   /** The limits of `buckets` that did not fit, for a refused or shadow-refused request. */
   refused(buckets) {
-    for (const bucket of buckets) if (bucket.fits === false) this.refusals.inc(this.limitLabels[bucket.name]);
+    for (const bucket of buckets) {
+      if (bucket.fits !== false) continue;
+      let labels = this.limitLabels.get(bucket.name);
+      if (labels === undefined) {
+        labels = Object.freeze({ limit: bucket.name });
+        this.limitLabels.set(bucket.name, labels);
+      }
+      this.refusals.inc(labels);
+    }
   }
 
   /** One limiter call: what decided it (one of SOURCES), the class of its failure if it failed, its seconds. */
@@ -123,9 +130,9 @@ function labelSets(name, values) {
 /**
  * The middleware's `metrics` option as what it counts into: undefined (the default) is prom-client's default
  * registry where prom-client is installed, and no metrics where it is not; false is none; a prom-client Registry is
- * that registry. `limitNames`: the middleware's limits.
+ * that registry.
  */
-function metricsFor(option, limitNames) {
+function metricsFor(option) {
   if (option === false) return undefined;
   const isRegistry = typeof option?.getSingleMetric === "function" && typeof option?.registerMetric === "function";
   if (option !== undefined && !isRegistry) {
@@ -136,7 +143,7 @@ function metricsFor(option, limitNames) {
     if (option === undefined) return undefined;
     throw new TbArgumentError("metrics: a Registry was given but prom-client cannot be loaded (npm install prom-client)");
   }
-  return new MiddlewareMetrics(prom, option ?? prom.register, limitNames);
+  return new MiddlewareMetrics(prom, option ?? prom.register);
 }
 
 module.exports = { metricsFor, OUTCOMES, SOURCES, DURATION_BUCKETS };
