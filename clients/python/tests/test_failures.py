@@ -284,7 +284,13 @@ def test_fail_defaults_to_local() -> None:
 
 def test_fail_mode_and_timeout_are_checked() -> None:
     conn = redis.Redis()
-    for options in ({"fail": "maybe"}, {"timeout": 0}, {"timeout": float("inf")}, {"ipv6_subnet": 65}):
+    for options in (
+        {"fail": "maybe"},
+        {"timeout": 0},
+        {"timeout": float("inf")},
+        {"ipv6_subnet": 65},
+        {"local_capacity": 0},
+    ):
         with pytest.raises(ValueError, match=next(iter(options))):
             wsgi.RateLimitMiddleware(lambda e, s: [], limiter=TokenBucket(conn), limits=LIMITS, **options)
     assert redis_tb.SKIP is not None
