@@ -5,6 +5,7 @@ another answers, Redis flaps, or a flood of identities meets a Redis that is dow
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import threading
 import time
@@ -224,3 +225,33 @@ def test_a_flood_of_identities_shares_the_overflow_bucket_while_redis_is_down(ki
         asyncio.run(flood())
     assert statuses.count(200) == 10_000 + 1
     assert set(statuses) == {200, 429}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_charge_back_redis_refuses_is_dropped_and_logged(
+    kind: str, fresh: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process left alice's bucket near a day of debt; this one admitted 5 in memory while Redis answered
+    OOM. Charging them back would pass the debt bound: Redis refuses, the 5 are dropped (logged), and the request
+    goes on to Redis, which refuses it."""
+    rate, burst = 0.0001, 5  # a day of refill: 8.64 tokens of debt at most
+    prefix = f"refused-{kind}:"
+    key = f"{prefix}{{alice}}:api"
+    admin = fresh.client()
+    TokenBucket(admin).charge(key, rate, burst, 13)  # 5 - 13: 8 tokens of debt
+    admin.config_set("maxmemory-policy", "noeviction")
+    client: Any = fresh.client() if kind == "wsgi" else fresh.async_client()
+    app = App(kind, client, [Limit("api", rate=rate, burst=burst)], prefix=prefix, timeout=10)
+    try:
+        admin.config_set("maxmemory", "1")
+        assert [app.get("alice") for _ in range(6)] == [200] * 5 + [429]  # decided in memory
+        admin.config_set("maxmemory", "0")
+        with caplog.at_level(logging.WARNING, logger="redis_tb"):
+            assert app.get("alice") == 429  # answered by Redis, after the refused charge-back
+            assert app.get("alice") == 429
+    finally:
+        admin.config_set("maxmemory", "0")
+        app.close()
+    refused = [record for record in caplog.records if "refused to take back" in record.getMessage()]
+    assert len(refused) == 1, caplog.text  # dropped: not sent again
+    assert round(float(admin.hget(key, "tokens") or 0)) == -8
