@@ -33,6 +33,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Value};
 
+use crate::failure::{self, Failure};
 use crate::metrics::Metrics;
 
 /// The command the service sends.
@@ -47,20 +48,6 @@ const STABLE: Duration = Duration::from_secs(5);
 /// passes quietly.
 const SUSPECT_FOR_MS: u64 = 2_000;
 
-/// Error codes of a server that cannot take the call now (the failure table of docs/clients.md): a failover, a
-/// reload, a long script, a cluster reconfiguring, a demoted primary, out of memory. Answered UNAVAILABLE.
-const UNAVAILABLE_CODES: [&str; 9] = [
-    "BUSY",
-    "LOADING",
-    "TRYAGAIN",
-    "CLUSTERDOWN",
-    "MASTERDOWN",
-    "READONLY",
-    "OOM",
-    "CROSSSLOT",
-    "NOREPLICAS",
-];
-
 /// Where Redis is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Topology {
@@ -70,14 +57,25 @@ pub enum Topology {
     Cluster(Vec<String>),
 }
 
-/// Why a call failed.
+/// Why a call failed: the failure table's two kinds (see `failure`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendError {
-    /// No connection, a dropped one, no reply within the timeout, or a server that cannot take the call now:
-    /// worth retrying, answered UNAVAILABLE.
+    /// No connection, a dropped one, no reply within the timeout, or a server that cannot take the call now
+    /// (`Failure::Outage`): answered UNAVAILABLE, and the health says NOT_SERVING for a while.
     Unavailable(String),
-    /// Redis answered with an error (`ERR ...`, e.g. the module is not loaded): answered INTERNAL.
+    /// A configuration error (`Failure::Config`: `NOAUTH`, `NOPERM`, the module not loaded, an error tb-rls
+    /// does not know): answered INTERNAL and logged as an error.
     Reply(String),
+}
+
+impl BackendError {
+    /// What a call that failed with `err` answers.
+    pub fn of(err: &redis::RedisError) -> BackendError {
+        match failure::classify(err) {
+            Failure::Outage => BackendError::Unavailable(err.to_string()),
+            Failure::Config => BackendError::Reply(err.to_string()),
+        }
+    }
 }
 
 impl std::fmt::Display for BackendError {
@@ -277,10 +275,8 @@ impl Backend {
                     };
                     self.drop_connection(generation, why);
                     Err(BackendError::Unavailable(err.to_string()))
-                } else if is_unavailable(&err) {
-                    Err(BackendError::Unavailable(err.to_string()))
                 } else {
-                    Err(BackendError::Reply(err.to_string()))
+                    Err(BackendError::of(&err))
                 }
             }
         };
@@ -385,23 +381,6 @@ async fn query(connection: Connection, command: &Cmd) -> redis::RedisResult<Valu
     }
 }
 
-/// Whether a server error means "not now" rather than a configuration error.
-fn is_unavailable(err: &redis::RedisError) -> bool {
-    matches!(
-        err.kind(),
-        redis::ErrorKind::BusyLoadingError
-            | redis::ErrorKind::TryAgain
-            | redis::ErrorKind::ClusterDown
-            | redis::ErrorKind::MasterDown
-            | redis::ErrorKind::ReadOnly
-            | redis::ErrorKind::CrossSlot
-            | redis::ErrorKind::ClusterConnectionNotFound
-            | redis::ErrorKind::IoError
-    ) || err
-        .code()
-        .is_some_and(|code| UNAVAILABLE_CODES.contains(&code))
-}
-
 /// A connection, used only once a PING has answered on it within the timeout.
 async fn connect(inner: &Inner) -> Result<Connection, String> {
     let attempt = async {
@@ -498,6 +477,7 @@ mod tests {
 
     #[test]
     fn server_states_that_pass_are_unavailable_and_the_rest_reply_errors() {
+        // The rows tb-rls once answered otherwise; every row is checked in `failure`'s fixture test.
         let parse = |text: &str| -> redis::RedisError {
             match redis::parse_redis_value(format!("-{text}\r\n").as_bytes()) {
                 Ok(redis::Value::ServerError(err)) => err.into(),
@@ -505,24 +485,27 @@ mod tests {
             }
         };
         for text in [
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+            "MOVED 3999 127.0.0.1:6381",
+            "ASK 3999 127.0.0.1:6381",
+            "ERR max number of clients reached",
             "BUSY Redis is busy running a script.",
-            "LOADING Redis is loading the dataset in memory",
-            "READONLY You can't write against a read only replica.",
-            "OOM command not allowed when used memory > 'maxmemory'.",
-            "MASTERDOWN Link with MASTER is down",
-            "CLUSTERDOWN The cluster is down",
-            "TRYAGAIN Multiple keys request during rehashing of slot",
         ] {
-            assert!(is_unavailable(&parse(text)), "{text}");
+            assert!(
+                matches!(BackendError::of(&parse(text)), BackendError::Unavailable(_)),
+                "{text}"
+            );
         }
         for text in [
+            "CROSSSLOT Keys in request don't hash to the same slot",
             "ERR unknown command 'TB.ACQUIREEACH'",
-            "NOAUTH Authentication required.",
-            "WRONGPASS invalid username-password pair",
             "NOPERM this user has no permissions",
-            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "FOO bar",
         ] {
-            assert!(!is_unavailable(&parse(text)), "{text}");
+            assert!(
+                matches!(BackendError::of(&parse(text)), BackendError::Reply(_)),
+                "{text}"
+            );
         }
     }
 }

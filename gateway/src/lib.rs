@@ -6,6 +6,7 @@
 //! ```text
 //! config.rs     pure: the YAML format, checked once; descriptor matching (exact, wildcard, key only, nesting)
 //! decision.rs   pure: request -> buckets and costs; module reply -> statuses, overall code, headers
+//! failure.rs    pure: docs/clients.md's failure table: which Redis errors are an outage, which a misconfiguration
 //! service.rs    the gRPC service, thin over decision and backend
 //! backend.rs    Redis standalone or Cluster, timeouts, reconnecting in the background
 //! reload.rs     reading the file(s) and polling them for changes
@@ -28,6 +29,7 @@
 pub mod backend;
 pub mod config;
 pub mod decision;
+pub mod failure;
 pub mod metrics;
 pub mod reload;
 pub mod service;

@@ -4,11 +4,12 @@
 //!
 //! ```text
 //! INVALID_ARGUMENT   empty domain, no descriptors, more than 1,000 rate-limited descriptors
-//! UNAVAILABLE        Redis not connected, no reply within --redis-timeout, a transient server state (BUSY,
-//!                    LOADING, READONLY, OOM, a failover), or more than --max-in-flight requests at once:
-//!                    Envoy's failure_mode_deny decides
+//! UNAVAILABLE        Redis not connected, no reply within --redis-timeout, an outage of the failure table (BUSY,
+//!                    LOADING, READONLY, OOM, MISCONF, MOVED, a failover...: see `failure`), or more than
+//!                    --max-in-flight requests at once: Envoy's failure_mode_deny decides
 //! OUT_OF_RANGE       a request larger than --max-request-bytes (refused by tonic before it is read)
-//! INTERNAL           Redis replied with an error (e.g. the module is not loaded) or an unexpected shape
+//! INTERNAL           a configuration error of the failure table (NOAUTH, NOPERM, the module not loaded, an error
+//!                    it does not know), logged as an error, or a reply of an unexpected shape
 //! ```
 #![forbid(unsafe_code)]
 
@@ -64,7 +65,12 @@ impl RateLimiter {
                     let unavailable = matches!(err, BackendError::Unavailable(_));
                     self.metrics.redis_error(unavailable);
                     if let Some(suppressed) = self.failure_log.admit() {
-                        tracing::warn!(domain = %request.domain, error = %err, suppressed, "rate limit call failed");
+                        if unavailable {
+                            tracing::warn!(domain = %request.domain, error = %err, suppressed, "rate limit call failed");
+                        } else {
+                            // A configuration error does not pass by itself: said louder than an outage.
+                            tracing::error!(domain = %request.domain, error = %err, suppressed, "rate limit call failed: a configuration error");
+                        }
                     }
                     if unavailable {
                         (Outcome::Unavailable, Status::unavailable(err.to_string()))

@@ -123,6 +123,21 @@ function isTimeRefused(error) {
   );
 }
 
+/**
+ * The class of fixtures/backends.json (docs/clients.md, "Which backend runs the calls") an error reply falls in,
+ * the first in the order the client acts on them: "time-refused" (retry with the caller's clock),
+ * "unknown-command" (the next backend), "functions-unavailable" (the script), "function-missing" (load the
+ * library), "library-loaded" (another client loaded it: retry), else "other" (the error goes to the caller).
+ */
+function backendErrorClass(error) {
+  if (isTimeRefused(error)) return "time-refused";
+  if (isUnknownCommand(error)) return "unknown-command";
+  if (isFunctionsUnavailable(error)) return "functions-unavailable";
+  if (isFunctionMissing(error)) return "function-missing";
+  if (isLibraryLoaded(error)) return "library-loaded";
+  return "other";
+}
+
 class TbClient {
   /**
    * @param redis an ioredis `Redis` or `Cluster`, or a node-redis client or cluster (already connecting).
@@ -204,12 +219,13 @@ class TbClient {
         else reply = await this._eval(command, key, args, callerUs);
       } catch (error) {
         if (!isReplyError(error)) throw error;
-        if (backend !== "module" && !callerTime && isTimeRefused(error)) {
+        const kind = backendErrorClass(error);
+        if (backend !== "module" && !callerTime && kind === "time-refused") {
           callerTime = true; // retried once with the caller's clock; kept if that answers
           refusal = error;
           continue;
         }
-        if (this._fallBack(backend, command, error)) continue;
+        if (this._fallBack(backend, command, error, kind)) continue;
         throw new TbReplyError(command, key, error);
       }
       if (refusal !== undefined && !this._callerTime) {
@@ -236,7 +252,7 @@ class TbClient {
     try {
       reply = await this._connection.send(key, [command, ...args]);
     } catch (error) {
-      if (isReplyError(error) && isUnknownCommand(error)) return undefined;
+      if (isReplyError(error) && backendErrorClass(error) === "unknown-command") return undefined;
       throw isReplyError(error) ? new TbReplyError(command, key, error) : error;
     }
     this._log("warn", `redis-tb: the redis-tb module answers again; calls now go to it instead of ${DESCRIBED[this._inUse]()}`);
@@ -246,14 +262,14 @@ class TbClient {
     return { reply };
   }
 
-  /** Whether `error` means `backend` cannot run here; if so, moves to the next backend (auto mode only). */
-  _fallBack(backend, command, error) {
+  /** Whether `error` (of the class `kind`) means `backend` cannot run here; if so, moves to the next backend (auto mode only). */
+  _fallBack(backend, command, error, kind) {
     if (this._mode !== "auto") return false;
-    if (backend === "module" && isUnknownCommand(error) && script.supports(command)) {
+    if (backend === "module" && kind === "unknown-command" && script.supports(command)) {
       this._switch("function", `the server does not know ${command} (${summary(error)})`);
       return true;
     }
-    if (backend === "function" && isFunctionsUnavailable(error)) {
+    if (backend === "function" && (kind === "unknown-command" || kind === "functions-unavailable")) {
       const what = error.libraryRefused ? "the server refused the library" : "Redis Functions are unavailable";
       this._switch("script", `${what} (${summary(error)})`);
       return true;
@@ -281,13 +297,13 @@ class TbClient {
     try {
       return await this._connection.send(key, fcall);
     } catch (error) {
-      if (!(isReplyError(error) && isFunctionMissing(error))) throw error;
+      if (!(isReplyError(error) && backendErrorClass(error) === "function-missing")) throw error;
     }
     try {
       await this._connection.send(key, ["FUNCTION", "LOAD", script.library()]);
     } catch (error) {
       if (!isReplyError(error)) throw error;
-      if (isLibraryLoaded(error)) return this._connection.send(key, fcall); // another client loaded it first
+      if (backendErrorClass(error) === "library-loaded") return this._connection.send(key, fcall); // another client loaded it first
       // A plain ERR refuses the library itself (it does not compile or register there): no passing state (those
       // have their own codes: LOADING, BUSY, OOM, READONLY, MASTERDOWN, ...) and no permission (NOPERM).
       if (/^ERR /.test(error.message)) error.libraryRefused = true;
@@ -393,4 +409,4 @@ class TbClient {
 
 TbClient.moduleRetryMs = MODULE_RETRY_MS;
 
-module.exports = { TbClient, isUnknownCommand, isFunctionMissing, isFunctionsUnavailable, isTimeRefused };
+module.exports = { TbClient, backendErrorClass, isUnknownCommand, isFunctionMissing, isFunctionsUnavailable, isTimeRefused };

@@ -88,6 +88,7 @@ const CONDITION_ROWS = [
   [/no reply from Redis within|timed? ?out|ETIMEDOUT/i, "timeout", "timeout"],
   [/cluster|startup nodes|slots cache|slot .*not covered/i, "cluster unreachable", "cluster_unreachable"],
   [/ECONNREFUSED|connection refused/i, "connection refused", "connection"],
+  [/connection is closed|connection to Redis (is not ready|closed)|client is (closed|offline)|socket closed|stream isn't writeable|max retries per request|ECONNRESET|EPIPE/i, "connection reset", "connection"],
 ];
 
 /** Every class of the failure table, in its order (docs/clients.md; fixtures/failures.json's `class`). */
@@ -100,7 +101,9 @@ const OTHER = Object.freeze({ row: "other ERR", class: "other", action: "error-f
 /**
  * The row of docs/clients.md's failure table that `error` (what a limiter call rejected with) falls in, and what
  * to do about it: `{ row, class, action }`. A reply matching no row is "other ERR", a configuration error; an error that
- * is not a reply (a closed or reset connection, a timeout, an unreachable cluster) is a fail-mode row.
+ * is not a reply falls in the row of the condition its text or system error code names (a closed or reset
+ * connection, a timeout, an unreachable cluster), and any other one (a bug, an unexpected exception) is a
+ * configuration error too: it does not go away by itself.
  */
 function classifyFailure(error) {
   const reply = replyText(error);
@@ -115,7 +118,11 @@ function classifyFailure(error) {
   if (error instanceof TbUnavailableError && error.cause !== undefined) return classifyFailure(error.cause);
   const text = String(error?.message ?? error);
   for (const [pattern, row, name] of CONDITION_ROWS) if (pattern.test(text)) return { row, class: name, action: "fail-mode" };
-  return { row: "connection reset", class: "connection", action: "fail-mode" };
+  // A system error of the socket (ENOTFOUND, EHOSTUNREACH, ...), or this package's own "not answering".
+  if (/^E[A-Z]+$/.test(String(error?.code)) || error instanceof TbUnavailableError) {
+    return { row: "connection reset", class: "connection", action: "fail-mode" };
+  }
+  return { row: "any other error", class: "other", action: "error-fail-mode" };
 }
 
 /** The server's error text of a reply error (a TbReplyError keeps it as its cause), else undefined. */

@@ -23,9 +23,10 @@ const FIXTURE = JSON.parse(fs.readFileSync(path.join(REPOSITORY, "fixtures", "fa
 // The errors ioredis, node-redis and this package raise for the fixture's conditions (its rows without a reply).
 const CONDITIONS = {
   "connection refused": [Object.assign(new Error("connect ECONNREFUSED 127.0.0.1:6379"), { code: "ECONNREFUSED" })],
-  "connection reset": [new Error("Connection is closed."), new Error("The client is closed"), Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" })],
+  "connection reset": [new Error("Connection is closed."), new Error("The client is closed"), Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" }), new Error("Socket closed unexpectedly"), new TbUnavailableError("redis-tb: the connection to Redis closed"), Object.assign(new Error("getaddrinfo ENOTFOUND redis"), { code: "ENOTFOUND" })],
   timeout: [new TbUnavailableError("redis-tb: no reply from Redis within 300 ms"), new Error("Connection timeout")],
   "cluster unreachable": [new Error("None of startup nodes is available"), new Error("Failed to refresh slots cache."), new Error("Cluster isn't ready and enableOfflineQueue options is false")],
+  "any other error": [new TypeError("Cannot read properties of undefined (reading 'length')"), new Error("an unexpected error")],
 };
 
 describe("the failure table's classifier", () => {

@@ -129,8 +129,9 @@ _TYPE_CLASSES: tuple[tuple[type[BaseException], str], ...] = (
     (redis_errors.RedisClusterException, "cluster_unreachable"),
     (OSError, "connection"),
 )
-#: What Redis puts before an error that a script's `redis.call` met (Redis 7+): the error itself follows.
-_SCRIPT_ERROR = re.compile(r"^ERR user_script:\d+: ")
+#: What Redis puts before an error that a script's `redis.call` met (Redis 7+): the error itself follows. redis-py
+#: drops the leading `ERR ` of the reply (`user_script:795: OOM ...`).
+_SCRIPT_ERROR = re.compile(r"^(?:ERR )?user_script:\d+: ")
 
 
 def _type_class(error: BaseException) -> str:

@@ -269,6 +269,24 @@ def is_time_refused(error: Exception) -> bool:
     return _TIME_REFUSED.search(str(error)) is not None
 
 
+def backend_error_class(error: Exception) -> str:
+    """The class of fixtures/backends.json (docs/clients.md, "Which backend runs the calls") an error reply falls
+    in, the first in the order the client acts on them: "time-refused" (retry with the caller's clock),
+    "unknown-command" (the next backend), "functions-unavailable" (the script), "function-missing" (load the
+    library), "library-loaded" (another client loaded it: retry), else "other" (the error goes to the caller)."""
+    if is_time_refused(error):
+        return "time-refused"
+    if is_unknown_command(error):
+        return "unknown-command"
+    if is_functions_unavailable(error):
+        return "functions-unavailable"
+    if is_function_missing(error):
+        return "function-missing"
+    if is_library_loaded(error):
+        return "library-loaded"
+    return "other"
+
+
 def translate(error: ResponseError) -> Exception:
     """The package's exception for a server error, or the error itself when it is none of ours."""
     text = str(error)

@@ -89,17 +89,18 @@ class Backends:
         self.in_use = to
         self.answered = False
 
-    def _fall_back(self, backend: str, call: protocol.Call[Any], error: RedisError) -> bool:
-        """Whether `error` means `backend` cannot run here and the call goes to the next backend."""
+    def _fall_back(self, backend: str, call: protocol.Call[Any], error: RedisError, kind: str) -> bool:
+        """Whether `error` (of the class `kind`) means `backend` cannot run here and the call goes to the next
+        backend."""
         if self.mode != "auto":
-            if self.mode == protocol.MODULE and protocol.is_unknown_command(error):
+            if self.mode == protocol.MODULE and kind == "unknown-command":
                 message = f"{call.name} is unknown to the server: the redis-tb module is not loaded"
                 raise ModuleNotLoaded(message) from error
             return False
-        if backend == protocol.MODULE and protocol.is_unknown_command(error):
+        if backend == protocol.MODULE and kind == "unknown-command":
             self._switch(protocol.FUNCTION, f"the server does not know {call.name} ({protocol.summary(error)})")
             return True
-        if backend == protocol.FUNCTION and protocol.is_functions_unavailable(error):
+        if backend == protocol.FUNCTION and kind in ("unknown-command", "functions-unavailable"):
             what = (
                 "the server refused the library"
                 if isinstance(error, protocol.LibraryRefused)
@@ -115,7 +116,7 @@ class Backends:
         try:
             reply = yield Send((call.name, *call.module_args), call.keys[0])
         except RedisError as error:
-            if protocol.is_unknown_command(error):
+            if protocol.backend_error_class(error) == "unknown-command":
                 return False, None
             raise _translated(error) from None
         log.warning(
@@ -143,10 +144,11 @@ class Backends:
                 else:
                     reply = yield from _eval(call, caller_us)
             except RedisError as error:
-                if backend != protocol.MODULE and not caller_time and protocol.is_time_refused(error):
+                kind = protocol.backend_error_class(error)
+                if backend != protocol.MODULE and not caller_time and kind == "time-refused":
                     caller_time, refusal = True, error  # retried once with the caller's clock; kept if that answers
                     continue
-                if self._fall_back(backend, call, error):
+                if self._fall_back(backend, call, error, kind):
                     continue
                 raise _translated(error) from None
             if refusal is not None and not self.caller_time:
@@ -178,12 +180,12 @@ def _fcall(call: protocol.Call[Any], caller_us: int | None) -> Generator[Send, A
     try:
         return (yield fcall)
     except ResponseError as error:
-        if not protocol.is_function_missing(error):
+        if protocol.backend_error_class(error) != "function-missing":
             raise
     try:
         yield Send(("FUNCTION", "LOAD", protocol.LIBRARY), call.keys[0], routed=True)
     except ResponseError as error:
-        if not protocol.is_library_loaded(error):  # another client loaded it first
+        if protocol.backend_error_class(error) != "library-loaded":  # else another client loaded it first
             raise protocol.library_refused(error) or error from None
     return (yield fcall)
 
