@@ -8,8 +8,9 @@
 
 /// Longest run of digits parsed as an `f64` on the fast path: below 10^15 < 2^53 every integer is exact.
 const FAST_F64_DIGITS: usize = 15;
-/// Longest run of digits parsed as an `i64` on the fast path: 10^18 - 1 < i64::MAX.
-const FAST_I64_DIGITS: usize = 18;
+/// Longest run of digits parsed as an `i64` on the fast path: 10^19 - 1 < u64::MAX, so the digits never overflow,
+/// and `i64::try_from` refuses what exceeds i64::MAX. A `CL.THROTTLE` TAT has 19 digits.
+const FAST_I64_DIGITS: usize = 19;
 
 /// The value of `bytes` if it is 1 to `max_digits` ASCII digits.
 fn digits(bytes: &[u8], max_digits: usize) -> Option<u64> {
@@ -73,7 +74,18 @@ mod tests {
         assert_eq!(parse_i64(b"1700000000000000"), Some(1_700_000_000_000_000));
         assert_eq!(parse_i64(b"9223372036854775807"), Some(i64::MAX));
         assert_eq!(parse_i64(b"-3"), Some(-3));
-        for text in ["", "1.5", "x", "9223372036854775808", " 1"] {
+        assert_eq!(
+            parse_i64(b"1893456000123456789"),
+            Some(1_893_456_000_123_456_789)
+        );
+        for text in [
+            "",
+            "1.5",
+            "x",
+            "9223372036854775808",
+            "9999999999999999999",
+            " 1",
+        ] {
             assert_eq!(parse_i64(text.as_bytes()), None, "{text:?}");
         }
     }
