@@ -19,7 +19,8 @@ What it does, in order:
      flushes the data set, runs the case's setup, waits until the replica has acknowledged everything (`WAIT`),
      in production rewrites the AOF (BGREWRITEAOF of the empty data set) and waits for that to finish, and resets
      INFO commandstats; it samples INFO cpu, replication and persistence right before and after redis-benchmark.
-     Among the cases, TB.ACQUIREEACH runs against TB.ACQUIREALL over the same 1, 3 and 10 buckets (cost 1 each),
+     Among the cases, CL.THROTTLE (redis-cell's command, every call allowed) runs beside HSET and TB.ACQUIRE, and
+     TB.ACQUIREEACH runs against TB.ACQUIREALL over the same 1, 3 and 10 buckets (cost 1 each),
      for the goal that its throughput stays within 10% of TB.ACQUIREALL's;
   4. after each production run, checks that the replica holds what the master holds: `WAIT 1 5000`, then the
      case's sample bucket (a random one for the 100k-key cases) is compared with `HGETALL` and, where the server
@@ -386,10 +387,12 @@ class Setup:
         self.wait_no_rewrite()
 
     def compare(self, key):
-        """None if the replica holds `key` as the master does (hash and absolute expiry), else what differs."""
+        """None if the replica holds `key` as the master does (value and absolute expiry), else what differs."""
         if not self.sync():
             return f"WAIT 1 {WAIT_MS}: the replica did not acknowledge"
-        commands = [["HGETALL", key]] + ([["PEXPIRETIME", key]] if self.has_pexpiretime else [])
+        # CL.THROTTLE keys are strings; every other case's are hashes.
+        read = "GET" if self.conn.call("TYPE", key) == "string" else "HGETALL"
+        commands = [[read, key]] + ([["PEXPIRETIME", key]] if self.has_pexpiretime else [])
         master = self.conn.pipeline(commands)
         replica = self.replica_conn.pipeline(commands)
         if not master[0]:
@@ -452,6 +455,9 @@ def make_cases(scale, lua_sha, lua_all_sha, client_now_ms):
     tb_room = ["TB.ACQUIRE", "bench:room", HEADROOM_RATE, HEADROOM_BURST]
     tb_deny = ["TB.ACQUIRE", "bench:deny", TINY, "1", "1"]
     tb_keys = ["TB.ACQUIRE", "bench:tb:__rand_int__", ALLOW_RATE, ALLOW_BURST]
+    # redis-cell's command: one a second with a burst of 10^9, so every call is allowed and writes, and the TAT runs
+    # ahead of the clock by a second per call (the key outlives the run, for the replica check).
+    cl_hot = ["CL.THROTTLE", "bench:cl", "1000000000", "1", "1"]
     lua_client = ["EVALSHA", lua_sha, "1", "bench:lua", ALLOW_RATE, ALLOW_BURST, "1", str(client_now_ms)]
     lua_server = ["EVALSHA", lua_sha, "1", "bench:lua", ALLOW_RATE, ALLOW_BURST, "1"]
     hset = ["HSET", "bench:h", "f", "v"]
@@ -490,6 +496,9 @@ def make_cases(scale, lua_sha, lua_all_sha, client_now_ms):
              setup=[tb_deny], check=expect_reply(tb_deny, 0), sample_key="bench:deny"),
         Case("TB.ACQUIRE 100k keys", tb_keys, PIPELINE, "tb.acquire", n(300_000), random_keys=True,
              check=expect_many_keys),
+        # The reply's first element is `limited`: 0 when allowed.
+        Case("CL.THROTTLE hot, allowed", cl_hot, PIPELINE, "cl.throttle", n(400_000),
+             check=expect_reply(cl_hot, 0), sample_key="bench:cl"),
         Case("Lua bucket, client ts", lua_client, PIPELINE, "evalsha", n(100_000),
              check=expect_reply(lua_client, 1)),
         Case("Lua bucket, server TIME", lua_server, PIPELINE, "evalsha", n(100_000),
@@ -908,6 +917,11 @@ def report(result, rounds):
         print(f"| {goal} | {config} | {figure} | {verdict} |")
 
     print()
+    throttle = find("CL.THROTTLE hot, allowed")
+    for config in CONFIGS:
+        print(f"- {config}: CL.THROTTLE hot, allowed: {throughput(throttle, hset, config)} HSET, "
+              f"{throughput(throttle, allowed, config)} TB.ACQUIRE hot, allowed; "
+              f"{fig(throttle, config, 'repl_bytes'):.0f} repl B/call.")
     keys, multi, lua_multi = find("TB.ACQUIRE 100k keys"), find("TB.ACQUIREALL 3 buckets"), \
         find("Lua 3 buckets, all/none")
     for config in CONFIGS:
