@@ -7,6 +7,10 @@
 //! no grant and never a denial), one with cost 0 a peek, one refused for going too deep into debt an error.
 //! Every `TB.BLOCK` that replies is a block, also one that left a longer debt as it was.
 //!
+//! `CL.THROTTLE` counts as the others do: an allowed call with quantity above 0 as allowed (its quantity in
+//! `tokens_granted`), quantity 0 as a peek, a limited call as denied, or as `denied_cost_exceeds_burst` when its
+//! quantity exceeds the limit.
+//!
 //! A call on several buckets is one call: `TB.ACQUIREALL` and `TB.ACQUIREEACH` count once, under the outcome of
 //! the whole call (a refusal under the limiting bucket's), and add to `tokens_granted` the largest cost they took
 //! from one bucket (`TB.ACQUIREALL` its cost). So `TB.ACQUIREEACH` with one cost everywhere counts what

