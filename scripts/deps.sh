@@ -57,8 +57,9 @@ command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 command -v valgrind >/dev/null 2>&1 && command -v callgrind_control >/dev/null 2>&1 || missing+=(valgrind)
 # HTTP/2 requests of the release tests (scripts/rls_call.py) and the demo's readiness checks and curl lines.
 command -v curl >/dev/null 2>&1 || missing+=(curl)
-# promtool, which make test runs on the Prometheus alerting rules (packaging/prometheus/), from Debian's prometheus.
-command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# promtool, which make test runs on the Prometheus alerting rules (packaging/prometheus/), and the server itself,
+# which scrapes the Python metrics example in clients/python/tests/test_prometheus.py: Debian's prometheus.
+command -v promtool >/dev/null 2>&1 && [ -x "${TB_PROMETHEUS:-/usr/bin/prometheus}" ] || missing+=(prometheus)
 
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
