@@ -161,7 +161,7 @@ pub struct Matched {
     pub bucket_entries: Vec<(String, String)>,
 }
 
-/// Why a configuration was refused. `file` names the file; the message carries the line where serde_yaml knows it.
+/// Why a configuration was refused. `file` names the file; the message carries the line where the YAML parser knows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {
     pub file: String,
@@ -197,7 +197,7 @@ struct Node {
 // ---- The file format --------------------------------------------------------------------------------------------
 // Raw structs mirror the YAML. `validate_keys` has checked the keys and scalars first, as envoyproxy/ratelimit's
 // validateYamlKeys does, so a known key the structs do not read where it stands is ignored, as there. Checks that
-// need a whole descriptor run in `TryFrom`, so serde_yaml reports them with the line where it starts.
+// need a whole descriptor run in `TryFrom`, so the YAML parser reports them with the line where it starts.
 
 #[derive(Deserialize)]
 struct RawFile {
@@ -243,7 +243,7 @@ struct RawDescriptorFields {
     share_threshold: bool,
     #[serde(default)]
     #[allow(dead_code)]
-    metadata: Option<serde_yaml::Value>,
+    metadata: Option<serde_norway::Value>,
 }
 
 impl TryFrom<RawDescriptorFields> for RawDescriptor {
@@ -432,8 +432,8 @@ struct KeyError {
 /// envoyproxy/ratelimit's `validateYamlKeys`: mapping keys are known strings; lists hold mappings; scalars are
 /// strings, integers, booleans or null. `metadata` is not looked into (it is free-form). A document that is no
 /// mapping is left to the typed parse, which refuses it.
-fn validate_keys(tree: &serde_yaml::Value) -> Result<(), KeyError> {
-    use serde_yaml::Value;
+fn validate_keys(tree: &serde_norway::Value) -> Result<(), KeyError> {
+    use serde_norway::Value;
     let Value::Mapping(map) = tree else {
         return Ok(());
     };
@@ -489,8 +489,8 @@ fn validate_keys(tree: &serde_yaml::Value) -> Result<(), KeyError> {
 }
 
 /// A YAML value in a message: a scalar as written, anything else by its kind.
-fn scalar_display(value: &serde_yaml::Value) -> String {
-    use serde_yaml::Value;
+fn scalar_display(value: &serde_norway::Value) -> String {
+    use serde_norway::Value;
     match value {
         Value::Null => "null".to_owned(),
         Value::Bool(flag) => flag.to_string(),
@@ -539,7 +539,7 @@ impl Config {
                 file: file.to_owned(),
                 message,
             };
-            let tree: serde_yaml::Value = serde_yaml::from_str(text)
+            let tree: serde_norway::Value = serde_norway::from_str(text)
                 .map_err(|err| error(format!("error loading config file: {err}")))?;
             validate_keys(&tree).map_err(|why| error(locate(text, why)))?;
             let raw: RawFile = if tree.is_null() {
@@ -548,7 +548,7 @@ impl Config {
                     descriptors: None,
                 }
             } else {
-                serde_yaml::from_str(text)
+                serde_norway::from_str(text)
                     .map_err(|err| error(format!("error loading config file: {err}")))?
             };
             let domain = raw.domain.unwrap_or_default();
