@@ -40,6 +40,7 @@ from .replies import (
     PartialGrant,
     Refunded,
     Reservation,
+    ThrottleReply,
 )
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "Refunded",
     "Reservation",
     "ServerError",
+    "ThrottleReply",
     "TokenBucket",
     "TokenBucketError",
     "TooManyBuckets",

@@ -24,6 +24,7 @@ from .replies import (
     PartialGrant,
     Refunded,
     Reservation,
+    ThrottleReply,
 )
 
 Number = int | float
@@ -88,8 +89,16 @@ class Call(Generic[T_co]):
 
     def fcall_args(self, caller_us: int | None = None) -> tuple[str | int, ...]:
         """`FCALL <function> numkeys key... [@caller_us] arg...`: the library's function for this command."""
-        function = f"{LIBRARY_NAME}_{self.name[len('TB.') :].lower()}"
+        function = f"{LIBRARY_NAME}_{function_suffix(self.name)}"
         return ("FCALL", function, len(self.keys), *self.keys, *_caller_time(caller_us), *self.script_args)
+
+
+def function_suffix(command: str) -> str:
+    """The library's function for a command, after the library name: `TB.ACQUIRE` -> `acquire`, and for the one
+    command that is not the module's own, `CL.THROTTLE` -> `cl_throttle`."""
+    if command.startswith("TB."):
+        return command[len("TB.") :].lower()
+    return command.lower().replace(".", "_")
 
 
 def _caller_time(caller_us: int | None) -> tuple[str, ...]:
@@ -136,6 +145,11 @@ def _refunded(reply: Any) -> Refunded:
 def _charged(reply: Any) -> Charged:
     remaining, retry, reset = reply
     return Charged(int(remaining), int(retry), int(reset))
+
+
+def _throttled(reply: Any) -> ThrottleReply:
+    limited, limit, remaining, retry, reset = reply
+    return ThrottleReply(_flag(limited), int(limit), int(remaining), int(retry), int(reset))
 
 
 def _one_key(name: str, key: str, args: Sequence[str], parse: Callable[[Any], T]) -> Call[T]:
@@ -197,6 +211,11 @@ def charge(key: str, rate: Number, burst: Number, cost: Number) -> Call[Charged]
 def block(key: str, rate: Number, burst: Number, ms: int) -> Call[Charged]:
     args = (number_text(rate), number_text(burst), number_text(ms))
     return _one_key("TB.BLOCK", key, args, _charged)
+
+
+def throttle(key: str, max_burst: int, count_per_period: int, period: int, quantity: int = 1) -> Call[ThrottleReply]:
+    args = (number_text(max_burst), number_text(count_per_period), number_text(period), number_text(quantity))
+    return _one_key("CL.THROTTLE", key, args, _throttled)
 
 
 def is_unknown_command(error: Exception) -> bool:
@@ -297,7 +316,12 @@ def translate(error: ResponseError) -> Exception:
     body = full[len("ERR ") :]
     if body.startswith(("rate ", "burst ", "cost ", "max_wait_ms ", "amount ", "max ", "ms ")):
         return errors.InvalidArgument(full)
-    if body.startswith("key is not a valid token bucket"):
+    # CL.THROTTLE's arguments, and limits whose nanoseconds do not fit 64 bits.
+    if body.startswith(("max_burst ", "count_per_period ", "period ", "quantity ", "(max_burst + 1) ")):
+        return errors.InvalidArgument(full)
+    if body.startswith("the key's theoretical arrival time"):
+        return errors.InvalidArgument(full)
+    if body.startswith(("key is not a valid token bucket", "key does not hold a CL.THROTTLE state")):
         return errors.NotABucket(full)
     if body.startswith("each key may appear only once"):
         return errors.DuplicateKey(full)

@@ -12,7 +12,16 @@ from redis.exceptions import RedisError
 
 from . import _protocol as protocol
 from .client import DETECT_KEY, Backend, Backends, Send, wall_clock_us
-from .replies import Acquired, AcquiredAll, AcquiredEach, Charged, PartialGrant, Refunded, Reservation
+from .replies import (
+    Acquired,
+    AcquiredAll,
+    AcquiredEach,
+    Charged,
+    PartialGrant,
+    Refunded,
+    Reservation,
+    ThrottleReply,
+)
 
 T = TypeVar("T")
 AsyncRedis = Redis | RedisCluster
@@ -88,6 +97,13 @@ class AsyncTokenBucket:
     async def block(self, key: str, rate: float, burst: float, ms: int) -> Charged:
         """`TB.BLOCK`: denies every cost above 0 for `ms`, then refills from empty."""
         return await self._run(protocol.block(key, rate, burst, ms))
+
+    async def throttle(
+        self, key: str, max_burst: int, count_per_period: int, period: int, quantity: int = 1
+    ) -> ThrottleReply:
+        """`CL.THROTTLE`: redis-cell's GCRA limit, `count_per_period` per `period` seconds and `max_burst + 1` at
+        once, on a key of its own (a string; not a token bucket)."""
+        return await self._run(protocol.throttle(key, max_burst, count_per_period, period, quantity))
 
     async def reset(self, *keys: str) -> int:
         """Deletes buckets (a missing bucket is a full one); returns how many existed."""

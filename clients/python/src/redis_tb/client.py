@@ -14,7 +14,16 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from . import _protocol as protocol
 from .errors import ModuleNotLoaded
-from .replies import Acquired, AcquiredAll, AcquiredEach, Charged, PartialGrant, Refunded, Reservation
+from .replies import (
+    Acquired,
+    AcquiredAll,
+    AcquiredEach,
+    Charged,
+    PartialGrant,
+    Refunded,
+    Reservation,
+    ThrottleReply,
+)
 
 T = TypeVar("T")
 Backend = Literal["auto", "module", "function", "script"]
@@ -281,6 +290,13 @@ class TokenBucket:
     def block(self, key: str, rate: float, burst: float, ms: int) -> Charged:
         """`TB.BLOCK`: denies every cost above 0 for `ms`, then refills from empty."""
         return self._run(protocol.block(key, rate, burst, ms))
+
+    def throttle(
+        self, key: str, max_burst: int, count_per_period: int, period: int, quantity: int = 1
+    ) -> ThrottleReply:
+        """`CL.THROTTLE`: redis-cell's GCRA limit, `count_per_period` per `period` seconds and `max_burst + 1` at
+        once, on a key of its own (a string; not a token bucket)."""
+        return self._run(protocol.throttle(key, max_burst, count_per_period, period, quantity))
 
     def reset(self, *keys: str) -> int:
         """Deletes buckets (a missing bucket is a full one); returns how many existed."""

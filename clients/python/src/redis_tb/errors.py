@@ -17,8 +17,8 @@ class ServerError(TokenBucketError):
 
 
 class InvalidArgument(ServerError, ValueError):
-    """An argument the command refuses: `rate`, `burst`, `cost`, `max_wait_ms`, `amount`, `max` or `ms`
-    (the message names it)."""
+    """An argument the command refuses: `rate`, `burst`, `cost`, `max_wait_ms`, `amount`, `max` or `ms`, or
+    `CL.THROTTLE`'s `max_burst`, `count_per_period`, `period` or `quantity` (the message names it)."""
 
 
 class WrongType(ServerError):
@@ -26,7 +26,8 @@ class WrongType(ServerError):
 
 
 class NotABucket(ServerError):
-    """The key is a hash but not a token bucket (other fields, or values that do not parse)."""
+    """The key is a hash but not a token bucket (other fields, or values that do not parse), or, for
+    `CL.THROTTLE`, a string that is not a decimal TAT."""
 
 
 class DuplicateKey(ServerError, ValueError):

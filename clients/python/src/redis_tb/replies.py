@@ -4,6 +4,7 @@ reference); every integer is exactly what the server sent."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,22 @@ class Refunded:
     refunded: bool
     remaining: int
     reset_after_ms: int
+
+
+class ThrottleReply(NamedTuple):
+    """`CL.THROTTLE`: redis-cell's reply, field for field (a tuple, as redis-cell's clients unpack it)."""
+
+    #: True when the call was refused (the opposite sense of `Acquired.allowed`).
+    limited: bool
+    #: `max_burst + 1`.
+    limit: int
+    #: Requests of quantity 1 the key admits now, after this call.
+    remaining: int
+    #: Seconds until this call would be allowed (rounded up past a whole ms); -1 when allowed, and when the
+    #: quantity exceeds the limit (never).
+    retry_after: int
+    #: Seconds until the key is empty again (the same rounding).
+    reset_after: int
 
 
 @dataclass(frozen=True)
