@@ -24,7 +24,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 import redis_tb
-from redis_tb import AsyncTokenBucket, Limit, _decide
+from redis_tb import AsyncTokenBucket, Limit, _plan
 from redis_tb.asgi import RateLimitMiddleware, by_path
 
 NO_RETRY = Retry(NoBackoff(), 0)
@@ -133,7 +133,7 @@ async def test_no_identity_shares_the_anonymous_bucket_with_one_warning(
     nothing: str | None, server: Server, key: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A request for which the key function finds no identity takes the shared anonymous bucket, never a pass."""
-    monkeypatch.setattr(_decide, "_anonymous_warned", False)
+    monkeypatch.setattr(_plan, "_anonymous_warned", False)
     conn = server.async_client()
     app = make_app(conn, [Limit("per-user", rate=0.01, burst=2)], prefix=f"{key}:", key=lambda scope: nothing)
     with caplog.at_level(logging.WARNING, logger="redis_tb"):

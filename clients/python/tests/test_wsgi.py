@@ -13,7 +13,7 @@ from redis.retry import Retry
 
 import redis_tb
 from redis_tb import Limit, TokenBucket
-from redis_tb._decide import LimitsSpec
+from redis_tb._plan import LimitsSpec
 from redis_tb.wsgi import RateLimitMiddleware, by_path
 
 NO_RETRY = Retry(NoBackoff(), 0)

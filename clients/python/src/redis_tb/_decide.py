@@ -1,5 +1,6 @@
-"""What both middlewares share, without I/O: which limits apply to a request, their keys, the call to make,
-and the response to give, from Redis's reply or from the fail mode."""
+"""What both middlewares share: their options, the response to give from Redis's reply or from the fail mode, and
+what they count. Which limits apply and the calls that decide them are `_plan`'s; each middleware (`asgi`, `wsgi`)
+sends the calls."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
@@ -18,22 +19,20 @@ from redis.cluster import RedisCluster
 from . import _protocol as protocol
 from ._failures import Failure
 from ._guard import MAX_IN_FLIGHT, Guard, configure
-from ._local import CAPACITY, ChargeBack, LocalBuckets, limiting_index
+from ._local import CAPACITY, ChargeBack, LocalBuckets
 from ._metrics import DEFAULT_REGISTRY, metrics_for
+from ._plan import LimitsSpec, Plan, plan
 from .aio import AsyncTokenBucket
 from .client import TokenBucket
 from .headers import STANDARDS, Standard, headers_for
 from .identity import (
     DEFAULT_IPV6_SUBNET,
-    SKIP,
     check_ipv6_subnet,
     check_prefix,
     ip_identity,
-    tag_of,
-    tagged_key,
 )
 from .limit import KeyFunction, Limit, check_limits
-from .replies import Acquired, AcquiredEach, BucketResult
+from .replies import Acquired, AcquiredEach
 
 FailMode = Literal["local", "open", "closed"]
 #: The `on_error` option: called with the error, the request (ASGI scope or WSGI environ) and the failure table's
@@ -42,138 +41,6 @@ ErrorHook = Callable[[BaseException, Mapping[str, Any], Failure], object]
 #: A shadow limit's refusals are logged at most once per limit in this many seconds.
 SHADOW_LOG_INTERVAL_S = 1.0
 logger = logging.getLogger("redis_tb")
-#: The limits of a request: the same for every request, or chosen from the request (by path, say).
-LimitsSpec = Limit | Sequence[Limit] | Callable[[Mapping[str, Any]], Sequence[Limit]]
-
-
-def by_path(routes: Mapping[str, Sequence[Limit]]) -> Callable[[Mapping[str, Any]], Sequence[Limit]]:
-    """Limits by path prefix, longest prefix first: `by_path({"/search": [...], "/": [...]})`. A path no prefix
-    matches is not limited, nor one whose limits are empty. Works on an ASGI scope (`path`) and a WSGI environ
-    (`PATH_INFO`). Each route's limits are checked here, as the middleware checks a fixed list."""
-    checked = {prefix: check_limits(limits, allow_empty=True) for prefix, limits in routes.items()}
-    ordered = sorted(checked.items(), key=lambda item: len(item[0]), reverse=True)
-
-    def limits_for(request: Mapping[str, Any]) -> Sequence[Limit]:
-        path = str(request.get("path", request.get("PATH_INFO", "")))
-        for prefix, limits in ordered:
-            if path.startswith(prefix):
-                return limits
-        return ()
-
-    return limits_for
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The limits that apply to one request, each with its bucket key and the identity's tag in that key."""
-
-    limits: tuple[Limit, ...]
-    keys: tuple[str, ...]
-    tags: tuple[str, ...]
-
-    def call(self) -> protocol.Call[Acquired | AcquiredEach]:
-        """`TB.ACQUIRE` for one limit; `TB.ACQUIREEACH` for several (one result per limit, for the headers)."""
-        if len(self.limits) == 1:
-            limit = self.limits[0]
-            return protocol.acquire(self.keys[0], limit.rate, limit.burst, limit.cost)
-        return protocol.acquire_each(
-            [(key, limit.rate, limit.burst, limit.cost) for key, limit in zip(self.keys, self.limits, strict=True)]
-        )
-
-    def split(self, shadow_all: bool) -> tuple[Plan | None, Plan | None]:
-        """The enforced limits and the shadow ones (every limit with `shadow_all`), each a plan of its own, decided in
-        a call of its own: None where there are none."""
-        if shadow_all:
-            return None, self
-        shadows = [limit.shadow for limit in self.limits]
-        if not any(shadows):
-            return self, None
-        if all(shadows):
-            return None, self
-        return self._chosen(not shadow for shadow in shadows), self._chosen(shadows)
-
-    def _chosen(self, flags: Iterable[bool]) -> Plan:
-        chosen = [index for index, flag in enumerate(flags) if flag]
-        return Plan(
-            tuple(self.limits[i] for i in chosen),
-            tuple(self.keys[i] for i in chosen),
-            tuple(self.tags[i] for i in chosen),
-        )
-
-    def parts(self) -> tuple[Plan, ...]:
-        """The plan split by identity, for a cluster: limits with their own key function (per tenant next to per
-        user) have buckets in other slots, which no single call can reach. Each part is one atomic call."""
-        indexes: dict[str, list[int]] = {}
-        for index, tag in enumerate(self.tags):
-            indexes.setdefault(tag, []).append(index)
-        if len(indexes) == 1:
-            return (self,)
-        return tuple(self._chosen(index in chosen for index in range(len(self.limits))) for chosen in indexes.values())
-
-    def combined(self, parts: Sequence[Plan], replies: Sequence[Acquired | AcquiredEach]) -> AcquiredEach:
-        """The replies of `parts` as the one `TB.ACQUIREEACH` reply of the whole plan, buckets in plan order."""
-        found: dict[str, BucketResult] = {}
-        for part, reply in zip(parts, replies, strict=True):
-            results = reply.buckets if isinstance(reply, AcquiredEach) else (_bucket_result(reply),)
-            found.update(zip(part.keys, results, strict=True))
-        buckets = tuple(found[key] for key in self.keys)
-        allowed = all(reply.allowed for reply in replies)
-        return AcquiredEach(allowed, limiting_index(buckets, allowed), buckets)
-
-    def refunds(self, parts: Sequence[Plan], replies: Sequence[Acquired | AcquiredEach]) -> list[protocol.Call[Any]]:
-        """When some part was refused: `TB.REFUND` of what the allowed parts took, so the request takes nothing."""
-        if all(reply.allowed for reply in replies):
-            return []
-        return [
-            protocol.refund(key, limit.rate, limit.burst, limit.cost)
-            for part, reply in zip(parts, replies, strict=True)
-            if reply.allowed
-            for key, limit in zip(part.keys, part.limits, strict=True)
-        ]
-
-
-def _bucket_result(reply: Acquired) -> BucketResult:
-    return BucketResult(reply.allowed, reply.remaining, reply.retry_after_ms, reply.reset_after_ms)
-
-
-def plan(request: Mapping[str, Any], limits: LimitsSpec, key: KeyFunction, prefix: str) -> Plan | None:
-    """The limits for `request` and their keys; None when nothing applies. Keys are
-    `<prefix>{<tag>}:<limit name>` (docs/clients.md, "Identity and keys"): the tag is the escaped identity,
-    never empty and never a brace, so one identity's buckets share one cluster slot and go in one atomic call.
-    A key function's SKIP skips its limit; no identity is limited under the anonymous one (warned once)."""
-    chosen = limits(request) if callable(limits) else (limits,) if isinstance(limits, Limit) else limits
-    applied: list[Limit] = []
-    keys: list[str] = []
-    tags: list[str] = []
-    for limit in chosen:
-        identity = (limit.key or key)(request)
-        if identity is SKIP:
-            continue
-        if identity is None or identity == "":
-            _warn_anonymous(limit)
-            identity = None
-        applied.append(limit)
-        tag = tag_of(None if identity is None else str(identity))
-        tags.append(tag)
-        keys.append(tagged_key(prefix, tag, limit.name))
-    if not applied:
-        return None
-    return Plan(tuple(applied), tuple(keys), tuple(tags))
-
-
-_anonymous_warned = False
-
-
-def _warn_anonymous(limit: Limit) -> None:
-    global _anonymous_warned
-    if not _anonymous_warned:
-        _anonymous_warned = True
-        logger.warning(
-            "redis-tb: the key function found no identity for a request (limit %r): such requests share the "
-            "anonymous bucket. A Unix socket or a proxy that drops the peer address does this: give the "
-            "middleware a key function that finds the client (logged once per process)",
-            limit.name,
-        )
 
 
 @dataclass(frozen=True)
@@ -375,7 +242,10 @@ class Middleware(Generic[App, Limiter]):
         if self.metrics is not None:
             self.metrics.requests["shadow_refused"].inc()
             self.metrics.refused(verdict.refused)
-        names = verdict.refused or tuple(limit.name for limit in shadow.limits) if shadow is not None else ()
+        # A fail mode's refusal (closed) names no bucket: every shadow limit of the call would have refused.
+        names = verdict.refused
+        if not names and shadow is not None:
+            names = tuple(limit.name for limit in shadow.limits)
         now = time.monotonic()
         for name in names:
             last = self._shadow_logged_at.get(name)

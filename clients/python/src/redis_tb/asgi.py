@@ -14,11 +14,12 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from . import _decide
-from ._decide import Body, Decision, ErrorHook, FailMode, LimitsSpec, by_path, client_address, default_body
+from . import _decide, _plan
+from ._decide import Body, Decision, ErrorHook, FailMode, client_address, default_body
 from ._guard import MAX_IN_FLIGHT
 from ._local import CAPACITY
 from ._metrics import DEFAULT_REGISTRY
+from ._plan import LimitsSpec, by_path
 from .aio import AsyncTokenBucket
 from .errors import DebtLimitExceeded
 from .headers import Standard
@@ -86,7 +87,7 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
         else:
             await self.app(scope, receive, _with_headers(send, verdict.headers))
 
-    async def _decision(self, plan: _decide.Plan, scope: Scope, enforced: bool) -> _decide.Verdict | None:
+    async def _decision(self, plan: _plan.Plan, scope: Scope, enforced: bool) -> _decide.Verdict | None:
         """One limiter call for `plan`: Redis's answer, or the fail mode's when Redis fails or the gate is closed."""
         started = time.perf_counter()
         verdict: _decide.Verdict | None
@@ -104,7 +105,7 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
         self.called(started)
         return verdict
 
-    async def _ask_within_deadline(self, plan: _decide.Plan) -> Acquired | AcquiredEach:
+    async def _ask_within_deadline(self, plan: _plan.Plan) -> Acquired | AcquiredEach:
         """`_ask` once one of the `MAX_IN_FLIGHT` slots is free, cancelled at the deadline (redis-py then closes
         the connection: nothing more is written to it; a call still waiting for a slot was never written)."""
         if self._slots is None:
@@ -114,11 +115,11 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
                 return await self._ask_in_slot(plan, self._slots)
         return await asyncio.wait_for(self._ask_in_slot(plan, self._slots), self.timeout)
 
-    async def _ask_in_slot(self, plan: _decide.Plan, slots: asyncio.Semaphore) -> Acquired | AcquiredEach:
+    async def _ask_in_slot(self, plan: _plan.Plan, slots: asyncio.Semaphore) -> Acquired | AcquiredEach:
         async with slots:
             return await self._ask(plan)
 
-    async def _ask(self, plan: _decide.Plan) -> Acquired | AcquiredEach:
+    async def _ask(self, plan: _plan.Plan) -> Acquired | AcquiredEach:
         await self._charge_back(plan)
         parts = self.parts(plan)
         if len(parts) == 1:
@@ -128,7 +129,7 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
             await self.limiter._run(refund)
         return plan.combined(parts, replies)
 
-    async def _charge_back(self, plan: _decide.Plan) -> None:
+    async def _charge_back(self, plan: _plan.Plan) -> None:
         """Sends what the in-memory buckets of the plan's keys admitted, before the plan's call; a charge-back that
         fails (or is cancelled at the deadline) fails the call, and it and the ones after it stay owed."""
         charges = self.charge_backs(plan)

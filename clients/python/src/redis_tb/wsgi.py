@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterable, Mapping
 from http import HTTPStatus
 from typing import Any
 
-from . import _decide
-from ._decide import Decision, by_path, client_address
+from . import _decide, _plan
+from ._decide import Decision, client_address
 from ._guard import MAX_IN_FLIGHT
+from ._plan import by_path
 from .client import TokenBucket
 from .errors import DebtLimitExceeded
 from .replies import Acquired, AcquiredEach
@@ -48,7 +49,7 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
 
         return self.app(environ, start_with_headers)
 
-    def _decision(self, plan: _decide.Plan, request: Mapping[str, Any], enforced: bool) -> _decide.Verdict | None:
+    def _decision(self, plan: _plan.Plan, request: Mapping[str, Any], enforced: bool) -> _decide.Verdict | None:
         """One limiter call for `plan`: Redis's answer, or the fail mode's when Redis fails or the gate is closed."""
         started = time.perf_counter()
         verdict: _decide.Verdict | None
@@ -66,7 +67,7 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
         self.called(started)
         return verdict
 
-    def _ask(self, plan: _decide.Plan) -> Acquired | AcquiredEach:
+    def _ask(self, plan: _plan.Plan) -> Acquired | AcquiredEach:
         """The plan's calls, once one of the `MAX_IN_FLIGHT` slots is free (waiting up to the deadline)."""
         if not self.thread_slots.acquire(timeout=self.timeout):
             raise TimeoutError(f"{MAX_IN_FLIGHT} limiter calls are out: none ended within the deadline")
@@ -75,7 +76,7 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
         finally:
             self.thread_slots.release()
 
-    def _ask_in_slot(self, plan: _decide.Plan) -> Acquired | AcquiredEach:
+    def _ask_in_slot(self, plan: _plan.Plan) -> Acquired | AcquiredEach:
         self._charge_back(plan)
         parts = self.parts(plan)
         if len(parts) == 1:
@@ -85,7 +86,7 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
             self.limiter._run(refund)
         return plan.combined(parts, replies)
 
-    def _charge_back(self, plan: _decide.Plan) -> None:
+    def _charge_back(self, plan: _plan.Plan) -> None:
         """Sends what the in-memory buckets of the plan's keys admitted, before the plan's call; a charge-back that
         fails fails the call, and it and the ones after it stay owed."""
         charges = self.charge_backs(plan)
