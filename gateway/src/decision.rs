@@ -4,7 +4,7 @@
 //! Each request descriptor with a bucket limit becomes one bucket of the call:
 //!
 //! ```text
-//! key    <prefix>{<domain>}:<key>=<value>:<key>=<value>...   ':' '=' '%' '{' '}' in keys and values %-escaped
+//! key    <prefix>{<domain>}:<key>=<value>:<key>=<value>...   each part %-escaped (see `bucket_key`)
 //! rate   requests_per_unit / the unit's seconds               tokens per second
 //! burst  the limit's burst (default requests_per_unit)
 //! cost   the descriptor's hits_addend, else the request's, else 1 (0 reports without taking)
@@ -325,6 +325,10 @@ fn override_path(domain: &str, entries: &[(&str, &str)]) -> String {
 
 /// The Redis key of a bucket: `<prefix>{<domain>}:<key>=<value>...`, escaped so distinct entries never collide
 /// and the hash tag is always exactly the domain.
+///
+/// Each part (domain, key, value) is escaped by the packages' identity rule (docs/clients.md, "Identity and
+/// keys": of its UTF-8 bytes, `!` to `~` stay except `%`, `{` and `}`; every other byte becomes `%XX`), and `:`
+/// and `=` too, since here they separate the entries of one key: the packages' tags never hold several parts.
 pub fn bucket_key(prefix: &str, domain: &str, entries: &[(String, String)]) -> String {
     let mut key = String::with_capacity(prefix.len() + domain.len() + 16 * entries.len());
     key.push_str(prefix);
@@ -341,14 +345,19 @@ pub fn bucket_key(prefix: &str, domain: &str, entries: &[(String, String)]) -> S
 }
 
 fn escape_into(out: &mut String, text: &str) {
-    for c in text.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            ':' => out.push_str("%3A"),
-            '=' => out.push_str("%3D"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            _ => out.push(c),
+    // A nibble is below 16, so `from_digit` always has a digit for it.
+    let hex = |nibble: u8| {
+        char::from_digit(u32::from(nibble), 16).map_or('0', |digit| digit.to_ascii_uppercase())
+    };
+    for &byte in text.as_bytes() {
+        let kept =
+            (b'!'..=b'~').contains(&byte) && !matches!(byte, b'%' | b'{' | b'}' | b':' | b'=');
+        if kept {
+            out.push(char::from(byte));
+        } else {
+            out.push('%');
+            out.push(hex(byte >> 4));
+            out.push(hex(byte & 0x0F));
         }
     }
 }

@@ -620,6 +620,42 @@ fn bucket_keys_match_the_shared_fixture() {
 }
 
 #[test]
+fn a_domain_is_escaped_as_the_packages_escape_an_identity() {
+    // fixtures/keys.json's "keys" section: the packages' identity rule, `<prefix>{<tag>}:<limit>`. A domain
+    // without `:` or `=` (which tb-rls escapes besides, as its entry separators) gets the identity's tag. One row
+    // per line; the rows holding a lone surrogate (JSON text may, a Rust string may not) do not parse and are left
+    // out. No identity and the empty one are left out too: tb-rls refuses an empty domain.
+    let text = include_str!("../../fixtures/keys.json");
+    let start = text.find("\"keys\"").expect("a keys section");
+    let end = text
+        .find("\"ip_identity\"")
+        .expect("an ip_identity section");
+    let mut checked = 0;
+    for line in text.get(start..end).expect("the keys section").lines() {
+        let Ok(row) = serde_json::from_str::<serde_json::Value>(line.trim().trim_end_matches(','))
+        else {
+            continue;
+        };
+        let Some(identity) = row["identity"]
+            .as_str()
+            .filter(|identity| !identity.is_empty())
+        else {
+            continue;
+        };
+        if identity.contains([':', '=']) {
+            continue;
+        }
+        let prefix = row["prefix"].as_str().expect("a prefix");
+        let limit = row["limit"].as_str().expect("a limit");
+        let expected = row["key"].as_str().expect("a key");
+        let tagged = bucket_key(prefix, identity, &[]) + ":" + limit;
+        assert_eq!(tagged, expected, "{identity:?}");
+        checked += 1;
+    }
+    assert!(checked >= 20, "{checked} identities");
+}
+
+#[test]
 fn quota_descriptors_refuse_only_when_every_one_is_over() {
     // envoyproxy/ratelimit's quota tests (test/service/ratelimit_test.go), as token buckets: `n` an ordinary
     // limit, `q1` and `q2` in quota mode; which buckets fit the first call; then the codes and the overall code.
