@@ -396,6 +396,18 @@ class TbClient {
     return { remaining, retryAfterMs, resetAfterMs };
   }
 
+  /**
+   * CL.THROTTLE: redis-cell's GCRA limit, `countPerPeriod` per `period` seconds and `maxBurst + 1` at once, on a key
+   * of its own (a string, not a token bucket). The waits are in seconds; `retryAfter` is -1 when allowed.
+   */
+  async throttle(key, maxBurst, countPerPeriod, period, quantity = 1) {
+    const args = [keyName("key", key), number("maxBurst", maxBurst), number("countPerPeriod", countPerPeriod)];
+    args.push(number("period", period), number("quantity", quantity));
+    const reply = await this._call("CL.THROTTLE", key, args);
+    const [limited, limit, remaining, retryAfter, resetAfter] = integers("CL.THROTTLE", reply, 5);
+    return { limited: limited === 1, limit, remaining, retryAfter, resetAfter };
+  }
+
   /** Deletes the bucket (a missing bucket is a full one). Resolves true if it existed. */
   async reset(key) {
     keyName("key", key);

@@ -34,6 +34,7 @@ const KEY_POSITIONS = {
   "TB.REFUND": () => [0],
   "TB.CHARGE": () => [0],
   "TB.BLOCK": () => [0],
+  "CL.THROTTLE": () => [0],
 };
 
 function range(start, end, step) {
@@ -51,9 +52,10 @@ function libraryName() {
   return cachedName;
 }
 
-/** The library's name for FCALL: `tb_0_4_0_acquire` for TB.ACQUIRE. */
+/** The library's name for FCALL: `tb_0_4_0_acquire` for TB.ACQUIRE, `tb_0_4_0_cl_throttle` for CL.THROTTLE. */
 function functionName(command) {
-  return `${libraryName()}_${command.slice("TB.".length).toLowerCase()}`;
+  const suffix = command.startsWith("TB.") ? command.slice("TB.".length) : command.replace(".", "_");
+  return `${libraryName()}_${suffix.toLowerCase()}`;
 }
 
 /** The first script argument that replaces the server's TIME with the caller's clock, where TIME is refused. */

@@ -23,7 +23,8 @@ const RATES = ["10", "0.5", "1000", "3.3", "7e-1", "25", "0.001", "123456.789"];
 const BURSTS = ["20", "1", "5.5", "100", "2", "0.5", "1e3", "33.3"];
 const COSTS = ["1", "0", "2.5", "0.1", "5", "20", "1e-3", "7", "100"];
 const BAD_NUMBERS = ["abc", "0", "-1", "inf", "nan", "1e400", "0x10", " 1", "1 ", "", "-0", "+2.5e-3", ".5", "5.", "1E2"];
-const COMMANDS = script.commands();
+// The token-bucket commands: CL.THROTTLE keeps strings, not buckets, and has its own comparison with the module.
+const COMMANDS = script.commands().filter((command) => command.startsWith("TB."));
 // Any name will do for the test; the packages name it after their version (lua/tb.lua's header).
 const LIBRARY = "tb_test";
 const librarySource = (name) => `#!lua name=${name}\nlocal TB_LIBRARY = '${name}'\n${script.source()}`;

@@ -65,6 +65,20 @@ export interface ChargeResult {
   resetAfterMs: number;
 }
 
+/** CL.THROTTLE's reply, redis-cell's five integers by name. */
+export interface ThrottleResult {
+  /** True when the call was refused. */
+  limited: boolean;
+  /** maxBurst + 1. */
+  limit: number;
+  /** Requests of quantity 1 the key admits now, after this call. */
+  remaining: number;
+  /** Seconds until this call would be allowed; -1 when allowed, and when quantity exceeds the limit (never). */
+  retryAfter: number;
+  /** Seconds until the key is empty again. */
+  resetAfter: number;
+}
+
 export interface Bucket {
   key: string;
   /** Tokens per second, > 0. */
@@ -117,6 +131,8 @@ export class TbClient {
   refund(key: string, rate: number, burst: number, amount: number): Promise<RefundResult>;
   charge(key: string, rate: number, burst: number, cost: number): Promise<ChargeResult>;
   block(key: string, rate: number, burst: number, ms: number): Promise<ChargeResult>;
+  /** CL.THROTTLE, redis-cell's command: `countPerPeriod` per `period` seconds, `maxBurst + 1` at once. */
+  throttle(key: string, maxBurst: number, countPerPeriod: number, period: number, quantity?: number): Promise<ThrottleResult>;
   /** Deletes the bucket; true if it existed. */
   reset(key: string): Promise<boolean>;
 }
