@@ -96,20 +96,27 @@ class Server:
             if module:
                 command += ["--loadmodule", MODULE]
             command += list(args)
-            full_env = dict(os.environ, **(env or {}))
-            self.process = subprocess.Popen(
-                command,
-                env=full_env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            self.command = command
+            self.env = dict(os.environ, **(env or {}))
+            self._spawn()
             if self._wait_ready():
                 return
             self._kill()
             log = self.dir / "server.log"
             last_log = log.read_text() if log.exists() else ""
         raise RuntimeError(f"{binary} did not start; last log:\n{last_log}")
+
+    def _spawn(self) -> None:
+        self.process = subprocess.Popen(
+            self.command, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+    def restart(self) -> None:
+        """Starts the stopped server again with its port and directory (a cluster node keeps its nodes.conf)."""
+        assert self.process.poll() is not None, "the server still runs"
+        self._spawn()
+        if not self._wait_ready():
+            raise RuntimeError(f"{self.command[0]} did not start again")
 
     def _wait_ready(self) -> bool:
         deadline = time.monotonic() + STARTUP_DEADLINE_S
@@ -143,11 +150,15 @@ class Server:
 
 
 class Cluster:
-    """Three primaries, each with `replicas` replicas (in sync when the constructor returns)."""
+    """Three primaries, each with `replicas` replicas (in sync when the constructor returns): `nodes[:3]` are the
+    primaries. `args` go to every node; `replica_module`, where given, says whether the replicas load the module."""
 
-    def __init__(self, module: bool, replicas: int = 0) -> None:
-        args = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-        self.nodes = [Server(module=module, args=args, cluster_bus=True) for _ in range(3 * (1 + replicas))]
+    def __init__(
+        self, module: bool, replicas: int = 0, *, args: tuple[str, ...] = (), replica_module: bool | None = None
+    ) -> None:
+        args = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", *args)
+        modules = [module] * 3 + [module if replica_module is None else replica_module] * (3 * replicas)
+        self.nodes = [Server(module=loaded, args=args, cluster_bus=True) for loaded in modules]
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
         subprocess.run(
             [CLI, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas), "--cluster-yes"],
@@ -159,6 +170,8 @@ class Cluster:
             while node.client().cluster("info")["cluster_state"] != "ok" or not synced(node):
                 assert time.monotonic() < deadline, f"node {node.port} never reached cluster_state:ok"
                 time.sleep(0.05)
+        roles = [node.client().info("replication")["role"] for node in self.nodes]
+        assert roles == ["master"] * 3 + ["slave"] * (3 * replicas), roles
 
     def stop(self) -> None:
         for node in self.nodes:
