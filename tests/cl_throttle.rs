@@ -459,3 +459,71 @@ fn command_info_and_docs_describe_it() {
         assert!(docs.contains(name), "{name} in {docs}");
     }
 }
+
+#[test]
+fn only_allowed_calls_fire_events_abort_a_watch_and_count_as_grants() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("KEA")
+        .query(&mut conn)
+        .expect("CONFIG SET");
+    let mut subscriber = server.conn();
+    let mut pubsub = subscriber.as_pubsub();
+    pubsub.psubscribe("__keyspace@0__:*").expect("PSUBSCRIBE");
+    pubsub
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("timeout");
+    let mut next_event = || -> String {
+        let message = pubsub.get_message().expect("a keyspace event");
+        let channel = message
+            .get_channel_name()
+            .trim_start_matches("__keyspace@0__:")
+            .to_string();
+        let event: String = message.get_payload().expect("payload");
+        format!("{channel} {event}")
+    };
+    // One a minute, max_burst 0: the first call is allowed, the second limited.
+    throttle(&mut conn, &["k", "0", "1", "60"]);
+    throttle(&mut conn, &["k", "0", "1", "60"]);
+    assert_eq!(next_event(), "k set");
+    assert_eq!(next_event(), "k expire");
+    // A limited call on a watched key leaves the transaction standing; an allowed one aborts it.
+    let mut watcher = server.conn();
+    let mut transaction_ran = |key: &str, args: &[&str]| {
+        let _: () = redis::cmd("WATCH")
+            .arg(key)
+            .query(&mut watcher)
+            .expect("WATCH");
+        let _: () = redis::cmd("MULTI").query(&mut watcher).expect("MULTI");
+        let _: () = redis::cmd("PING").query(&mut watcher).expect("PING queued");
+        throttle(&mut conn, args);
+        let ran: Option<Vec<String>> = redis::cmd("EXEC").query(&mut watcher).expect("EXEC");
+        ran.is_some()
+    };
+    assert!(transaction_ran("k", &["k", "0", "1", "60", "1"]));
+    assert!(!transaction_ran("other", &["other", "0", "1", "60", "1"]));
+    let _: () = redis::cmd("SET")
+        .arg("marker")
+        .arg(1)
+        .query(&mut conn)
+        .expect("SET");
+    // The limited call fired nothing: the next events are the allowed call on "other", then the marker.
+    assert_eq!(next_event(), "other set");
+    assert_eq!(next_event(), "other expire");
+    assert_eq!(next_event(), "marker set");
+    let _: () = redis::cmd("DEL")
+        .arg("other")
+        .query(&mut conn)
+        .expect("DEL");
+    // Counted as the TB commands are: 2 granted, 2 limited, 1 beyond the limit, 1 peek.
+    throttle(&mut conn, &["k", "0", "1", "60", "5"]);
+    throttle(&mut conn, &["fresh", "0", "1", "60", "0"]);
+    assert_eq!(info_int(&mut conn, "tb", "tb_allowed"), 2);
+    assert_eq!(info_int(&mut conn, "tb", "tb_denied"), 2);
+    assert_eq!(info_int(&mut conn, "tb", "tb_denied_cost_exceeds_burst"), 1);
+    assert_eq!(info_int(&mut conn, "tb", "tb_peeks"), 1);
+    assert_eq!(info_int(&mut conn, "tb", "tb_tokens_granted"), 2);
+}
