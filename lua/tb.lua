@@ -13,11 +13,11 @@ ONE FILE, TWO FORMS
 
   where LIB is "tb_" followed by the package version with its dots as underscores (0.4.0: tb_0_4_0), so that two
   versions can live side by side on one server. Loaded with FUNCTION LOAD, the file registers one function per
-  command, LIB .. "_" .. the command's name in lowercase without "tb.": tb_0_4_0_acquire, _acquireall,
-  _acquireeach, _acquireatmost, _reserve, _refund, _charge, _block. Their flags make them behave as the module's
-  commands: none for the seven that are `deny-oom` in the module (a call is refused with OOM above maxmemory
-  before it runs, peeks and refusals included), `allow-oom` for TB.REFUND, which the module performs out of
-  memory.
+  command, LIB .. "_" .. the command's name in lowercase without "tb.", its dots as underscores:
+  tb_0_4_0_acquire, _acquireall, _acquireeach, _acquireatmost, _reserve, _refund, _charge, _block, _cl_throttle.
+  Their flags make them behave as the module's commands: none for the eight that are `deny-oom` in the module (a
+  call is refused with OOM above maxmemory before it runs, peeks and refusals included), `allow-oom` for
+  TB.REFUND, which the module performs out of memory.
 
 CALLING IT
 
@@ -43,7 +43,8 @@ CALLING IT
            Redis 6.2 has no PEXPIRETIME: there a reading is taken as it is, and a bucket whose time ran ahead
            stands still until its key expires (its refill time and slack, server time).
   ARGV     (EVAL form only) the command it emulates, case-insensitive: TB.ACQUIRE, TB.ACQUIREALL, TB.ACQUIREEACH,
-           TB.ACQUIREATMOST, TB.RESERVE, TB.REFUND, TB.CHARGE or TB.BLOCK; the function form names it instead
+           TB.ACQUIREATMOST, TB.RESERVE, TB.REFUND, TB.CHARGE, TB.BLOCK or CL.THROTTLE; the function form names it
+           instead
   then     that command's arguments in their order, without its keys:
 
     TB.ACQUIRE        KEYS = key           ARGV = TB.ACQUIRE rate burst [cost]
@@ -54,10 +55,15 @@ CALLING IT
     TB.REFUND         KEYS = key           ARGV = TB.REFUND rate burst amount
     TB.CHARGE         KEYS = key           ARGV = TB.CHARGE rate burst cost
     TB.BLOCK          KEYS = key           ARGV = TB.BLOCK rate burst ms
+    CL.THROTTLE       KEYS = key           ARGV = CL.THROTTLE max_burst count_per_period period [quantity]
 
   e.g. TB.ACQUIRE user:42 10 20 1  is  EVALSHA <sha1> 1 user:42 TB.ACQUIRE 10 20 1
                                    or   FCALL tb_0_4_0_acquire 1 user:42 10 20 1
                                    or   FCALL tb_0_4_0_acquire 1 user:42 @1700000000000000 10 20 1
+
+CL.THROTTLE is redis-cell's command as the module has it (a string key holding the TAT in ns since the epoch,
+expiring trunc_ms(TAT - now) after now; refused calls write nothing; the reply's waits in whole seconds): the
+same replies, errors and key, with its ns arithmetic exact (see its section below).
 
 The reply, the error texts, the stored hash (`tokens` as the shortest decimal that reads back to the same double,
 an integer literal when integral below 2^53; `ts` in integer microseconds), the expiry window and the effects sent
@@ -85,6 +91,13 @@ WHERE IT DIFFERS FROM THE MODULE
     low, so an expiry may be kept up to 1 ms past the window's end (never before its start). On the caller's
     clock the expiry is read and set relative to the server's clock (PTTL, PEXPIRE) on every server, with the
     same millisecond.
+  - CL.THROTTLE reads the server's clock through TIME, to the µs: its `now` is a whole µs in ns, where the
+    module reads the ns. A TAT under 1 ms ahead (a peek at quantity 0 on an idle key) makes the key expire at
+    once, as redis-cell's PEXPIRE 0 does; the module's key lasts to the end of that millisecond. On the caller's
+    clock, its expiry is set relative (PX), and a stored TAT further past the reading than both tau + 10 s and the
+    key's own expiry counts as that far (a refused call's waits are the key's, not another clock's lead). Its
+    integers above 2^53 in a reply (a limit or `remaining` that large) are rounded to a double, and i64::MAX
+    comes back as 9223372036854774784.
   - Redis 6.2 replicates a script's effects only after redis.replicate_commands(), which this script calls first;
     a caller's own `redis.set_repl` or `lua-replicate-commands no` is theirs to avoid (the module cannot stop
     them either on 6.2).
@@ -1227,6 +1240,267 @@ general = function()
     return charge_command(keys, args, block_ms, block)
   end
 
+  ---------------------------------------------------------------------------------------------------------------
+  -- CL.THROTTLE: redis-cell's GCRA, as the module's src/gcra.rs computes it. Its instants are ns since the epoch
+  -- (past 2^53 since 1970-04-15) and its products reach 2^126, beyond a double: they are exact integers here, held
+  -- as a sign and base-10^7 limbs (least significant first; a limb times a limb stays below 2^53). Where the module
+  -- converts to f64 (the interval, `remaining`, the reply's seconds) the script converts the exact decimal with
+  -- tonumber, which rounds to nearest as Rust's `as f64` does.
+  ---------------------------------------------------------------------------------------------------------------
+
+  local LIMB = 10000000
+
+  -- An exact integer from decimal digits (no sign, leading zeros allowed).
+  local function big(digits, negative)
+    local limbs = {}
+    local i = #digits
+    while i >= 1 do
+      limbs[#limbs + 1] = tonumber(string.sub(digits, math.max(i - 6, 1), i))
+      i = i - 7
+    end
+    while #limbs > 0 and limbs[#limbs] == 0 do limbs[#limbs] = nil end
+    limbs.negative = (negative and #limbs > 0) or false
+    return limbs
+  end
+
+  local function big_digits(x)
+    if #x == 0 then return '0' end
+    local parts = { string.format('%d', x[#x]) }
+    for i = #x - 1, 1, -1 do parts[#parts + 1] = string.format('%07d', x[i]) end
+    return table.concat(parts)
+  end
+
+  local function big_text(x)
+    return (x.negative and '-' or '') .. big_digits(x)
+  end
+
+  -- Magnitudes: compare, add, subtract (a >= b), multiply.
+  local function mag_cmp(a, b)
+    if #a ~= #b then return #a < #b and -1 or 1 end
+    for i = #a, 1, -1 do
+      if a[i] ~= b[i] then return a[i] < b[i] and -1 or 1 end
+    end
+    return 0
+  end
+
+  local function mag_add(a, b, negative)
+    local sum, carry = {}, 0
+    for i = 1, math.max(#a, #b) do
+      local limb = (a[i] or 0) + (b[i] or 0) + carry
+      carry = limb >= LIMB and 1 or 0
+      sum[i] = limb - carry * LIMB
+    end
+    if carry > 0 then sum[#sum + 1] = carry end
+    sum.negative = (negative and #sum > 0) or false
+    return sum
+  end
+
+  local function mag_sub(a, b, negative)
+    local difference, borrow = {}, 0
+    for i = 1, #a do
+      local limb = a[i] - (b[i] or 0) - borrow
+      borrow = limb < 0 and 1 or 0
+      difference[i] = limb + borrow * LIMB
+    end
+    while #difference > 0 and difference[#difference] == 0 do difference[#difference] = nil end
+    difference.negative = (negative and #difference > 0) or false
+    return difference
+  end
+
+  local function big_cmp(a, b)
+    if a.negative ~= b.negative then return a.negative and -1 or 1 end
+    local c = mag_cmp(a, b)
+    return a.negative and -c or c
+  end
+
+  local function big_add(a, b)
+    if a.negative == b.negative then return mag_add(a, b, a.negative) end
+    if mag_cmp(a, b) >= 0 then return mag_sub(a, b, a.negative) end
+    return mag_sub(b, a, b.negative)
+  end
+
+  local function big_neg(a)
+    local copy = {}
+    for i = 1, #a do copy[i] = a[i] end
+    copy.negative = (not a.negative and #a > 0) or false
+    return copy
+  end
+
+  local function big_sub(a, b) return big_add(a, big_neg(b)) end
+
+  -- Non-negative operands.
+  local function big_mul(a, b)
+    local product = {}
+    for i = 1, #a + #b do product[i] = 0 end
+    for i = 1, #a do
+      local carry = 0
+      for j = 1, #b do
+        local limb = product[i + j - 1] + a[i] * b[j] + carry
+        carry = math.floor(limb / LIMB)
+        product[i + j - 1] = limb - carry * LIMB
+      end
+      local k = i + #b
+      while carry > 0 do
+        local limb = product[k] + carry
+        carry = math.floor(limb / LIMB)
+        product[k] = limb - carry * LIMB
+        k = k + 1
+      end
+    end
+    while #product > 0 and product[#product] == 0 do product[#product] = nil end
+    product.negative = false
+    return product
+  end
+
+  -- x / 10^k truncated toward zero, and x as the nearest double.
+  local function big_shift(x, k)
+    local digits = big_digits(x)
+    if #digits <= k then return big('0') end
+    return big(string.sub(digits, 1, #digits - k), x.negative)
+  end
+
+  local function big_f64(x) return tonumber(big_text(x)) end
+
+  local I64_LIMIT = big('9223372036854775808') -- 2^63
+  local ONE = big('1')
+
+  local ERR_MAX_BURST = 'ERR max_burst must be an integer from 0 to 9223372036854775806'
+  local ERR_COUNT = 'ERR count_per_period must be a positive integer'
+  local ERR_PERIOD = 'ERR period must be a positive integer (seconds)'
+  local ERR_QUANTITY = 'ERR quantity must be a non-negative integer'
+  local ERR_INTERVAL =
+    'ERR count_per_period / period must be at most 1000000000 a second (requests at least 1 ns apart)'
+  local ERR_TOLERANCE = 'ERR (max_burst + 1) * period / count_per_period must be under 2^63 ns (about 292 years)'
+  local ERR_TAT = "ERR the key's theoretical arrival time would pass 2^63 ns since the epoch (the year 2262)"
+  local ERR_NOT_THROTTLE =
+    'ERR key does not hold a CL.THROTTLE state (expected a string of decimal nanoseconds since the epoch)'
+
+  -- An i64 argument or stored value (the module's number::parse_i64) as an exact integer; nil when it is not one.
+  local function parse_exact(text)
+    if parse_i64(text) == nil then return nil end
+    local sign, digits = string.match(text, '^([+-]?)(%d+)$')
+    return big(digits, sign == '-')
+  end
+
+  local function parse_argument(text, message)
+    return parse_exact(text) or refuse(message)
+  end
+
+  -- A duration in ns as the reply's whole seconds (gcra::whole_seconds_up): seconds + ns / 10^9 in doubles,
+  -- truncated, plus 1 when a whole millisecond is past the second.
+  local function whole_seconds_up(duration)
+    local digits = big_digits(duration)
+    local seconds = #digits > 9 and tonumber(string.sub(digits, 1, -10)) or 0
+    local subsec = tonumber(string.sub(digits, -9))
+    if duration.negative then seconds, subsec = -seconds, -subsec end
+    local total = seconds + subsec / 1e9
+    local whole = total >= 0 and math.floor(total) or math.ceil(total)
+    if subsec >= 1000000 then whole = whole + 1 end
+    return whole
+  end
+
+  -- Requests left (gcra::remaining): (tau - ttl) / T over whole µs in doubles, truncated; 0 at -T or below; an
+  -- interval under 1 µs divides by zero, as in the module (i64::MAX, or 0 for 0 / 0).
+  local function throttle_remaining(next_ns, interval)
+    if big_cmp(next_ns, big_neg(interval)) <= 0 then return 0 end
+    local next_us = big_f64(big_shift(next_ns, 3))
+    local interval_us = big_f64(big_shift(interval, 3))
+    local ratio = next_us / interval_us
+    if ratio ~= ratio then return 0 end
+    if ratio >= I64_MAX then return REPLY_MAX end
+    return ratio >= 0 and math.floor(ratio) or math.ceil(ratio)
+  end
+
+  -- The key's TAT: nil when missing; WRONGTYPE for a hash or another type; an error unless decimal i64 text.
+  local function read_tat(key)
+    local value = redis.pcall('GET', key)
+    if type(value) == 'table' and value.err then
+      if string.sub(value.err, 1, 9) == 'WRONGTYPE' then
+        refuse('WRONGTYPE Operation against a key holding the wrong kind of value')
+      end
+      refuse(value.err)
+    end
+    if not value then return nil end
+    return parse_exact(value) or refuse(ERR_NOT_THROTTLE)
+  end
+
+  -- CL.THROTTLE key max_burst count_per_period period [quantity]: arguments checked in the module's order (each
+  -- parsed, then the quantity's sign, then the limit), then read, decide, write, reply.
+  commands['CL.THROTTLE'] = function(keys, args)
+    if #keys ~= 1 or #args < 3 or #args > 4 then arity_error('cl.throttle') end
+    local max_burst = parse_argument(args[1], ERR_MAX_BURST)
+    local count = parse_argument(args[2], ERR_COUNT)
+    local period = parse_argument(args[3], ERR_PERIOD)
+    local quantity = ONE
+    if args[4] then
+      quantity = parse_argument(args[4], ERR_QUANTITY)
+      if quantity.negative then refuse(ERR_QUANTITY) end
+    end
+    if max_burst.negative or mag_cmp(max_burst, big('9223372036854775807')) >= 0 then refuse(ERR_MAX_BURST) end
+    local limit = big_add(max_burst, ONE)
+    if count.negative or #count == 0 then refuse(ERR_COUNT) end
+    if period.negative or #period == 0 then refuse(ERR_PERIOD) end
+    -- T = trunc(period * 10^9 / count), divided in doubles as the module and redis-cell do.
+    local interval_f64 = tonumber(big_digits(period) .. '000000000') / big_f64(count)
+    if interval_f64 < 1 then refuse(ERR_INTERVAL) end
+    if interval_f64 >= I64_MAX then refuse(ERR_TOLERANCE) end
+    local interval = big(string.format('%.0f', math.floor(interval_f64)))
+    local tolerance = big_mul(interval, limit)
+    if mag_cmp(tolerance, I64_LIMIT) >= 0 then refuse(ERR_TOLERANCE) end
+    local key = keys[1]
+    local stored = read_tat(key)
+    local now = big(encode_integer(now_us(keys)) .. '000')
+    local tat = stored or now
+    -- On the caller's clock a stored TAT further past the reading than both tau + 10 s and the key's expiry (its
+    -- PTTL, which counts the TAT's lead on the server's clock, plus the 2 ms its truncation and the reading's
+    -- millisecond can take) was written by a clock ahead of both: it counts as that far. The call is refused either
+    -- way (the TAT stays at least tau past the reading), and its waits are then the key's own, not the other
+    -- clock's lead.
+    if stored and caller_now_us then
+      local ttl_ms = redis.call('PTTL', key)
+      if ttl_ms >= 0 then
+        local lead_us = math.max(CALLER_LEAD_LIMIT_US + big_f64(big_shift(tolerance, 3)), (ttl_ms + 2) * 1000)
+        local latest = big_add(now, big(string.format('%.0f', lead_us) .. '000'))
+        if big_cmp(tat, latest) > 0 then tat = latest end
+      end
+    end
+    local limited, ttl, retry_s, write_tat = true, nil, -1, nil
+    -- quantity * T > tau, i.e. quantity > L: never allowed, and the product (up to 2^126) is not needed.
+    if mag_cmp(quantity, limit) > 0 then
+      ttl = big_sub(tat, now)
+    else
+      local new_tat = big_add(big_cmp(tat, now) > 0 and tat or now, big_mul(interval, quantity))
+      local allow_at = big_sub(new_tat, tolerance)
+      if big_cmp(now, allow_at) < 0 then
+        ttl = big_sub(tat, now)
+        retry_s = whole_seconds_up(big_sub(allow_at, now))
+      else
+        if big_cmp(new_tat, I64_LIMIT) >= 0 then refuse(ERR_TAT) end
+        limited, ttl, write_tat = false, big_sub(new_tat, now), new_tat
+      end
+    end
+    if write_tat then
+      -- Expiring trunc_ms(TAT - now) after now's millisecond, as the module's PXAT and redis-cell's PEXPIRE; on
+      -- the caller's clock relative to the server's (PX). Under 1 ms the key expires at once, as redis-cell's
+      -- PEXPIRE 0 does (the module's key lasts to the end of the millisecond).
+      local ttl_ms = big_f64(big_shift(ttl, 6))
+      local written
+      if ttl_ms < 1 then
+        written = redis.pcall('DEL', key)
+      elseif caller_now_us then
+        written = redis.pcall('SET', key, big_text(write_tat), 'PX', string.format('%d', ttl_ms))
+      else
+        local now_ms = (server_now_us - server_now_us % 1000) / 1000
+        written = redis.pcall('SET', key, big_text(write_tat), 'PXAT', string.format('%d', now_ms + ttl_ms))
+      end
+      if type(written) == 'table' and written.err then
+        refuse(string.match(written.err, '^@[^:]*: %d+: %-(.*)$') or written.err)
+      end
+    end
+    return { limited and 1 or 0, int(big_f64(limit)), throttle_remaining(big_sub(tolerance, ttl), interval),
+             retry_s, whole_seconds_up(ttl) }
+  end
+
   return commands
 end
 
@@ -1251,6 +1525,7 @@ if AS_LIBRARY then
     { 'refund', 'TB.REFUND', { 'allow-oom' } },
     { 'charge', 'TB.CHARGE', {} },
     { 'block', 'TB.BLOCK', {} },
+    { 'cl_throttle', 'CL.THROTTLE', {} },
   }
   for i = 1, #functions do
     local command = functions[i][2]

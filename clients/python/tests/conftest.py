@@ -259,9 +259,10 @@ class Clock:
         self.set_us(unix_us)
 
     def set_us(self, unix_us: int) -> None:
-        # libfaketime reads the fraction through a double: the extra half microsecond makes it read back exact.
+        # libfaketime reads the fraction through a double and truncates: a tenth of a nanosecond past the microsecond
+        # makes both µs readers (TIME) and ns readers (the module's CL.THROTTLE) read back that microsecond exactly.
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(faketime_text(unix_us) + "5\n")
+        tmp.write_text(faketime_text(unix_us) + "0001\n")
         tmp.rename(self.path)
 
     def env(self, preload: str) -> dict[str, str]:
@@ -287,5 +288,5 @@ def library_source(name: str = LIBRARY) -> str:
 
 
 def function_name(command: str) -> str:
-    """The library's function for a command: TB.ACQUIRE -> tb_test_acquire."""
-    return f"{LIBRARY}_{command.lower().removeprefix('tb.')}"
+    """The library's function for a command: TB.ACQUIRE -> tb_test_acquire, CL.THROTTLE -> tb_test_cl_throttle."""
+    return f"{LIBRARY}_{command.lower().removeprefix('tb.').replace('.', '_')}"
