@@ -6,15 +6,22 @@ import { after, before, describe, test } from "node:test";
 import { TbClient, TbReplyError, TbArgumentError } from "../src/index.mjs";
 import script from "../src/script.cjs";
 import { connect, CLIENT_KINDS } from "./clients.mjs";
-import { Server, freshKey } from "./harness.mjs";
+import { Server, freshKey, WITHOUT_MODULE } from "./harness.mjs";
 
-for (const kind of CLIENT_KINDS) {
-  describe(`TbClient.throttle over ${kind}, module`, () => {
+// Without the module the calls go to the library or the script, which serve CL.THROTTLE once lua/tb.lua has it.
+const BACKENDS = [
+  { name: "module", module: true, skip: false },
+  { name: WITHOUT_MODULE, module: false, skip: script.source().includes("CL.THROTTLE") ? false : "lua/tb.lua has no CL.THROTTLE" },
+];
+
+for (const backend of BACKENDS) {
+  for (const kind of CLIENT_KINDS) {
+  describe(`TbClient.throttle over ${kind}, ${backend.name}`, { skip: backend.skip }, () => {
     let server;
     let conn;
     let tb;
     before(async () => {
-      server = await Server.start({ module: true });
+      server = await Server.start({ module: backend.module });
       conn = await connect(kind, server);
       tb = new TbClient(conn.redis);
     });
@@ -47,6 +54,7 @@ for (const kind of CLIENT_KINDS) {
       await assert.rejects(tb.throttle(key, 1, Number.NaN, 60), TbArgumentError);
     });
   });
+  }
 }
 
 test("the script and the library serve CL.THROTTLE as cl_throttle", () => {
