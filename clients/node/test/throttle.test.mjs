@@ -16,44 +16,44 @@ const BACKENDS = [
 
 for (const backend of BACKENDS) {
   for (const kind of CLIENT_KINDS) {
-  describe(`TbClient.throttle over ${kind}, ${backend.name}`, { skip: backend.skip }, () => {
-    let server;
-    let conn;
-    let tb;
-    before(async () => {
-      server = await Server.start({ module: backend.module });
-      conn = await connect(kind, server);
-      tb = new TbClient(conn.redis);
-    });
-    after(async () => {
-      await conn?.close();
-      await server?.stop();
-    });
-
-    test("replies as redis-cell, waits in seconds", async () => {
-      const key = freshKey("throttle");
-      // maxBurst 4 (5 at once), one a minute: every wait is in whole minutes, far above the time the calls take.
-      assert.deepEqual(await tb.throttle(key, 4, 1, 60), { limited: false, limit: 5, remaining: 4, retryAfter: -1, resetAfter: 60 });
-      assert.deepEqual(await tb.throttle(key, 4, 1, 60, 4), { limited: false, limit: 5, remaining: 0, retryAfter: -1, resetAfter: 300 });
-      assert.deepEqual(await tb.throttle(key, 4, 1, 60), { limited: true, limit: 5, remaining: 0, retryAfter: 60, resetAfter: 300 });
-      // More than the limit ever admits: -1.
-      assert.equal((await tb.throttle(key, 4, 1, 60, 6)).retryAfter, -1);
-      assert.deepEqual(await tb.throttle(freshKey("peek"), 4, 1, 60, 0), { limited: false, limit: 5, remaining: 5, retryAfter: -1, resetAfter: 0 });
-    });
-
-    test("errors carry the server's text", async () => {
-      const key = freshKey("throttle-errors");
-      await assert.rejects(tb.throttle(key, -1, 1, 60), (error) => {
-        assert.ok(error instanceof TbReplyError);
-        assert.equal(error.command, "CL.THROTTLE");
-        assert.match(error.message, /ERR max_burst must be an integer from 0 to 9223372036854775806/);
-        return true;
+    describe(`TbClient.throttle over ${kind}, ${backend.name}`, { skip: backend.skip }, () => {
+      let server;
+      let conn;
+      let tb;
+      before(async () => {
+        server = await Server.start({ module: backend.module });
+        conn = await connect(kind, server);
+        tb = new TbClient(conn.redis);
       });
-      await tb.acquire(`${key}:bucket`, 1, 5);
-      await assert.rejects(tb.throttle(`${key}:bucket`, 1, 1, 60), (error) => error instanceof TbReplyError && error.code === "WRONGTYPE");
-      await assert.rejects(tb.throttle(key, 1, Number.NaN, 60), TbArgumentError);
+      after(async () => {
+        await conn?.close();
+        await server?.stop();
+      });
+
+      test("replies as redis-cell, waits in seconds", async () => {
+        const key = freshKey("throttle");
+        // maxBurst 4 (5 at once), one a minute: every wait is in whole minutes, far above the time the calls take.
+        assert.deepEqual(await tb.throttle(key, 4, 1, 60), { limited: false, limit: 5, remaining: 4, retryAfter: -1, resetAfter: 60 });
+        assert.deepEqual(await tb.throttle(key, 4, 1, 60, 4), { limited: false, limit: 5, remaining: 0, retryAfter: -1, resetAfter: 300 });
+        assert.deepEqual(await tb.throttle(key, 4, 1, 60), { limited: true, limit: 5, remaining: 0, retryAfter: 60, resetAfter: 300 });
+        // More than the limit ever admits: -1.
+        assert.equal((await tb.throttle(key, 4, 1, 60, 6)).retryAfter, -1);
+        assert.deepEqual(await tb.throttle(freshKey("peek"), 4, 1, 60, 0), { limited: false, limit: 5, remaining: 5, retryAfter: -1, resetAfter: 0 });
+      });
+
+      test("errors carry the server's text", async () => {
+        const key = freshKey("throttle-errors");
+        await assert.rejects(tb.throttle(key, -1, 1, 60), (error) => {
+          assert.ok(error instanceof TbReplyError);
+          assert.equal(error.command, "CL.THROTTLE");
+          assert.match(error.message, /ERR max_burst must be an integer from 0 to 9223372036854775806/);
+          return true;
+        });
+        await tb.acquire(`${key}:bucket`, 1, 5);
+        await assert.rejects(tb.throttle(`${key}:bucket`, 1, 1, 60), (error) => error instanceof TbReplyError && error.code === "WRONGTYPE");
+        await assert.rejects(tb.throttle(key, 1, Number.NaN, 60), TbArgumentError);
+      });
     });
-  });
   }
 }
 
