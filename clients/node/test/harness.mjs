@@ -3,6 +3,7 @@
 //   REDIS_SERVER  default /usr/bin/redis-server       REDIS_CLI  default /usr/bin/redis-cli
 //   TB_MODULE     default <repository>/target/release/libredis_tb.so (what `make test` builds)
 // Tests never touch port 6379 or a server they did not start.
+import assert from "node:assert/strict";
 import { spawn, execFile, execFileSync } from "node:child_process";
 import fs from "node:fs";
 import net from "node:net";
@@ -86,6 +87,8 @@ export class Server {
       if (module) argv.push("--loadmodule", MODULE);
       const child = spawn(SERVER, argv, { stdio: "ignore", env: { ...process.env, ...env } });
       const server = new Server(child, port, dir, module);
+      server.argv = argv;
+      server.env = env;
       if (await server._ready()) return server;
       log = server.log();
       await server.stop({ keepDir: true });
@@ -94,12 +97,23 @@ export class Server {
   }
 
   constructor(child, port, dir, module) {
-    this.child = child;
     this.port = port;
     this.dir = dir;
     this.module = module;
     this.url = `redis://127.0.0.1:${port}`;
+    this._adopt(child);
+  }
+
+  _adopt(child) {
+    this.child = child;
     this.exited = new Promise((resolve) => child.once("exit", resolve));
+  }
+
+  /** Starts the exited server again with its port and directory (a cluster node keeps its nodes.conf). */
+  async restart() {
+    assert.ok(this.child.exitCode !== null || this.child.signalCode !== null, "the server still runs");
+    this._adopt(spawn(SERVER, this.argv, { stdio: "ignore", env: { ...process.env, ...this.env } }));
+    if (!(await this._ready())) throw new Error(`${SERVER} did not start again; log:\n${this.log()}`);
   }
 
   async _ready() {
@@ -133,17 +147,24 @@ export class Server {
   }
 }
 
-/** A 3-primary cluster (no replicas), each node with or without the module. */
+/**
+ * A 3-primary cluster, each primary with `replicas` replicas (in sync once started): `nodes[0..2]` are the primaries.
+ * Each node with or without the module (`replicaModule`, where given, for the replicas); `args` go to every node.
+ */
 export class Cluster {
-  static async start({ module = true } = {}) {
-    const args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"];
+  static async start({ module = true, replicas = 0, args = [], replicaModule = module } = {}) {
+    const nodeArgs = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", ...args];
     const nodes = [];
     try {
-      for (let i = 0; i < 3; i++) nodes.push(await Server.start({ module, args, clusterBus: true }));
+      for (let i = 0; i < 3 * (1 + replicas); i++) {
+        nodes.push(await Server.start({ module: i < 3 ? module : replicaModule, args: nodeArgs, clusterBus: true }));
+      }
       const addresses = nodes.map((node) => `127.0.0.1:${node.port}`);
-      await promisify(execFile)(CLI, ["--cluster", "create", ...addresses, "--cluster-replicas", "0", "--cluster-yes"]);
-      for (const node of nodes) {
-        await waitUntil(async () => (await rawCommand(node.port, "CLUSTER INFO")).includes("cluster_state:ok"), 10_000);
+      await promisify(execFile)(CLI, ["--cluster", "create", ...addresses, "--cluster-replicas", String(replicas), "--cluster-yes"]);
+      for (const [index, node] of nodes.entries()) {
+        await waitUntil(async () => (await rawCommand(node.port, "CLUSTER INFO")).includes("cluster_state:ok"), 30_000);
+        const role = index < 3 ? "role:master" : "master_link_status:up";
+        await waitUntil(async () => (await rawCommand(node.port, "INFO replication")).includes(role), 30_000, `${role} on node ${index}`);
       }
     } catch (error) {
       await Promise.all(nodes.map((node) => node.stop()));
