@@ -13,6 +13,9 @@
 //   - While a written call has waited longer than a quarter of the deadline, new calls are not written (they wait,
 //     unwritten, within their own deadline): when Redis stalls, only the calls written in that first quarter are
 //     on the socket, and those are the one case left (Redis runs them when it resumes).
+//   - The application's client decides whether there is a connection at all: while it is closed (ioredis ended,
+//     node-redis not open), calls fail at once as its own commands would, and the middleware's connection is
+//     dropped; once the application connects it again, the lane starts afresh.
 
 const { TbArgumentError, TbProtocolError, TbReplyError, TbUnavailableError, isReplyError } = require("./errors.cjs");
 
@@ -77,6 +80,15 @@ function openOwn(kind, redis, timeoutMs) {
   };
 }
 
+/**
+ * Whether the application's client `redis` is closed, so that its own commands fail at once ("Connection is
+ * closed.", ClientClosedError): an ioredis client or cluster that has ended, a node-redis one that is not open.
+ */
+function givenClosed(redis) {
+  if (typeof redis?.status === "string") return redis.status === "end";
+  return redis?.isOpen === false;
+}
+
 /** Whether the application's cluster client would write a call now rather than queue it. */
 function sharedReady(tb) {
   const { redis } = tb;
@@ -101,7 +113,8 @@ class Lane {
     this.timeoutMs = timeoutMs;
     this.stallMs = timeoutMs / 4;
     this.own = tb.clientKind === "ioredis" || tb.clientKind === "node-redis";
-    this.state = "idle"; // idle (never used), connecting, up, down, closed
+    this.state = "idle"; // idle (never used, or the application's client opened again), connecting, up, down, closed
+    this.generation = 0; // counts close(): a probe begun before it leaves its result alone
     this.everUp = false;
     this.tb = this.own ? undefined : tb;
     this.connection = undefined;
@@ -112,11 +125,16 @@ class Lane {
     this.written = new Set();
     this.held = new Set();
     this.sweeper = undefined;
-    if (typeof tb.redis?.once === "function") tb.redis.once("end", () => this.close());
+    if (typeof tb.redis?.on === "function") tb.redis.on("end", () => this.close());
   }
 
   /** Runs `send(tbClient)` under the rules above; rejects with TbUnavailableError when it is not sent in time. */
   run(send) {
+    if (givenClosed(this.given.redis)) {
+      this.close();
+      return Promise.reject(this._unavailable());
+    }
+    if (this.state === "closed") this._reopen();
     if (this.state === "idle") this._probe();
     if (this.state === "down" || this.state === "closed" || (this.state === "connecting" && this.everUp)) {
       return Promise.reject(this._unavailable());
@@ -134,13 +152,26 @@ class Lane {
 
   /** Stops probing and drops the middleware's own connection (the application's client has ended). */
   close() {
+    if (this.state === "closed") return;
     this.state = "closed";
+    this.generation += 1;
     clearTimeout(this.probeTimer);
     this.connection?.drop();
+    this.connection = undefined;
+    if (this.own) this.tb = undefined;
     this._rejectUnwritten();
   }
 
+  /** The application has connected its client again: the next call waits for a new connection, as the first did. */
+  _reopen() {
+    this.state = "idle";
+    this.everUp = false;
+    this.lastError = undefined;
+    this.probeDelayMs = 0;
+  }
+
   _unavailable() {
+    if (this.state === "closed") return new TbUnavailableError("redis-tb: not sent: the Redis client is closed");
     // A refusal at connection time (a wrong password, a user without rights) is a configuration error: pass it on
     // as itself, so that it is logged as one.
     if (isReplyError(this.lastError)) return this.lastError;
@@ -234,8 +265,9 @@ class Lane {
   }
 
   async _probe() {
-    if (this.given.redis.status === "end") this.close(); // the application's ioredis client has been closed
+    if (givenClosed(this.given.redis)) this.close();
     if (this.state === "closed") return;
+    const generation = this.generation;
     this.state = "connecting";
     let connection;
     try {
@@ -247,14 +279,14 @@ class Lane {
       }
     } catch (error) {
       connection?.drop();
-      if (this.state === "closed") return;
+      if (this.generation !== generation) return;
       this.state = "down";
       this.lastError = error;
       this._rejectUnwritten();
       this._schedule();
       return;
     }
-    if (this.state === "closed") {
+    if (this.generation !== generation) {
       connection?.drop();
       return;
     }

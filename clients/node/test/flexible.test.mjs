@@ -333,6 +333,21 @@ describe("RateLimiterTB, the rest of RateLimiterRedis's interface, against it on
     }
   });
 
+  test("a storeClient the application closed fails as its own commands would: the insuranceLimiter answers with the call's options", async () => {
+    for (const kind of ["ioredis", "node-redis"]) {
+      const closing = await connect(kind, redisServer);
+      const key = freshKey("closed");
+      const insuranceLimiter = new RateLimiterTB({ storeClient: conn.redis, points: 2, duration: 3 });
+      const ours = new RateLimiterTB({ storeClient: closing.redis, points: 1, duration: 2, insuranceLimiter });
+      if (kind === "ioredis") await closing.redis.quit();
+      else await closing.redis.close();
+      const res = await ours.consume(key, 1, { customDuration: 1 });
+      assert.equal(res.remainingPoints, 1, `${kind}: the insurance's 2 points, not the closed client's 1`);
+      assert.ok(res.msBeforeNext <= 1000, `${kind}: customDuration 1 s, got ${res.msBeforeNext} ms`);
+      closing.close();
+    }
+  });
+
   test("inMemoryBlockOnConsumed keeps a refused key in memory, sparing Redis, for inMemoryBlockDuration", async () => {
     const { theirs, ours } = pair({ points: 1, duration: 100, inMemoryBlockOnConsumed: 2, inMemoryBlockDuration: 30 });
     for (const limiter of [theirs, ours]) {

@@ -172,3 +172,46 @@ describe("a drop-in's call that missed its deadline is never charged later", () 
     }
   }
 });
+
+/** Closes the application's client `redis` of `kind` as an application does, until it says so itself. */
+async function closeClient(kind, redis) {
+  if (kind === "ioredis") {
+    redis.disconnect();
+    await waitUntil(() => redis.status === "end", 5000, "ioredis ended");
+  } else {
+    await redis.close();
+  }
+}
+
+describe("a drop-in over a Redis client the application closed", () => {
+  for (const [name, make] of Object.entries(DROP_INS)) {
+    for (const kind of CLIENT_KINDS) {
+      test(`${name}, ${kind}: calls fail as the client's own commands would and write nothing, until it is connected again`, async () => {
+        const server = await Server.start();
+        const conn = await connect(kind, server);
+        const prefix = `${freshKey("closed")}:`;
+        // `used` takes a token before the client closes; `fresh` (another deadline, so another lane) is first
+        // called after it closed: neither may reach Redis through a connection of the package's own meanwhile.
+        const used = make(conn.redis, TIMEOUT_MS, prefix);
+        const fresh = make(conn.redis, TIMEOUT_MS + 1, prefix);
+        // HGET's reply, "" for none.
+        const tokens = async (key) => (await rawCommand(server.port, `HGET ${used.bucket(key)} tokens`)).split("\r\n")[1];
+        try {
+          await used.take("used");
+          await closeClient(kind, conn.redis);
+          const closed = (error) => error instanceof TbUnavailableError && /the Redis client is closed/.test(error.message);
+          await assert.rejects(used.take("used"), closed);
+          await assert.rejects(fresh.take("fresh"), closed);
+          assert.equal(await tokens("used"), "19", "a call made while the client was closed was charged");
+          assert.equal(await tokens("fresh"), "", "a call made while the client was closed was charged");
+          await conn.redis.connect();
+          await waitUntil(() => used.take("used").then(() => true, () => false), 5000, `${name} back after connect()`);
+          await waitUntil(() => fresh.take("fresh").then(() => true, () => false), 5000, `${name} back after connect()`);
+        } finally {
+          await conn.close();
+          await server.stop();
+        }
+      });
+    }
+  }
+});
