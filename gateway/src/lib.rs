@@ -4,8 +4,10 @@
 //! Layout, as envoyproxy/ratelimit splits config / service / backend:
 //!
 //! ```text
-//! config.rs     pure: the YAML format, checked once; descriptor matching (exact, wildcard, key only, nesting)
-//! decision.rs   pure: request -> buckets and costs; module reply -> statuses, overall code, headers
+//! config/       pure: the YAML format, checked once (format.rs); descriptor matching (tree.rs: exact, wildcard,
+//!               key only, nesting)
+//! decision/     pure: request -> buckets and costs (mod.rs), their Redis keys (keys.rs); module reply ->
+//!               statuses, overall code, shadow and quota mode (verdict.rs); the response headers (headers.rs)
 //! failure.rs    pure: docs/clients.md's failure table: which Redis errors are an outage, which a misconfiguration
 //! service.rs    the gRPC service, thin over decision and backend
 //! backend.rs    Redis standalone or Cluster, timeouts, reconnecting in the background

@@ -1,5 +1,6 @@
 //! Parsing and matching, case by case: envoyproxy/ratelimit's rules (exact value, wildcard, key only, nesting,
 //! depth must match, most specific wins) and the refusals it makes, with the line where we can name it.
+use super::tree::wildcard_match;
 use super::*;
 
 const SHOP: &str = "\
