@@ -11,7 +11,7 @@ import { test } from "node:test";
 import express from "express";
 
 import { rateLimit } from "../src/index.mjs";
-import { connectCluster } from "./clients.mjs";
+import { CLIENT_KINDS, connectCluster } from "./clients.mjs";
 import { Cluster, rawCommand, waitUntil } from "./harness.mjs";
 import { closeServer, listen } from "./http-helpers.mjs";
 
@@ -67,10 +67,23 @@ async function takesOver(replica) {
   );
 }
 
+/** The limiter calls `node` has served: TB.* commands, FCALL, EVAL and EVALSHA (INFO commandstats). */
+async function limiterCalls(node) {
+  const info = await rawCommand(node.port, "INFO commandstats");
+  let calls = 0;
+  for (const match of info.matchAll(/cmdstat_(?:tb\.\w+|fcall|eval|evalsha):calls=(\d+)/g)) calls += Number(match[1]);
+  return calls;
+}
+
+/** Waits until the middleware's calls reach `primary`, the shard's new primary: the client found it. */
+async function reached(primary) {
+  await waitUntil(async () => (await limiterCalls(primary)) > 0, DEADLINE_MS, "the middleware's calls reach the new primary");
+}
+
 /** Requests of IDENTITIES identities at PER_IDENTITY_RPS each through an Express app over ioredis's Cluster. */
 class Load {
-  static async start(cluster) {
-    const conn = await connectCluster("ioredis", cluster);
+  static async start(cluster, kind) {
+    const conn = await connectCluster(kind, cluster);
     const app = express();
     const middleware = rateLimit({ client: conn.redis, prefix: "e:", limits: { name: "api", rate: RATE, burst: BURST }, key: (req) => req.get("x-user"), logger: SILENT });
     app.use(middleware);
@@ -147,28 +160,30 @@ class Load {
 }
 
 /** A cluster and its load for one test, stopped at its end whatever happened. */
-async function scenario(t, clusterOptions) {
+async function scenario(t, kind, clusterOptions) {
   const cluster = await Cluster.start({ module: true, replicas: 1, args: NODE_ARGS, ...clusterOptions });
   t.after(() => cluster.stop());
   const primary = cluster.nodes[0];
   const replica = await replicaOf(cluster, primary);
-  const load = await Load.start(cluster);
+  const load = await Load.start(cluster, kind);
   t.after(() => load.stop());
   await load.runFor(2000); // every identity's burst spent: Redis's buckets are low when the fault begins
   return { cluster, primary, replica, load };
 }
 
-test("Express: a killed primary (SIGKILL) and its replica taking over keep every identity within burst + rate * t", async (t) => {
-  const { primary, replica, load } = await scenario(t);
+for (const kind of CLIENT_KINDS) {
+test(`Express over ${kind}: a killed primary (SIGKILL) and its replica taking over keep every identity within burst + rate * t`, async (t) => {
+  const { primary, replica, load } = await scenario(t, kind);
   primary.child.kill("SIGKILL");
   await takesOver(replica);
+  await reached(replica);
   await load.runFor(2000);
   await load.stop();
   await load.assertBoundKept(replica);
 });
 
-test("Express: a primary stopped with SHUTDOWN NOSAVE and started again as a replica keeps every identity within burst + rate * t", async (t) => {
-  const { cluster, primary, replica, load } = await scenario(t);
+test(`Express over ${kind}: a primary stopped with SHUTDOWN NOSAVE and started again as a replica keeps every identity within burst + rate * t`, async (t) => {
+  const { cluster, primary, replica, load } = await scenario(t, kind);
   await rawCommand(primary.port, "SHUTDOWN NOSAVE").catch(() => {}); // it exits without a reply
   await primary.exited;
   await takesOver(replica);
@@ -181,21 +196,24 @@ test("Express: a primary stopped with SHUTDOWN NOSAVE and started again as a rep
     }
   };
   await waitUntil(replicating, DEADLINE_MS, "the restarted primary replicates the new one");
+  await reached(replica);
   await load.runFor(2000);
   await load.stop();
   await load.assertBoundKept(replica);
 });
 
-test("Express: a failover to a replica without the module switches to the function library, which finds the module's buckets", async (t) => {
-  const { replica, load } = await scenario(t, { replicaModule: false });
+test(`Express over ${kind}: a failover to a replica without the module switches to the function library, which finds the module's buckets`, async (t) => {
+  const { replica, load } = await scenario(t, kind, { replicaModule: false });
   assert.equal(replica.module, false);
   const tb = load.middleware.limiter.client;
   assert.equal(tb.backendInUse, "module");
   assert.equal(await rawCommand(replica.port, "CLUSTER FAILOVER"), "+OK\r\n");
   await takesOver(replica);
   await waitUntil(() => tb.backendInUse !== "module", DEADLINE_MS, "the client leaves the module");
+  await reached(replica);
   await load.runFor(2000);
   await load.stop();
   await load.assertBoundKept(replica);
   assert.ok(["function", "script"].includes(tb.backendInUse), tb.backendInUse);
 });
+}
