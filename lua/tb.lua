@@ -145,9 +145,6 @@ local MIN_EXPIRY_SLACK_MS = 1000
 local MAX_EXPIRY_SLACK_MS = 86400000
 local MAX_BUCKETS = 1000
 local MAX_AT_MOST = 9007199254740992
--- How far past the server's millisecond (as the keys' expiries tell it) the caller's clock may read: 10 s, to the
--- last µs of that millisecond (the hot path's `now_us` spells it as a literal).
-local CALLER_LEAD_LIMIT_US = 10000999
 -- i64::MAX and i64::MIN as the module saturates to them; 2^63 is the double nearest to i64::MAX.
 local I64_MAX = 9223372036854775808
 local I64_MIN = -9223372036854775808
@@ -551,6 +548,9 @@ if first_failed and first_failure ~= NEEDS_GENERAL then return failure(first_fai
 -- The rest of the script; returns the commands table (also left in general_commands).
 general = function()
   if general_commands then return general_commands end
+  -- How far past the server's millisecond (as the keys' expiries tell it) the caller's clock may read: 10 s, to the
+  -- last µs of that millisecond (the hot path's `now_us` spells it as a literal).
+  local CALLER_LEAD_LIMIT_US = 10000999
   local function arity_error(name)
     refuse("ERR wrong number of arguments for '" .. name .. "' command")
   end
