@@ -1,6 +1,7 @@
 //! tb-rls against a 3-primary Redis Cluster of module-loaded servers: every bucket of a request carries the
 //! domain as its hash tag, so one `TB.ACQUIREEACH` reaches one slot and stays all or nothing, and different
-//! domains spread over the nodes. Then the Envoy run of `envoy.rs`, shorter, with the cluster behind tb-rls.
+//! domains spread over the nodes. Then the Envoy run of `envoy.rs`, shorter, with the cluster behind tb-rls; and
+//! one node taken for a single server, whose `MOVED` is an outage of the failure table.
 
 mod common;
 
@@ -239,4 +240,89 @@ async fn a_paused_cluster_is_no_reconnect_storm_and_nothing_is_charged_late() {
         50,
         "calls answered UNAVAILABLE were charged when the pause ended"
     );
+}
+
+/// tb-rls pointed at one node of a cluster as if it were a single server: a domain whose slot the node serves is
+/// decided; one whose slot another node serves meets `MOVED`, which never settles there. The failure table counts
+/// that as an outage (docs/gateway.md, "Responses"): UNAVAILABLE, and the health says NOT_SERVING, so a health
+/// check takes this instance out rather than letting every call fail behind SERVING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moved_from_a_node_outside_the_slot_is_unavailable_and_not_serving() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start();
+    let node = cluster.nodes.first().expect("a node");
+    // Which candidate domains the node serves: a key holding the domain as its hash tag answers there, or MOVED.
+    let served_here = |domain: &str| {
+        let reply: redis::RedisResult<Option<String>> = redis::cmd("GET")
+            .arg(format!("probe:{{{domain}}}"))
+            .query(&mut node.conn());
+        match reply {
+            Ok(_) => true,
+            Err(err) if err.kind() == redis::ErrorKind::Moved => false,
+            Err(err) => panic!("GET on {domain}: {err}"),
+        }
+    };
+    let candidates: Vec<String> = (0..30).map(|n| format!("d{n}")).collect();
+    let local = candidates
+        .iter()
+        .find(|domain| served_here(domain))
+        .expect("a domain the node serves");
+    let foreign = candidates
+        .iter()
+        .find(|domain| !served_here(domain))
+        .expect("a domain another node serves");
+
+    let dir = fresh_dir();
+    let config_dir = dir.join("config");
+    std::fs::create_dir_all(&config_dir).expect("config dir");
+    for domain in [local, foreign] {
+        std::fs::write(
+            config_dir.join(format!("{domain}.yaml")),
+            format!("domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: second, requests_per_unit: 10 }}\n"),
+        )
+        .expect("write a domain file");
+    }
+    let service = Service::start(&config_dir, &node.url(), &[], &dir);
+    let mut client = service.client().await;
+    let ask = |domain: &str| request(domain, &[(&[("user", "kim")], None)]);
+    let decided = should_rate_limit(&mut client, ask(local))
+        .await
+        .unwrap_or_else(|status| panic!("{local}: {status:?}\n{}", service.proc.log_text()));
+    assert_eq!(decided.overall_code, Code::Ok as i32);
+
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{}", service.grpc_port))
+            .expect("a URI")
+            .connect()
+            .await
+            .expect("connect to the health service");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = should_rate_limit(&mut client, ask(foreign))
+            .await
+            .expect_err("MOVED, no decision");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert!(
+            status.message().to_lowercase().contains("moved"),
+            "{status:?}"
+        );
+        let health_status = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "envoy.service.ratelimit.v3.RateLimitService".to_owned(),
+            })
+            .await
+            .expect("a health answer")
+            .into_inner()
+            .status;
+        if health_status != serving {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the health service still says SERVING while every call meets MOVED"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
