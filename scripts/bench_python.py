@@ -17,9 +17,17 @@
    - the bound: 16 connections for 20 s against one key (rate 100/s, burst 200), on the module and on the
      script: requests served (2xx) must be at most burst + rate * t, t being wrk's measured duration. Fails the
      bench otherwise.
+3. What metrics and shadow mode cost: the ASGI and WSGI middlewares called in one process under callgrind (no HTTP
+   server), on Redis, every request allowed, with `metrics=None`, with metrics (a `CollectorRegistry`), and with
+   metrics and `shadow=True` (the limit decided in shadow: one call, as enforced). The middleware's own time is
+   counted as the instructions that process runs per request (the decision, the metrics, redis-py writing the call
+   and reading the reply): a count that the rest of a shared machine does not move, where wall-clock figures moved by
+   more than the 5% to check. Fails the bench when metrics or shadow mode add more than 5%. A request with both
+   enforced and shadow limits makes a second call (docs/operating.md): a round trip more, by design.
 Redis runs on one core, uvicorn on the other, wrk beside Redis.
 
     TB_MODULE=target/release/libredis_tb.so REDIS_SERVER=/usr/bin/redis-server .venv/bin/python scripts/bench_python.py
+    ... scripts/bench_python.py --cost     # section 3 only (about a minute)
 """
 
 from __future__ import annotations
@@ -36,8 +44,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
+import redis.asyncio
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = (ROOT / "lua" / "tb.lua").read_text()
@@ -332,9 +342,146 @@ def http_level() -> tuple[list[tuple[str, dict[str, float]]], list[tuple[str, di
         plain.stop()
 
 
+COST_REQUESTS = 400
+COST_LIMIT = 0.05
+COST_CASES = ("metrics=None", "metrics", "metrics, shadow=True")
+
+
+def cost_child(redis_port: int) -> None:
+    """Run under callgrind by `middleware_cost`: builds each interface's middleware per case on the Redis at
+    `redis_port`, then per case says `ready`, waits for `go` (polling stdin, so that callgrind_control is served),
+    sends COST_REQUESTS requests through it and says `done`."""
+    import asyncio
+    import gc
+    import select
+
+    import prometheus_client
+
+    from redis_tb import AsyncTokenBucket, Limit, TokenBucket, asgi, wsgi
+
+    limit = Limit("cost", rate=1e9, burst=1e12)
+    options = {
+        "metrics=None": {"metrics": None},
+        "metrics": {"metrics": prometheus_client.CollectorRegistry()},
+        "metrics, shadow=True": {"metrics": prometheus_client.CollectorRegistry(), "shadow": True},
+    }
+
+    async def asgi_app(scope: object, receive: object, send: object) -> None:
+        return None
+
+    def wsgi_app(environ: object, start_response: object) -> list[bytes]:
+        return []
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request"}
+
+    async def send(message: object) -> None:
+        return None
+
+    scope = {"type": "http", "path": "/", "headers": [], "client": ("127.0.0.1", 1)}
+    environ = {"PATH_INFO": "/", "REMOTE_ADDR": "127.0.0.1"}
+    loop = asyncio.new_event_loop()
+
+    async def run_asgi(middleware: Any, count: int) -> None:
+        for _ in range(count):
+            await middleware(scope, receive, send)
+
+    def run(interface: str, middleware: Any, count: int) -> None:
+        if interface == "ASGI":
+            loop.run_until_complete(run_asgi(middleware, count))
+        else:
+            for _ in range(count):
+                middleware(environ, lambda *args: None)
+
+    def wait_for_go() -> None:
+        while not select.select([sys.stdin], [], [], 0.05)[0]:
+            pass
+        sys.stdin.readline()
+
+    built = []
+    for interface in ("ASGI", "WSGI"):
+        for case in COST_CASES:
+            common: dict[str, Any] = {"limits": [limit], "key": lambda request: "one-key", **options[case]}
+            if interface == "ASGI":
+                limiter: Any = AsyncTokenBucket(redis.asyncio.Redis(port=redis_port), backend="module")
+                middleware: Any = asgi.RateLimitMiddleware(asgi_app, limiter=limiter, **common)
+            else:
+                limiter = TokenBucket(redis.Redis(port=redis_port), backend="module")
+                middleware = wsgi.RateLimitMiddleware(wsgi_app, limiter=limiter, **common)
+            run(interface, middleware, 20)  # warm-up: the connection, first registrations, caches
+            built.append((interface, case, middleware))
+    gc.disable()  # a collection lands in whichever case crosses its threshold: counted in none
+    for interface, case, middleware in built:
+        gc.collect()
+        print(f"ready {interface} {case}", flush=True)
+        wait_for_go()
+        run(interface, middleware, COST_REQUESTS)
+        print("done", flush=True)
+        wait_for_go()
+
+
+def middleware_cost() -> list[tuple[str, str, float]]:
+    """(interface, case, instructions per request) of the middleware on Redis; see the module doc, 3."""
+    server = Server(module=True)
+    out_dir = tempfile.mkdtemp(prefix="redis-tb-bench-cost-")
+    child = subprocess.Popen(
+        [
+            "taskset",
+            "-c",
+            APP_CPU,
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out_dir}/callgrind.out",
+            sys.executable,
+            __file__,
+            "--cost-child",
+            str(server.port),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    rows = []
+    try:
+        for _ in range(2 * len(COST_CASES)):
+            line = child.stdout.readline().strip().split(maxsplit=2)
+            if not line or line[0] != "ready":
+                raise SystemExit(f"bench_python: the cost child said {line!r}")
+            subprocess.run(["callgrind_control", "-z", str(child.pid)], capture_output=True, check=True)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            if child.stdout.readline().strip() != "done":
+                raise SystemExit("bench_python: the cost child did not finish a case")
+            before = set(Path(out_dir).glob("callgrind.out*"))
+            subprocess.run(["callgrind_control", "-d", str(child.pid)], capture_output=True, check=True)
+            dumps = sorted(set(Path(out_dir).glob("callgrind.out*")) - before, key=os.path.getmtime)
+            found = re.search(r"^(?:summary|totals): (\d+)", dumps[-1].read_text(), re.M)
+            if not found:
+                raise SystemExit(f"bench_python: no total in {dumps[-1]}")
+            rows.append((line[1], line[2], int(found.group(1)) / COST_REQUESTS))
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        child.wait(timeout=60)
+        return rows
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        shutil.rmtree(out_dir, ignore_errors=True)
+        server.stop()
+
+
 def main() -> None:
+    if "--cost-child" in sys.argv:
+        cost_child(int(sys.argv[sys.argv.index("--cost-child") + 1]))
+        return
     version = subprocess.run([SERVER, "--version"], capture_output=True, text=True).stdout.strip()
     print(f"== bench_python: {version}; wrk: {WRK}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    if "--cost" in sys.argv:
+        cost_section()
+        return
     rows = redis_level()
     print("\nRedis level: redis-benchmark, 50 clients, pipeline 16, medians of 3 interleaved rounds")
     print("\n| case | calls/s | x HSET | command µs/call |\n|---|--:|--:|--:|")
@@ -369,6 +516,26 @@ def main() -> None:
         )
     if failed:
         raise SystemExit("bench_python: a run served more than burst + rate * t")
+    cost_section()
+
+
+def cost_section() -> None:
+    rows = middleware_cost()
+    print(
+        f"\nMetrics and shadow mode: the middleware's own instructions per request on Redis (callgrind, this process"
+        f" only: redis-py's writing and reading included, the wait for Redis not), {COST_REQUESTS} requests per case,"
+        " every one allowed"
+    )
+    print("\n| middleware | case | instructions per request | vs metrics=None |\n|---|---|--:|--:|")
+    base = {interface: count for interface, case, count in rows if case == "metrics=None"}
+    over = []
+    for interface, case, count in rows:
+        ratio = count / base[interface] - 1
+        print(f"| {interface} | {case} | {count:,.0f} | {ratio:+.1%} |")
+        if ratio > COST_LIMIT:
+            over.append(f"{interface} {case}: {ratio:+.1%}")
+    if over:
+        raise SystemExit(f"bench_python: metrics or shadow mode add more than {COST_LIMIT:.0%}: {', '.join(over)}")
 
 
 if __name__ == "__main__":

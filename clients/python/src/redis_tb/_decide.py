@@ -223,25 +223,23 @@ class Middleware(Generic[App, Limiter]):
         found = plan(request, self.limits, self.key, self.prefix)
         if found is None:
             if self.metrics is not None:
-                self.metrics.requests["skipped"].inc()
+                self.metrics.request("skipped")
             return None
         return found.split(self.shadow)
 
     def refused(self, verdict: Verdict) -> None:
         """An enforced plan refused the request."""
         if self.metrics is not None:
-            self.metrics.requests["refused"].inc()
-            self.metrics.refused(verdict.refused)
+            self.metrics.request("refused", verdict.refused)
 
     def served(self, shadow: Plan | None, verdict: Verdict | None) -> None:
         """The request is served: allowed, or refused by shadow limits only (`verdict`, that of the shadow plan)."""
         if verdict is None or verdict.allowed:
             if self.metrics is not None:
-                self.metrics.requests["allowed"].inc()
+                self.metrics.request("allowed")
             return
         if self.metrics is not None:
-            self.metrics.requests["shadow_refused"].inc()
-            self.metrics.refused(verdict.refused)
+            self.metrics.request("shadow_refused", verdict.refused)
         # A fail mode's refusal (closed) names no bucket: every shadow limit of the call would have refused.
         names = verdict.refused
         if not names and shadow is not None:
@@ -257,10 +255,12 @@ class Middleware(Generic[App, Limiter]):
                     name,
                 )
 
-    def called(self, started: float) -> None:
-        """A limiter call ended (Redis's answer or the fail mode's), begun at `started` (`time.perf_counter()`)."""
+    def called(self, started: float, answered: bool) -> None:
+        """A limiter call ended, begun at `started` (`time.perf_counter()`): Redis `answered` it (through the backend
+        the client uses), or the fail mode did."""
         if self.metrics is not None:
-            self.metrics.duration.observe(time.perf_counter() - started)
+            source = (self.limiter.backend_in_use or protocol.MODULE) if answered else self.fail
+            self.metrics.decided(source, time.perf_counter() - started)
 
     def parts(self, plan: Plan) -> tuple[Plan, ...]:
         return plan.parts() if self.in_parts else (plan,)
@@ -294,8 +294,6 @@ class Middleware(Generic[App, Limiter]):
         """Redis answered: the in-memory buckets of the plan's keys continue from its report. `enforced`: the answer
         is the response's (headers, body); else only whether it allows."""
         self.guard.answered()
-        if self.metrics is not None:
-            self.metrics.decisions[self.limiter.backend_in_use or protocol.MODULE].inc()
         if self.fail == "local":
             self.local.observe(plan.limits, plan.keys, reply)
         return verdict(plan, reply, self.standard, self.refusals if enforced else None)
@@ -314,8 +312,6 @@ class Middleware(Generic[App, Limiter]):
 
     def fallback(self, plan: Plan, enforced: bool) -> Verdict | None:
         """The fail mode's answer: None lets the request through (open), else a verdict (local or closed)."""
-        if self.metrics is not None:
-            self.metrics.decisions[self.fail].inc()
         if self.fail == "open":
             return None
         if self.fail == "closed":

@@ -91,6 +91,7 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
         """One limiter call for `plan`: Redis's answer, or the fail mode's when Redis fails or the gate is closed."""
         started = time.perf_counter()
         verdict: _decide.Verdict | None
+        answered = False
         if not self.guard.admits:
             if self.guard.probe_due():
                 self._probe_task = asyncio.ensure_future(self._probe())
@@ -102,7 +103,8 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
                 verdict = self.failed(plan, error, scope, enforced)
             else:
                 verdict = self.answered(plan, reply, enforced)
-        self.called(started)
+                answered = True
+        self.called(started, answered)
         return verdict
 
     async def _ask_within_deadline(self, plan: _plan.Plan) -> Acquired | AcquiredEach:

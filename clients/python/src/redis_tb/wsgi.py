@@ -53,6 +53,7 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
         """One limiter call for `plan`: Redis's answer, or the fail mode's when Redis fails or the gate is closed."""
         started = time.perf_counter()
         verdict: _decide.Verdict | None
+        answered = False
         if not self.guard.admits:
             if self.guard.probe_due():
                 threading.Thread(target=self._probe, name="redis-tb probe", daemon=True).start()
@@ -64,7 +65,8 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
                 verdict = self.failed(plan, error, request, enforced)
             else:
                 verdict = self.answered(plan, reply, enforced)
-        self.called(started)
+                answered = True
+        self.called(started, answered)
         return verdict
 
     def _ask(self, plan: _plan.Plan) -> Acquired | AcquiredEach:
