@@ -1,4 +1,7 @@
-//! Redis, standalone or Cluster: sends one `TB.ACQUIREEACH` and bounds how long that may take. It never waits
+//! Redis, standalone or Cluster: sends one `TB.ACQUIREEACH` and bounds how long that may take. The call goes
+//! through `redis_tb_client::Backends`: the module's command while it answers, else the Functions library or the
+//! script built from `lua/tb.lua` (docs/clients.md, "Which backend runs the calls"), so a Redis without the module
+//! serves too; its errors are read by the same crate's failure table. It never waits
 //! for a connection on a request's behalf: without one it answers `Unavailable` at once and a background task
 //! reconnects, so Envoy hears UNAVAILABLE within the timeout at worst and requests succeed again by themselves
 //! once Redis is back.
@@ -32,12 +35,10 @@ use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Value};
+use redis_tb_client::failure::Action;
+use redis_tb_client::Backends;
 
-use crate::failure::{self, Failure};
 use crate::metrics::Metrics;
-
-/// The command the service sends.
-pub const ACQUIRE_EACH: &str = "TB.ACQUIREEACH";
 
 /// First wait before replacing a connection lost soon after it was made; doubles up to `MAX_BACKOFF`.
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
@@ -57,23 +58,26 @@ pub enum Topology {
     Cluster(Vec<String>),
 }
 
-/// Why a call failed: the failure table's two kinds (see `failure`).
+/// Why a call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendError {
-    /// No connection, a dropped one, no reply within the timeout, or a server that cannot take the call now
-    /// (`Failure::Outage`): answered UNAVAILABLE, and the health says NOT_SERVING for a while.
+    /// No connection, a dropped one, no reply within the timeout, or a server that cannot take the call now:
+    /// worth retrying, answered UNAVAILABLE.
     Unavailable(String),
-    /// A configuration error (`Failure::Config`: `NOAUTH`, `NOPERM`, the module not loaded, an error tb-rls
-    /// does not know): answered INTERNAL and logged as an error.
+    /// Redis answered with a configuration error (`NOAUTH`, `NOPERM`, `WRONGTYPE`, an error the failure table
+    /// does not know): answered INTERNAL.
     Reply(String),
 }
 
 impl BackendError {
-    /// What a call that failed with `err` answers.
-    pub fn of(err: &redis::RedisError) -> BackendError {
-        match failure::classify(err) {
-            Failure::Outage => BackendError::Unavailable(err.to_string()),
-            Failure::Config => BackendError::Reply(err.to_string()),
+    /// What a call that failed with `err` answers: the failure table's fail-mode rows are UNAVAILABLE (they pass
+    /// by themselves), every other row INTERNAL (the retries the table names were already made by `Backends`).
+    pub fn of(err: &redis_tb_client::Error) -> BackendError {
+        match err.failure().action {
+            Action::FailMode => BackendError::Unavailable(err.to_string()),
+            Action::ErrorFailMode | Action::ReloadRetry | Action::ScriptRetry => {
+                BackendError::Reply(err.to_string())
+            }
         }
     }
 }
@@ -147,6 +151,8 @@ struct Pace {
 
 struct Inner {
     target: Target,
+    /// Which backend (module, library, script) runs the calls: one for every connection, found from the replies.
+    backends: Backends,
     /// Longest a call (or a connection attempt) may take.
     timeout: Duration,
     connection: Mutex<Option<Live>>,
@@ -206,6 +212,7 @@ impl Backend {
         let backend = Backend {
             inner: Arc::new(Inner {
                 target,
+                backends: Backends::new(None),
                 timeout,
                 connection: Mutex::new(None),
                 generation: AtomicU64::new(0),
@@ -254,9 +261,11 @@ impl Backend {
             self.reconnect();
             return Err(BackendError::Unavailable("not connected".to_owned()));
         };
-        let mut command = Cmd::new();
-        command.arg(ACQUIRE_EACH).arg(args);
-        let outcome = tokio::time::timeout(self.inner.timeout, query(connection, &command)).await;
+        let outcome = tokio::time::timeout(
+            self.inner.timeout,
+            acquire_each(&self.inner.backends, connection, args),
+        )
+        .await;
         let result = match outcome {
             Err(_) => {
                 self.drop_connection(generation, "a call timed out");
@@ -267,8 +276,13 @@ impl Backend {
             }
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => {
-                if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
-                    let why = if err.is_timeout() {
+                if err.stops_calls() {
+                    let timed_out = match &err {
+                        redis_tb_client::Error::Redis(redis) => redis.is_timeout(),
+                        redis_tb_client::Error::Timeout(_) => true,
+                        _ => false,
+                    };
+                    let why = if timed_out {
                         "a call timed out"
                     } else {
                         "connection lost"
@@ -374,6 +388,22 @@ impl Backend {
     }
 }
 
+/// `TB.ACQUIREEACH` with the module's arguments, on the backend `backends` has found.
+async fn acquire_each(
+    backends: &Backends,
+    connection: Connection,
+    args: &[String],
+) -> Result<Value, redis_tb_client::Error> {
+    match connection {
+        Connection::Single(mut connection) => {
+            backends.acquire_each_raw(&mut connection, args).await
+        }
+        Connection::Cluster(mut connection) => {
+            backends.acquire_each_raw(&mut connection, args).await
+        }
+    }
+}
+
 async fn query(connection: Connection, command: &Cmd) -> redis::RedisResult<Value> {
     match connection {
         Connection::Single(mut connection) => command.query_async(&mut connection).await,
@@ -418,22 +448,8 @@ fn redis_url(text: &str) -> String {
     }
 }
 
-/// A Redis URL fit for a log line: whatever stands between the scheme and the last `@` (user and password, or
-/// something malformed that may hold one) keeps only its user name, if any: `redis://ann:***@host:6379`.
-pub fn redact(url: &str) -> String {
-    let start = url.find("://").map_or(0, |at| at + 3);
-    let Some(at) = url.rfind('@').filter(|&at| at >= start) else {
-        return url.to_owned();
-    };
-    let userinfo = url.get(start..at).unwrap_or("");
-    let user = userinfo.split_once(':').map_or("", |(user, _)| user);
-    format!(
-        "{}{user}{}***{}",
-        url.get(..start).unwrap_or(""),
-        if user.is_empty() { "" } else { ":" },
-        url.get(at..).unwrap_or("")
-    )
-}
+/// A Redis URL fit for a log line (the password replaced by `***`): the client crate's.
+pub use redis_tb_client::redact;
 
 #[cfg(test)]
 mod tests {
@@ -475,21 +491,29 @@ mod tests {
         }
     }
 
+    /// The failure table's rows as tb-rls answers them: UNAVAILABLE for what passes by itself, INTERNAL for a
+    /// configuration error (every row of fixtures/failures.json is checked in the client crate's tests).
     #[test]
     fn server_states_that_pass_are_unavailable_and_the_rest_reply_errors() {
-        // The rows tb-rls once answered otherwise; every row is checked in `failure`'s fixture test.
-        let parse = |text: &str| -> redis::RedisError {
+        let parse = |text: &str| -> redis_tb_client::Error {
             match redis::parse_redis_value(format!("-{text}\r\n").as_bytes()) {
-                Ok(redis::Value::ServerError(err)) => err.into(),
+                Ok(redis::Value::ServerError(err)) => redis_tb_client::Error::Redis(err.into()),
                 other => panic!("{text}: {other:?}"),
             }
         };
         for text in [
+            "BUSY Redis is busy running a script.",
+            "LOADING Redis is loading the dataset in memory",
+            "READONLY You can't write against a read only replica.",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "MASTERDOWN Link with MASTER is down",
+            "CLUSTERDOWN The cluster is down",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
             "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
             "MOVED 3999 127.0.0.1:6381",
             "ASK 3999 127.0.0.1:6381",
             "ERR max number of clients reached",
-            "BUSY Redis is busy running a script.",
+            "ERR user_script:795: OOM command not allowed when used memory > 'maxmemory'.",
         ] {
             assert!(
                 matches!(BackendError::of(&parse(text)), BackendError::Unavailable(_)),
@@ -498,8 +522,10 @@ mod tests {
         }
         for text in [
             "CROSSSLOT Keys in request don't hash to the same slot",
-            "ERR unknown command 'TB.ACQUIREEACH'",
+            "NOAUTH Authentication required.",
+            "WRONGPASS invalid username-password pair",
             "NOPERM this user has no permissions",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
             "FOO bar",
         ] {
             assert!(

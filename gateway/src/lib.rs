@@ -8,7 +8,6 @@
 //!               key only, nesting)
 //! decision/     pure: request -> buckets and costs (mod.rs), their Redis keys (keys.rs); module reply ->
 //!               statuses, overall code, shadow and quota mode (verdict.rs); the response headers (headers.rs)
-//! failure.rs    pure: docs/clients.md's failure table: which Redis errors are an outage, which a misconfiguration
 //! service.rs    the gRPC service, thin over decision and backend
 //! backend.rs    Redis standalone or Cluster, timeouts, reconnecting in the background
 //! reload.rs     reading the file(s) and polling them for changes
@@ -31,7 +30,6 @@
 pub mod backend;
 pub mod config;
 pub mod decision;
-pub mod failure;
 pub mod metrics;
 pub mod reload;
 pub mod service;

@@ -5,10 +5,10 @@
 //! ```text
 //! INVALID_ARGUMENT   empty domain, no descriptors, more than 1,000 rate-limited descriptors
 //! UNAVAILABLE        Redis not connected, no reply within --redis-timeout, an outage of the failure table (BUSY,
-//!                    LOADING, READONLY, OOM, MISCONF, MOVED, a failover...: see `failure`), or more than
+//!                    LOADING, READONLY, OOM, MISCONF, MOVED, a failover...: redis_tb_client::failure), or more than
 //!                    --max-in-flight requests at once: Envoy's failure_mode_deny decides
 //! OUT_OF_RANGE       a request larger than --max-request-bytes (refused by tonic before it is read)
-//! INTERNAL           a configuration error of the failure table (NOAUTH, NOPERM, the module not loaded, an error
+//! INTERNAL           a configuration error of the failure table (NOAUTH, NOPERM, WRONGTYPE, an error
 //!                    it does not know), logged as an error, or a reply of an unexpected shape
 //! ```
 #![forbid(unsafe_code)]

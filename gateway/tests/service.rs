@@ -33,6 +33,35 @@ fn write_config(dir: &std::path::Path, text: &str) -> std::path::PathBuf {
     path
 }
 
+/// Without the module, tb-rls runs TB.ACQUIREEACH as the Functions library built from lua/tb.lua, loaded on the
+/// first call: the same decisions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_without_the_module_is_served_by_the_lua_library() {
+    let redis = Redis::start_without_module();
+    let dir = fresh_dir();
+    let config = write_config(&dir, CONFIG);
+    let service = Service::start(&config, &redis.url(), &[], &dir);
+    let mut client = service.client().await;
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let response =
+            should_rate_limit(&mut client, request("api", &[(&[("user", "ann")], None)]))
+                .await
+                .expect("a decision");
+        codes.push(response.overall_code);
+    }
+    assert_eq!(codes, vec![OK, OK, OK, OVER]);
+    let mut conn = redis.conn();
+    let libraries: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query(&mut conn)
+        .expect("FUNCTION LIST");
+    assert!(
+        format!("{libraries:?}").contains("tb_0_4_0"),
+        "{libraries:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allows_the_burst_then_refuses_with_statuses() {
     let redis = Redis::start(&[]);

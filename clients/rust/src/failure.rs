@@ -226,3 +226,24 @@ pub fn is_time_refused(text: &str) -> bool {
 pub fn is_library_refused(text: &str) -> bool {
     text.starts_with("ERR ") && !is_library_loaded(text)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_script_prefix_counts_only_with_its_line_number() {
+        assert_eq!(
+            classify_reply("ERR user_script:12: READONLY You can't write").row,
+            "READONLY"
+        );
+        for text in [
+            "ERR user_script:: READONLY x",
+            "ERR user_script:x: READONLY x",
+            "ERR user_script:1",
+            "",
+        ] {
+            assert_eq!(classify_reply(text).row, "other ERR", "{text:?}");
+        }
+    }
+}

@@ -181,6 +181,8 @@ pub struct Redis {
     pub port: u16,
     pub dir: PathBuf,
     extra: Vec<String>,
+    /// Load the module (false: a plain server, served through the Lua library).
+    with_module: bool,
     pub proc: Option<Proc>,
 }
 
@@ -195,6 +197,20 @@ impl Redis {
             port,
             dir: fresh_dir(),
             extra: extra.iter().map(|arg| (*arg).to_owned()).collect(),
+            with_module: true,
+            proc: None,
+        };
+        redis.restart();
+        redis
+    }
+
+    /// A plain server on a free port, without the module.
+    pub fn start_without_module() -> Redis {
+        let mut redis = Redis {
+            port: free_port(),
+            dir: fresh_dir(),
+            extra: Vec::new(),
+            with_module: false,
             proc: None,
         };
         redis.restart();
@@ -209,10 +225,11 @@ impl Redis {
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--save", ""])
             .arg("--dir")
-            .arg(&self.dir)
-            .arg("--loadmodule")
-            .arg(module())
-            .args(&self.extra);
+            .arg(&self.dir);
+        if self.with_module {
+            command.arg("--loadmodule").arg(module());
+        }
+        command.args(&self.extra);
         let mut proc = Proc::spawn(&format!("redis-{}", self.port), &mut command, &self.dir);
         let ready = wait_until(Duration::from_secs(20), || {
             assert!(
