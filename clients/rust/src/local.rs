@@ -156,7 +156,7 @@ impl LocalBuckets {
                 entry.burst = bucket.burst;
                 entry.held = held;
                 self.touch(bucket.key);
-            } else if self.make_room(now_ms) {
+            } else if self.make_room(now_ms, buckets) {
                 self.insert(bucket, held);
             }
         }
@@ -168,7 +168,7 @@ impl LocalBuckets {
         let mut slots = Vec::with_capacity(buckets.len());
         let mut tokens = Vec::with_capacity(buckets.len());
         for bucket in buckets {
-            let (slot, held) = self.slot(bucket, now_ms);
+            let (slot, held) = self.slot(bucket, now_ms, buckets);
             tokens.push(held.now(bucket.rate, bucket.burst, now_ms));
             slots.push(slot);
         }
@@ -210,7 +210,13 @@ impl LocalBuckets {
     }
 
     /// The bucket `bucket` is decided by: its own, a new one if there is room, else its limit's overflow bucket.
-    fn slot(&mut self, bucket: &LocalBucket<'_>, now_ms: f64) -> (Slot, Held) {
+    /// The keys of `call` keep their places meanwhile.
+    fn slot(
+        &mut self,
+        bucket: &LocalBucket<'_>,
+        now_ms: f64,
+        call: &[LocalBucket<'_>],
+    ) -> (Slot, Held) {
         let full = Held {
             tokens: bucket.burst,
             at_ms: now_ms,
@@ -218,7 +224,7 @@ impl LocalBuckets {
         if let Some(entry) = self.table.get(bucket.key) {
             return (Slot::Table(bucket.key.to_owned()), entry.held);
         }
-        if self.make_room(now_ms) {
+        if self.make_room(now_ms, call) {
             self.insert(bucket, full);
             return (Slot::Table(bucket.key.to_owned()), full);
         }
@@ -226,9 +232,9 @@ impl LocalBuckets {
         (Slot::Overflow(bucket.limit.to_owned()), held)
     }
 
-    /// Whether a new key fits: the table has room, or one of its least recently used keys that is full again and
-    /// owes nothing gave up its place.
-    fn make_room(&mut self, now_ms: f64) -> bool {
+    /// Whether a new key fits: the table has room, or one of its least recently used keys that is full again,
+    /// owes nothing and is not a key of the `call` under way gave up its place.
+    fn make_room(&mut self, now_ms: f64, call: &[LocalBucket<'_>]) -> bool {
         if self.table.len() < self.capacity {
             return true;
         }
@@ -237,10 +243,12 @@ impl LocalBuckets {
             .iter()
             .take(EVICTION_WINDOW)
             .find(|(_, key)| {
-                self.table.get(key.as_str()).is_some_and(|entry| {
-                    entry.owed <= 0.0
-                        && entry.held.now(entry.rate, entry.burst, now_ms) >= entry.burst
-                })
+                let in_call = call.iter().any(|bucket| bucket.key == key.as_str());
+                !in_call
+                    && self.table.get(key.as_str()).is_some_and(|entry| {
+                        entry.owed <= 0.0
+                            && entry.held.now(entry.rate, entry.burst, now_ms) >= entry.burst
+                    })
             })
             .map(|(&used, key)| (used, key.clone()));
         match evictable {
@@ -325,4 +333,43 @@ pub fn limiting_index(results: &[BucketResult], allowed: bool) -> usize {
         }
     }
     best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bucket(key: &str) -> LocalBucket<'_> {
+        LocalBucket {
+            key,
+            limit: "api",
+            rate: 1.0,
+            burst: 1.0,
+            cost: 1.0,
+        }
+    }
+
+    /// A call's second new key never takes the place its first new key just took: that key's admission would be
+    /// owed by no one.
+    #[test]
+    fn a_key_of_the_call_under_way_keeps_its_place() {
+        let mut local = LocalBuckets::new(2);
+        let full = BucketResult {
+            fits: true,
+            remaining: 1,
+            retry_after_ms: 0,
+            reset_after_ms: 0,
+        };
+        local.answered(&[bucket("x")], &[full], 0.0);
+        assert!(local.acquire_each(&[bucket("y")], 0.0).allowed);
+        // c takes x's place (full, owes nothing); d finds y owing and c in the call: the overflow bucket.
+        let decision = local.acquire_each(&[bucket("c"), bucket("d")], 0.0);
+        assert!(decision.allowed);
+        let owed: Vec<String> = local
+            .owed(&[bucket("c"), bucket("d"), bucket("y")])
+            .into_iter()
+            .map(|charge| charge.key)
+            .collect();
+        assert_eq!(owed, ["c", "y"]);
+    }
 }
