@@ -8,19 +8,23 @@
 //   - A call that misses its deadline marks the connection faulty: nothing more is written to it. A standalone
 //     client's connection is the middleware's own (a duplicate of the client given, without offline queue or
 //     automatic reconnection), so it is reset and dropped, and a probe (PING on a new connection) runs with a
-//     backoff from 250 ms to 2 s until one answers. A Cluster client is the application's and is kept: calls are
-//     held back until a PING through it answers.
-//   - While a written call has waited longer than a quarter of the deadline, new calls are not written (they wait,
-//     unwritten, within their own deadline): when Redis stalls, only the calls written in that first quarter are
-//     on the socket, and those are the one case left (Redis runs them when it resumes).
+//     backoff (PROBE_DELAYS_MS: 250 ms, 500 ms, then every second) until one answers. A Cluster client is the
+//     application's and is kept: calls are held back until a PING through it answers.
+//   - At most MAX_IN_FLIGHT calls are written and unanswered at once; the others wait, unwritten, within their own
+//     deadline. While a written call has waited longer than a quarter of the deadline, new calls are not written
+//     either. When Redis stalls, only the calls written before are on the socket, at most MAX_IN_FLIGHT of them
+//     whatever the request rate, and those are the one case left (Redis runs them when it resumes).
 //   - The application's client decides whether there is a connection at all: while it is closed (ioredis ended,
 //     node-redis not open), calls fail at once as its own commands would, and the middleware's connection is
 //     dropped; once the application connects it again, the lane starts afresh.
+// The Python package's gate (redis_tb._guard) and the Rust crate's client use the same delays and bound.
 
 const { TbArgumentError, TbProtocolError, TbReplyError, TbUnavailableError, isReplyError } = require("./errors.cjs");
 
-const FIRST_PROBE_DELAY_MS = 250;
-const MAX_PROBE_DELAY_MS = 2000;
+/** Milliseconds from a failure to the next probe: the first soon, then spaced out; the last repeats. */
+const PROBE_DELAYS_MS = [250, 500, 1000];
+/** Limiter calls one lane has written and not yet seen answered, at most. */
+const MAX_IN_FLIGHT = 64;
 
 /** Opens the middleware's own connection to the server of `redis`, a standalone ioredis or node-redis client. */
 function openOwn(kind, redis, timeoutMs) {
@@ -119,7 +123,7 @@ class Lane {
     this.tb = this.own ? undefined : tb;
     this.connection = undefined;
     this.lastError = undefined;
-    this.probeDelayMs = 0;
+    this.probes = 0; // failed probes since the connection was last up
     // Calls not yet settled, { startedMs, writtenMs?, send, resolve, reject }: those written, in the order they
     // were written (so the first is the oldest: the stall check is O(1)), and those waiting unwritten.
     this.written = new Set();
@@ -167,7 +171,7 @@ class Lane {
     this.state = "idle";
     this.everUp = false;
     this.lastError = undefined;
-    this.probeDelayMs = 0;
+    this.probes = 0;
   }
 
   _unavailable() {
@@ -195,6 +199,7 @@ class Lane {
     const nowMs = performance.now();
     if (this._stalled(nowMs)) return;
     for (const call of this.held) {
+      if (this.written.size >= MAX_IN_FLIGHT) return;
       this.held.delete(call);
       this.written.add(call);
       call.writtenMs = nowMs;
@@ -259,8 +264,9 @@ class Lane {
 
   _schedule() {
     if (this.state === "closed") return;
-    this.probeDelayMs = Math.min(MAX_PROBE_DELAY_MS, Math.max(FIRST_PROBE_DELAY_MS, this.probeDelayMs * 2));
-    this.probeTimer = setTimeout(() => this._probe(), this.probeDelayMs);
+    const delayMs = PROBE_DELAYS_MS[Math.min(this.probes, PROBE_DELAYS_MS.length - 1)];
+    this.probes += 1;
+    this.probeTimer = setTimeout(() => this._probe(), delayMs);
     this.probeTimer.unref();
   }
 
@@ -299,7 +305,7 @@ class Lane {
     }
     this.state = "up";
     this.everUp = true;
-    this.probeDelayMs = 0;
+    this.probes = 0;
     this._release();
   }
 }
@@ -351,4 +357,4 @@ function checkTimeout(owner, timeoutMs) {
   return timeoutMs;
 }
 
-module.exports = { laneFor, callsFor, checkTimeout };
+module.exports = { laneFor, callsFor, checkTimeout, MAX_IN_FLIGHT, PROBE_DELAYS_MS };

@@ -101,6 +101,41 @@ describe("a Redis stall (SIGSTOP) is never charged later", () => {
       await server.stop();
     }
   });
+  test("a stall charges at most MAX_IN_FLIGHT (64) calls later, however many were made at once", async () => {
+    const server = await Server.start();
+    const conn = await connect("ioredis", server);
+    const prefix = `${freshKey("inflight")}:`;
+    const burst = 1000;
+    const limiter = rateLimit({
+      client: conn.redis,
+      prefix,
+      limits: { name: "api", rate: 0.001, burst },
+      key: () => "many",
+      fail: "closed",
+      timeoutMs: TIMEOUT_MS,
+      logger: { warn() {}, error() {} },
+    }).limiter;
+    let stopped = false;
+    try {
+      assert.equal((await limiter.check({})).action, "allow");
+      server.child.kill("SIGSTOP");
+      stopped = true;
+      // 200 calls in one turn of the event loop: none has waited yet, so only the bound keeps them off the socket.
+      const outcomes = await Promise.all(Array.from({ length: 200 }, () => limiter.check({})));
+      assert.deepEqual(new Set(outcomes.map((outcome) => outcome.action)), new Set(["unavailable"]));
+      server.child.kill("SIGCONT");
+      stopped = false;
+      await waitUntil(async () => (await limiter.check({})).action === "allow", 5000, "the limiter back");
+      const tokens = Number((await rawCommand(server.port, `HGET ${prefix}{many}:api tokens`)).split("\r\n")[1]);
+      // burst - the first check - at most 64 written before the stall showed - the check that found it back.
+      assert.ok(tokens >= burst - 1 - 64 - 1, `${tokens} tokens left: more than 64 calls were written during the stall`);
+      assert.ok(tokens < burst - 2, `${tokens} tokens left: no call was on the socket when Redis stopped`);
+    } finally {
+      if (stopped) server.child.kill("SIGCONT");
+      await conn.close();
+      await server.stop();
+    }
+  });
 });
 
 /**

@@ -414,6 +414,35 @@ def test_gate_probes_a_few_times_a_second_and_warns_once_per_fault(caplog: pytes
     assert "answers again after 1.8 s" in caplog.text
 
 
+def test_gate_follows_the_deadlines_fixture() -> None:
+    """fixtures/deadlines.json (read by Node's and Rust's suites too): probes after 250 ms, 500 ms, then every
+    second while they fail; once one answers, a new failure is probed after the first delay again."""
+    fixture = json.loads((Path(__file__).resolve().parents[3] / "fixtures/deadlines.json").read_text())
+    assert fixture["max_in_flight"] == MAX_IN_FLIGHT
+    delays = fixture["probe_delays_ms"]
+    clock = FakeClock()
+    guard = Guard("local", clock)
+    refused = redis.exceptions.ConnectionError("Connection refused.")
+
+    def next_probe_after_ms() -> int:
+        waited = 0
+        while not guard.probe_due():
+            clock.now += 0.001
+            waited += 1
+        return waited
+
+    guard.failed(refused)
+    seen = []
+    for _ in range(len(delays) + 2):
+        seen.append(next_probe_after_ms())
+        guard.probed(refused)
+    assert seen == delays + [delays[-1]] * 2
+    assert next_probe_after_ms() == delays[-1]
+    guard.probed(None)
+    guard.failed(redis.exceptions.TimeoutError("Timeout reading from socket"))
+    assert next_probe_after_ms() == delays[0]
+
+
 def test_an_error_reply_fails_its_own_call_only(caplog: pytest.LogCaptureFixture) -> None:
     """OOM, READONLY, LOADING, CLUSTERDOWN...: the server answered, so the next call goes to it (another key may
     live on a healthy shard); a warning at most once a minute per error."""

@@ -31,9 +31,19 @@ use crate::replies::{
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Calls one client has out at once, at most; the others wait for a slot within their deadline.
 pub const MAX_IN_FLIGHT: usize = 64;
-/// Waits between probes while Redis is away: the first soon, then doubling up to a second.
-const MIN_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Waits before each probe while Redis is away: the first soon, then spaced out, the last repeating while
+/// probes fail (the Python and Node packages use the same, `fixtures/deadlines.json`).
+pub const PROBE_DELAYS: [Duration; 3] = [
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+];
+
+/// The wait before probe number `attempt` (0 first) of one fault.
+pub fn probe_delay(attempt: usize) -> Duration {
+    let [.., last] = PROBE_DELAYS;
+    PROBE_DELAYS.get(attempt).copied().unwrap_or(last)
+}
 
 /// Builds a [`Client`].
 #[derive(Clone, Debug)]
@@ -331,9 +341,9 @@ impl Client {
         };
         let inner = Arc::clone(&self.inner);
         runtime.spawn(async move {
-            let mut backoff = MIN_BACKOFF;
+            let mut attempt = 0;
             loop {
-                tokio::time::sleep(backoff).await;
+                tokio::time::sleep(probe_delay(attempt)).await;
                 match connect(&inner).await {
                     Ok(connection) => {
                         install(&inner, connection);
@@ -342,7 +352,7 @@ impl Client {
                         );
                         break;
                     }
-                    Err(_) => backoff = (backoff * 2).min(MAX_BACKOFF),
+                    Err(_) => attempt = attempt.saturating_add(1),
                 }
             }
             inner.reconnecting.store(false, Ordering::Release);

@@ -2,7 +2,8 @@
 //! through the crate's own exported function: bucket keys and identities (`fixtures/keys.json`), the failure
 //! table (`fixtures/failures.json`), the errors that pick a backend (`fixtures/backends.json`), the local
 //! fallback (`fixtures/local.json`), the header mapping (`fixtures/headers.json`) and what a limit accepts
-//! (`fixtures/limits.json`).
+//! (`fixtures/limits.json`), the deadline gate's probe delays and bound on calls in flight
+//! (`fixtures/deadlines.json`).
 
 use std::io;
 use std::path::Path;
@@ -11,7 +12,9 @@ use redis_tb_client::failure::{self, Action};
 use redis_tb_client::headers::{self, Policy, Standard};
 use redis_tb_client::keys::{self, Ipv6Subnet};
 use redis_tb_client::local::{ChargeBack, LocalBucket, LocalBuckets};
-use redis_tb_client::{AcquiredEach, BucketResult, Client, Error, Limit, RateLimitLayer};
+use redis_tb_client::{
+    probe_delay, AcquiredEach, BucketResult, Client, Error, Limit, RateLimitLayer, MAX_IN_FLIGHT,
+};
 use serde_json::Value;
 
 /// Stands for a lone surrogate, which JSON text may hold (`"\ud800"`) and a Rust string cannot.
@@ -417,4 +420,28 @@ async fn limits_are_accepted_and_refused_as_the_shared_cases_say() {
         checked += 1;
     }
     assert!(checked >= 20, "{checked} cases checked");
+}
+
+#[test]
+fn the_deadline_gate_follows_its_fixture() {
+    let fixture = fixture("deadlines.json");
+    assert_eq!(
+        Some(MAX_IN_FLIGHT as u64),
+        fixture["max_in_flight"].as_u64()
+    );
+    let delays: Vec<u64> = fixture["probe_delays_ms"]
+        .as_array()
+        .expect("probe_delays_ms")
+        .iter()
+        .map(|delay| delay.as_u64().expect("a delay in ms"))
+        .collect();
+    let last = *delays.last().expect("a delay");
+    for attempt in 0..delays.len() + 3 {
+        let expected = delays.get(attempt).copied().unwrap_or(last);
+        assert_eq!(
+            probe_delay(attempt).as_millis(),
+            u128::from(expected),
+            "probe {attempt}"
+        );
+    }
 }

@@ -33,7 +33,9 @@ from .errors import TokenBucketError
 
 logger = logging.getLogger("redis_tb")
 
-#: Seconds from a failure to the next probe: the first probe comes soon, then they space out.
+#: Seconds from a failure to the next probe: the first probe comes soon, then they space out, the last repeating;
+#: the count starts again once a probe answers. Node's lane and the Rust client use the same delays
+#: (fixtures/deadlines.json).
 PROBE_INTERVALS_S = (0.25, 0.5, 1.0)
 #: A configuration error (at ERROR level) or an error reply (a warning) is logged at most once per row in this
 #: many seconds.
@@ -79,6 +81,7 @@ class Guard:
             self._probing = False
             if error is None:
                 self.down_since = None
+                self._failures = 0
                 return
         self._closed(classify(error), error)
 
