@@ -25,27 +25,6 @@ function globEscape(text) {
   return text.replace(/[\\*?[\]]/g, "\\$&");
 }
 
-/** One `send(args)` per primary that holds keys: the server itself, or each primary of a cluster. */
-async function primaries(tb) {
-  const redis = tb.redis;
-  switch (tb.clientKind) {
-    case "ioredis":
-      return [(args) => redis.call(...args)];
-    case "ioredis-cluster":
-      return redis.nodes("master").map((node) => (args) => node.call(...args));
-    case "node-redis":
-      return [(args) => redis.sendCommand(args)];
-    case "node-redis-cluster":
-      return Promise.all(
-        redis.masters.map(async (master) => {
-          const node = await redis.nodeClient(master);
-          return (args) => node.sendCommand(args);
-        }),
-      );
-  }
-  throw new TbArgumentError(`TbStore.resetAll: no way to list the keys of a ${tb.clientKind} client`);
-}
-
 class TbStore {
   /**
    * @param options.client   a TbClient, or an ioredis / node-redis client or cluster
@@ -133,7 +112,7 @@ class TbStore {
   async resetAll() {
     if (this.prefix === "") throw new TbArgumentError("TbStore.resetAll needs a prefix: it would empty the database");
     const pattern = `${globEscape(this.prefix)}*`;
-    for (const send of await primaries(this.client)) {
+    for (const send of await this.client._connection.primaries()) {
       let cursor = "0";
       do {
         const [next, keys] = await send(["SCAN", cursor, "MATCH", pattern, "COUNT", "1000"]);

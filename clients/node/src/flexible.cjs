@@ -133,21 +133,6 @@ class BlockedKeys {
   }
 }
 
-/** The library's readiness check of `rejectIfRedisNotReady`, for the clients the package accepts. */
-function redisReady(redis, rlKey) {
-  if (typeof redis.status === "string") return redis.status === "ready";
-  if (typeof redis.isReady === "function") return redis.isReady();
-  if (typeof redis.isReady === "boolean") return redis.isReady;
-  // A node-redis cluster: open, and the client of the key's slot ready.
-  if (typeof redis.isOpen === "boolean" && !redis.isOpen) return false;
-  try {
-    const node = redis._slots?.getClient?.(rlKey, false);
-    return node === undefined || node.isReady === true;
-  } catch {
-    return false;
-  }
-}
-
 /** The points argument of a call, as the library takes it: an integer, or a string of digits (`"2"`). */
 function pointsArgument(name, value) {
   if (typeof value === "string") {
@@ -496,7 +481,7 @@ class RateLimiterTB {
   /** Runs `call(rlKey)`, refused at once with the library's Error when `rejectIfRedisNotReady` finds it not ready. */
   async _command(key, call) {
     const rlKey = this.getKey(key);
-    if (this._rejectIfRedisNotReady && !redisReady(this._storeClient.redis ?? this._storeClient, rlKey)) {
+    if (this._rejectIfRedisNotReady && !this.client._connection.ready(rlKey)) {
       throw new Error("Redis connection is not ready");
     }
     return call(rlKey);

@@ -26,80 +26,6 @@ const PROBE_DELAYS_MS = [250, 500, 1000];
 /** Limiter calls one lane has written and not yet seen answered, at most. */
 const MAX_IN_FLIGHT = 64;
 
-/** Opens the middleware's own connection to the server of `redis`, a standalone ioredis or node-redis client. */
-function openOwn(kind, redis, timeoutMs) {
-  let own;
-  if (kind === "ioredis") {
-    own = redis.duplicate({
-      lazyConnect: true,
-      enableReadyCheck: false, // the probe's PING checks it, and passes on a BUSY or LOADING reply as itself
-      enableOfflineQueue: false,
-      autoResendUnfulfilledCommands: false,
-      maxRetriesPerRequest: 0,
-      retryStrategy: () => null,
-      reconnectOnError: () => false,
-      connectTimeout: timeoutMs,
-    });
-  } else {
-    const socket = { ...redis.options?.socket, reconnectStrategy: false, connectTimeout: timeoutMs };
-    own = redis.duplicate({ disableOfflineQueue: true, socket });
-  }
-  // Every failure reaches the call or the probe that meets it; a refusal while connecting (NOAUTH, WRONGPASS)
-  // is kept, since ioredis then rejects connect() with "Connection is closed." only.
-  let refusal;
-  own.on("error", (error) => {
-    if (isReplyError(error)) refusal = error;
-  });
-  return {
-    redis: own,
-    async open() {
-      try {
-        await own.connect();
-      } catch (error) {
-        throw refusal ?? error;
-      }
-      if (kind === "ioredis") own.stream?.unref?.();
-      else own.unref?.();
-      await (kind === "ioredis" ? own.call("PING") : own.sendCommand(["PING"]));
-    },
-    ready: () => (kind === "ioredis" ? own.status === "ready" : own.isReady !== false),
-    onClose: (listener) => own.once("end", listener),
-    drop() {
-      try {
-        if (kind !== "ioredis") {
-          if (typeof own.destroy === "function") own.destroy();
-          else own.disconnect();
-        } else if (own.stream !== undefined && !own.stream.destroyed && own.stream.readyState === "open") {
-          // A reset: no FIN, nothing more written or read. (No disconnect() before it: its FIN would leave a
-          // shutdown request pending on the socket, which can hold the process at exit.) Without a retry
-          // strategy, ioredis then ends the client.
-          own.stream.resetAndDestroy();
-        } else if (own.status !== "end") {
-          own.disconnect();
-        }
-      } catch {
-        // already closed
-      }
-    },
-  };
-}
-
-/**
- * Whether the application's client `redis` is closed, so that its own commands fail at once ("Connection is
- * closed.", ClientClosedError): an ioredis client or cluster that has ended, a node-redis one that is not open.
- */
-function givenClosed(redis) {
-  if (typeof redis?.status === "string") return redis.status === "end";
-  return redis?.isOpen === false;
-}
-
-/** Whether the application's cluster client would write a call now rather than queue it. */
-function sharedReady(tb) {
-  const { redis } = tb;
-  if (tb.clientKind === "ioredis-cluster") return redis.status === "ready";
-  return redis.isReady !== false;
-}
-
 /** Rejects with a TbUnavailableError after `ms` unless `promise` settles first. */
 function within(promise, ms, what) {
   let timer;
@@ -116,7 +42,7 @@ class Lane {
     this.given = tb;
     this.timeoutMs = timeoutMs;
     this.stallMs = timeoutMs / 4;
-    this.own = tb.clientKind === "ioredis" || tb.clientKind === "node-redis";
+    this.own = !tb._connection.cluster;
     this.state = "idle"; // idle (never used, or the application's client opened again), connecting, up, down, closed
     this.generation = 0; // counts close(): a probe begun before it leaves its result alone
     this.everUp = false;
@@ -134,7 +60,7 @@ class Lane {
 
   /** Runs `send(tbClient)` under the rules above; rejects with TbUnavailableError when it is not sent in time. */
   run(send) {
-    if (givenClosed(this.given.redis)) {
+    if (this.given._connection.closed()) {
       this.close();
       return Promise.reject(this._unavailable());
     }
@@ -192,7 +118,7 @@ class Lane {
   /** Writes the calls waiting, if the connection is up, ready and not stalled. */
   _release() {
     if (this.state !== "up" || this.held.size === 0) return;
-    if (!(this.connection === undefined ? sharedReady(this.given) : this.connection.ready())) {
+    if (!(this.connection === undefined ? this.given._connection.ready() : this.connection.ready())) {
       this._fault(new TbUnavailableError("redis-tb: the connection to Redis is not ready"));
       return;
     }
@@ -271,14 +197,14 @@ class Lane {
   }
 
   async _probe() {
-    if (givenClosed(this.given.redis)) this.close();
+    if (this.given._connection.closed()) this.close();
     if (this.state === "closed") return;
     const generation = this.generation;
     this.state = "connecting";
     let connection;
     try {
       if (this.own) {
-        connection = openOwn(this.given.clientKind, this.given.redis, this.timeoutMs);
+        connection = this.given._connection.openOwn(this.timeoutMs);
         await within(connection.open(), this.timeoutMs, "connecting");
       } else {
         await within(this.given._connection.send("redis-tb:probe", ["PING"]), this.timeoutMs, "PING");

@@ -5,7 +5,7 @@
 // Cluster such buckets go in one call per slot, one after the other; when a part is refused, what the allowed
 // parts took is given back (TB.REFUND of each bucket's cost), so that the request takes nothing, as one call would
 // have. The parts' reports make one TB.ACQUIREEACH reply, buckets in their order. The Python package's middleware
-// does the same (its Plan.parts and Plan.refunds).
+// splits them by slot in the same way (its Plan.parts and Plan.refunds).
 //
 // Between the parts, another request may see tokens a later-refused request held for a moment: a refusal it would
 // not have met with one call. That is the price of limits in two slots; nothing is ever admitted beyond a limit.
@@ -15,7 +15,7 @@ const { limiting } = require("./local.cjs");
 
 /** TB.ACQUIREEACH for `buckets` through the TbClient `tb`, one call per slot where `tb` is over a Cluster. */
 async function acquireEachBySlot(tb, buckets) {
-  if (!tb.clientKind.endsWith("-cluster")) return tb.acquireEach(buckets);
+  if (!tb._connection.cluster) return tb.acquireEach(buckets);
   const parts = new Map();
   buckets.forEach((bucket, index) => {
     const slot = keySlot(bucket.key);

@@ -22,9 +22,11 @@ test("fixtures/deadlines.json: failing probes come after each delay in turn, the
     let now = 0;
     // A cluster client's lane probes with PING through the application's client (no connection of its own).
     const tb = {
-      clientKind: "ioredis-cluster",
-      redis: { status: "ready", once() {} },
+      redis: { on() {} },
       _connection: {
+        cluster: true,
+        closed: () => false,
+        ready: () => true,
         send: () => {
           probes.push(now);
           return Promise.reject(new Error("connect ECONNREFUSED"));
