@@ -66,7 +66,9 @@ def workdir() -> Iterator[Path]:
 
 def test_prometheus_scrapes_the_example_and_answers_a_query(workdir: Path) -> None:
     server = Server(module=True)
-    app_port, prometheus_port = free_port(), free_port()
+    app_port = prometheus_port = free_port()
+    while prometheus_port == app_port:  # the OS may hand out a released port again
+        prometheus_port = free_port()
     app_log = workdir / "app.log"
     port_args = ["--port", str(app_port)]
     with app_log.open("wb") as out:
