@@ -4,6 +4,7 @@ and WSGI alike, on real servers: after a known sequence of requests the scraped 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import subprocess
 import time
@@ -315,3 +316,29 @@ def test_the_shadow_log_waits_a_second_per_limit(module_server: Server, caplog: 
         app.close()
     logged = [record for record in caplog.records if name in record.getMessage()]
     assert len(logged) == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_failing_hook_or_body_function_is_no_500(
+    kind: str, module_server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """on_error raising: logged, and the fail mode answers; a body function raising: logged, the default body."""
+
+    def broken(*args: Any) -> dict[str, Any]:
+        raise RuntimeError("a bug in the app's hook")
+
+    limit = Limit(f"hooked-{kind}", rate=0.001, burst=1)
+    down = App(kind, free_port(), [limit], fail="closed", on_error=broken, metrics=None)
+    refusing = App(kind, module_server, [limit], body=broken, metrics=None)
+    try:
+        with caplog.at_level(logging.ERROR, logger="redis_tb"):
+            assert down.get("ivy")[0] == 503
+            assert refusing.get("ivy")[0] == 200
+            status, _, body = refusing.get("ivy")
+    finally:
+        down.close()
+        refusing.close()
+    assert status == 429 and json.loads(body)["limit"] == limit.name
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("on_error raised" in message for message in messages), messages
+    assert any("body function failed" in message for message in messages), messages
