@@ -73,10 +73,16 @@ class App:
         return answer.status_code, {k.lower(): v for k, v in answer.headers.items()}, answer.content
 
     def probe(self) -> None:
-        """What the middleware runs in the background while Redis is down: once it answers, calls go to Redis."""
+        """What the middleware runs in the background while Redis is down: once it answers, calls go to Redis. A
+        probe the middleware started before (on a slow machine) ends first, so that it cannot close the gate after."""
         if self.kind == "wsgi":
+            deadline = time.monotonic() + 10
+            while self.middleware.guard._probing and time.monotonic() < deadline:
+                time.sleep(0.01)
             self.middleware._probe()
         else:
+            if self.middleware._probe_task is not None:
+                self.loop.run_until_complete(self.middleware._probe_task)
             self.loop.run_until_complete(self.middleware._probe())
         assert self.middleware.guard.admits
 
