@@ -491,8 +491,41 @@ mod tests {
         }
     }
 
+    /// Every reply of fixtures/failures.json, through redis-rs's parser and tb-rls's own answer: the fail-mode rows
+    /// UNAVAILABLE, every other action INTERNAL (docs/gateway.md maps the table's actions to tb-rls's answers).
+    #[test]
+    fn every_reply_of_the_shared_failure_table_gets_its_answer() {
+        let fixture: serde_json::Value =
+            serde_json::from_str(include_str!("../../fixtures/failures.json"))
+                .expect("fixtures/failures.json parses");
+        let mut checked = 0;
+        for case in fixture["cases"].as_array().expect("cases") {
+            let Some(reply) = case["reply"].as_str() else {
+                continue;
+            };
+            let err = match redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()) {
+                Ok(redis::Value::ServerError(err)) => redis_tb_client::Error::Redis(err.into()),
+                other => panic!("{reply}: {other:?}"),
+            };
+            let answer = BackendError::of(&err);
+            match case["action"].as_str().expect("an action") {
+                "fail-mode" => assert!(
+                    matches!(answer, BackendError::Unavailable(_)),
+                    "{reply}: {answer:?}"
+                ),
+                "error-fail-mode" | "reload-retry" | "script-retry" => assert!(
+                    matches!(answer, BackendError::Reply(_)),
+                    "{reply}: {answer:?}"
+                ),
+                other => panic!("an action tb-rls does not map: {other}"),
+            }
+            checked += 1;
+        }
+        assert!(checked >= 30, "{checked} replies");
+    }
+
     /// The failure table's rows as tb-rls answers them: UNAVAILABLE for what passes by itself, INTERNAL for a
-    /// configuration error (every row of fixtures/failures.json is checked in the client crate's tests).
+    /// configuration error (every row of fixtures/failures.json is checked above and in the client crate's tests).
     #[test]
     fn server_states_that_pass_are_unavailable_and_the_rest_reply_errors() {
         let parse = |text: &str| -> redis_tb_client::Error {
