@@ -1248,257 +1248,316 @@ general = function()
   -- tonumber, which rounds to nearest as Rust's `as f64` does.
   ---------------------------------------------------------------------------------------------------------------
 
-  local LIMB = 10000000
+  -- Built on the first CL.THROTTLE call: the EVAL form builds this whole general part on each call that needs
+  -- it, and the other commands need none of the following.
+  local function build_throttle()
+    local LIMB = 10000000
 
-  -- An exact integer from decimal digits (no sign, leading zeros allowed).
-  local function big(digits, negative)
-    local limbs = {}
-    local i = #digits
-    while i >= 1 do
-      limbs[#limbs + 1] = tonumber(string.sub(digits, math.max(i - 6, 1), i))
-      i = i - 7
-    end
-    while #limbs > 0 and limbs[#limbs] == 0 do limbs[#limbs] = nil end
-    limbs.negative = (negative and #limbs > 0) or false
-    return limbs
-  end
-
-  local function big_digits(x)
-    if #x == 0 then return '0' end
-    local parts = { string.format('%d', x[#x]) }
-    for i = #x - 1, 1, -1 do parts[#parts + 1] = string.format('%07d', x[i]) end
-    return table.concat(parts)
-  end
-
-  local function big_text(x)
-    return (x.negative and '-' or '') .. big_digits(x)
-  end
-
-  -- Magnitudes: compare, add, subtract (a >= b), multiply.
-  local function mag_cmp(a, b)
-    if #a ~= #b then return #a < #b and -1 or 1 end
-    for i = #a, 1, -1 do
-      if a[i] ~= b[i] then return a[i] < b[i] and -1 or 1 end
-    end
-    return 0
-  end
-
-  local function mag_add(a, b, negative)
-    local sum, carry = {}, 0
-    for i = 1, math.max(#a, #b) do
-      local limb = (a[i] or 0) + (b[i] or 0) + carry
-      carry = limb >= LIMB and 1 or 0
-      sum[i] = limb - carry * LIMB
-    end
-    if carry > 0 then sum[#sum + 1] = carry end
-    sum.negative = (negative and #sum > 0) or false
-    return sum
-  end
-
-  local function mag_sub(a, b, negative)
-    local difference, borrow = {}, 0
-    for i = 1, #a do
-      local limb = a[i] - (b[i] or 0) - borrow
-      borrow = limb < 0 and 1 or 0
-      difference[i] = limb + borrow * LIMB
-    end
-    while #difference > 0 and difference[#difference] == 0 do difference[#difference] = nil end
-    difference.negative = (negative and #difference > 0) or false
-    return difference
-  end
-
-  local function big_cmp(a, b)
-    if a.negative ~= b.negative then return a.negative and -1 or 1 end
-    local c = mag_cmp(a, b)
-    return a.negative and -c or c
-  end
-
-  local function big_add(a, b)
-    if a.negative == b.negative then return mag_add(a, b, a.negative) end
-    if mag_cmp(a, b) >= 0 then return mag_sub(a, b, a.negative) end
-    return mag_sub(b, a, b.negative)
-  end
-
-  local function big_neg(a)
-    local copy = {}
-    for i = 1, #a do copy[i] = a[i] end
-    copy.negative = (not a.negative and #a > 0) or false
-    return copy
-  end
-
-  local function big_sub(a, b) return big_add(a, big_neg(b)) end
-
-  -- Non-negative operands.
-  local function big_mul(a, b)
-    local product = {}
-    for i = 1, #a + #b do product[i] = 0 end
-    for i = 1, #a do
-      local carry = 0
-      for j = 1, #b do
-        local limb = product[i + j - 1] + a[i] * b[j] + carry
-        carry = math.floor(limb / LIMB)
-        product[i + j - 1] = limb - carry * LIMB
+    -- An exact integer from decimal digits (no sign, leading zeros allowed).
+    local function big(digits, negative)
+      local limbs = {}
+      local i = #digits
+      while i >= 1 do
+        limbs[#limbs + 1] = tonumber(string.sub(digits, math.max(i - 6, 1), i))
+        i = i - 7
       end
-      local k = i + #b
-      while carry > 0 do
-        local limb = product[k] + carry
-        carry = math.floor(limb / LIMB)
-        product[k] = limb - carry * LIMB
-        k = k + 1
+      while #limbs > 0 and limbs[#limbs] == 0 do limbs[#limbs] = nil end
+      limbs.negative = (negative and #limbs > 0) or false
+      return limbs
+    end
+
+    -- An exact integer from a non-negative double below 2^53.
+    local function big_small(n)
+      local limbs = {}
+      while n > 0 do
+        local rest = math.floor(n / LIMB)
+        limbs[#limbs + 1] = n - rest * LIMB
+        n = rest
       end
+      limbs.negative = false
+      return limbs
     end
-    while #product > 0 and product[#product] == 0 do product[#product] = nil end
-    product.negative = false
-    return product
-  end
 
-  -- x / 10^k truncated toward zero, and x as the nearest double.
-  local function big_shift(x, k)
-    local digits = big_digits(x)
-    if #digits <= k then return big('0') end
-    return big(string.sub(digits, 1, #digits - k), x.negative)
-  end
+    local function big_digits(x)
+      if #x == 0 then return '0' end
+      local parts = { string.format('%d', x[#x]) }
+      for i = #x - 1, 1, -1 do parts[#parts + 1] = string.format('%07d', x[i]) end
+      return table.concat(parts)
+    end
 
-  local function big_f64(x) return tonumber(big_text(x)) end
+    local function big_text(x)
+      return (x.negative and '-' or '') .. big_digits(x)
+    end
 
-  local I64_LIMIT = big('9223372036854775808') -- 2^63
-  local ONE = big('1')
-
-  local ERR_MAX_BURST = 'ERR max_burst must be an integer from 0 to 9223372036854775806'
-  local ERR_COUNT = 'ERR count_per_period must be a positive integer'
-  local ERR_PERIOD = 'ERR period must be a positive integer (seconds)'
-  local ERR_QUANTITY = 'ERR quantity must be a non-negative integer'
-  local ERR_INTERVAL =
-    'ERR count_per_period / period must be at most 1000000000 a second (requests at least 1 ns apart)'
-  local ERR_TOLERANCE = 'ERR (max_burst + 1) * period / count_per_period must be under 2^63 ns (about 292 years)'
-  local ERR_TAT = "ERR the key's theoretical arrival time would pass 2^63 ns since the epoch (the year 2262)"
-  local ERR_NOT_THROTTLE =
-    'ERR key does not hold a CL.THROTTLE state (expected a string of decimal nanoseconds since the epoch)'
-
-  -- An i64 argument or stored value (the module's number::parse_i64) as an exact integer; nil when it is not one.
-  local function parse_exact(text)
-    if parse_i64(text) == nil then return nil end
-    local sign, digits = string.match(text, '^([+-]?)(%d+)$')
-    return big(digits, sign == '-')
-  end
-
-  local function parse_argument(text, message)
-    return parse_exact(text) or refuse(message)
-  end
-
-  -- A duration in ns as the reply's whole seconds (gcra::whole_seconds_up): seconds + ns / 10^9 in doubles,
-  -- truncated, plus 1 when a whole millisecond is past the second.
-  local function whole_seconds_up(duration)
-    local digits = big_digits(duration)
-    local seconds = #digits > 9 and tonumber(string.sub(digits, 1, -10)) or 0
-    local subsec = tonumber(string.sub(digits, -9))
-    if duration.negative then seconds, subsec = -seconds, -subsec end
-    local total = seconds + subsec / 1e9
-    local whole = total >= 0 and math.floor(total) or math.ceil(total)
-    if subsec >= 1000000 then whole = whole + 1 end
-    return whole
-  end
-
-  -- Requests left (gcra::remaining): (tau - ttl) / T over whole µs in doubles, truncated; 0 at -T or below; an
-  -- interval under 1 µs divides by zero, as in the module (i64::MAX, or 0 for 0 / 0).
-  local function throttle_remaining(next_ns, interval)
-    if big_cmp(next_ns, big_neg(interval)) <= 0 then return 0 end
-    local next_us = big_f64(big_shift(next_ns, 3))
-    local interval_us = big_f64(big_shift(interval, 3))
-    local ratio = next_us / interval_us
-    if ratio ~= ratio then return 0 end
-    if ratio >= I64_MAX then return REPLY_MAX end
-    return ratio >= 0 and math.floor(ratio) or math.ceil(ratio)
-  end
-
-  -- The key's TAT: nil when missing; WRONGTYPE for a hash or another type; an error unless decimal i64 text.
-  local function read_tat(key)
-    local value = redis.pcall('GET', key)
-    if type(value) == 'table' and value.err then
-      if string.sub(value.err, 1, 9) == 'WRONGTYPE' then
-        refuse('WRONGTYPE Operation against a key holding the wrong kind of value')
+    -- Magnitudes: compare, add, subtract (a >= b), multiply.
+    local function mag_cmp(a, b)
+      if #a ~= #b then return #a < #b and -1 or 1 end
+      for i = #a, 1, -1 do
+        if a[i] ~= b[i] then return a[i] < b[i] and -1 or 1 end
       end
-      refuse(value.err)
+      return 0
     end
-    if not value then return nil end
-    return parse_exact(value) or refuse(ERR_NOT_THROTTLE)
-  end
 
-  -- CL.THROTTLE key max_burst count_per_period period [quantity]: arguments checked in the module's order (each
-  -- parsed, then the quantity's sign, then the limit), then read, decide, write, reply.
-  commands['CL.THROTTLE'] = function(keys, args)
-    if #keys ~= 1 or #args < 3 or #args > 4 then arity_error('cl.throttle') end
-    local max_burst = parse_argument(args[1], ERR_MAX_BURST)
-    local count = parse_argument(args[2], ERR_COUNT)
-    local period = parse_argument(args[3], ERR_PERIOD)
-    local quantity = ONE
-    if args[4] then
-      quantity = parse_argument(args[4], ERR_QUANTITY)
-      if quantity.negative then refuse(ERR_QUANTITY) end
-    end
-    if max_burst.negative or mag_cmp(max_burst, big('9223372036854775807')) >= 0 then refuse(ERR_MAX_BURST) end
-    local limit = big_add(max_burst, ONE)
-    if count.negative or #count == 0 then refuse(ERR_COUNT) end
-    if period.negative or #period == 0 then refuse(ERR_PERIOD) end
-    -- T = trunc(period * 10^9 / count), divided in doubles as the module and redis-cell do.
-    local interval_f64 = tonumber(big_digits(period) .. '000000000') / big_f64(count)
-    if interval_f64 < 1 then refuse(ERR_INTERVAL) end
-    if interval_f64 >= I64_MAX then refuse(ERR_TOLERANCE) end
-    local interval = big(string.format('%.0f', math.floor(interval_f64)))
-    local tolerance = big_mul(interval, limit)
-    if mag_cmp(tolerance, I64_LIMIT) >= 0 then refuse(ERR_TOLERANCE) end
-    local key = keys[1]
-    local stored = read_tat(key)
-    local now = big(encode_integer(now_us(keys)) .. '000')
-    local tat = stored or now
-    -- On the caller's clock a stored TAT further past the reading than both tau + 10 s and the key's expiry (its
-    -- PTTL, which counts the TAT's lead on the server's clock, plus the 2 ms its truncation and the reading's
-    -- millisecond can take) was written by a clock ahead of both: it counts as that far. The call is refused either
-    -- way (the TAT stays at least tau past the reading), and its waits are then the key's own, not the other
-    -- clock's lead.
-    if stored and caller_now_us then
-      local ttl_ms = redis.call('PTTL', key)
-      if ttl_ms >= 0 then
-        local lead_us = math.max(CALLER_LEAD_LIMIT_US + big_f64(big_shift(tolerance, 3)), (ttl_ms + 2) * 1000)
-        local latest = big_add(now, big(string.format('%.0f', lead_us) .. '000'))
-        if big_cmp(tat, latest) > 0 then tat = latest end
+    local function mag_add(a, b, negative)
+      local sum, carry = {}, 0
+      for i = 1, math.max(#a, #b) do
+        local limb = (a[i] or 0) + (b[i] or 0) + carry
+        carry = limb >= LIMB and 1 or 0
+        sum[i] = limb - carry * LIMB
       end
+      if carry > 0 then sum[#sum + 1] = carry end
+      sum.negative = (negative and #sum > 0) or false
+      return sum
     end
-    local limited, ttl, retry_s, write_tat = true, nil, -1, nil
-    -- quantity * T > tau, i.e. quantity > L: never allowed, and the product (up to 2^126) is not needed.
-    if mag_cmp(quantity, limit) > 0 then
-      ttl = big_sub(tat, now)
-    else
-      local new_tat = big_add(big_cmp(tat, now) > 0 and tat or now, big_mul(interval, quantity))
-      local allow_at = big_sub(new_tat, tolerance)
-      if big_cmp(now, allow_at) < 0 then
+
+    local function mag_sub(a, b, negative)
+      local difference, borrow = {}, 0
+      for i = 1, #a do
+        local limb = a[i] - (b[i] or 0) - borrow
+        borrow = limb < 0 and 1 or 0
+        difference[i] = limb + borrow * LIMB
+      end
+      while #difference > 0 and difference[#difference] == 0 do difference[#difference] = nil end
+      difference.negative = (negative and #difference > 0) or false
+      return difference
+    end
+
+    local function big_cmp(a, b)
+      if a.negative ~= b.negative then return a.negative and -1 or 1 end
+      local c = mag_cmp(a, b)
+      return a.negative and -c or c
+    end
+
+    local function big_add(a, b)
+      if a.negative == b.negative then return mag_add(a, b, a.negative) end
+      if mag_cmp(a, b) >= 0 then return mag_sub(a, b, a.negative) end
+      return mag_sub(b, a, b.negative)
+    end
+
+    local function big_neg(a)
+      local copy = {}
+      for i = 1, #a do copy[i] = a[i] end
+      copy.negative = (not a.negative and #a > 0) or false
+      return copy
+    end
+
+    local function big_sub(a, b) return big_add(a, big_neg(b)) end
+
+    -- Non-negative operands.
+    local function big_mul(a, b)
+      local product = {}
+      for i = 1, #a + #b do product[i] = 0 end
+      for i = 1, #a do
+        local carry = 0
+        for j = 1, #b do
+          local limb = product[i + j - 1] + a[i] * b[j] + carry
+          carry = math.floor(limb / LIMB)
+          product[i + j - 1] = limb - carry * LIMB
+        end
+        local k = i + #b
+        while carry > 0 do
+          local limb = product[k] + carry
+          carry = math.floor(limb / LIMB)
+          product[k] = limb - carry * LIMB
+          k = k + 1
+        end
+      end
+      while #product > 0 and product[#product] == 0 do product[#product] = nil end
+      product.negative = false
+      return product
+    end
+
+    -- x / 10^k truncated toward zero (k = 3, 6 or 9): whole limbs dropped, then a division by 10^(k mod 7) from the
+    -- top limb down (a remainder times a limb stays below 10^13).
+    local function big_shift(x, k)
+      local drop = math.floor(k / 7)
+      local divisor = 10 ^ (k - 7 * drop)
+      local quotient, remainder = {}, 0
+      for i = #x, drop + 1, -1 do
+        local value = remainder * LIMB + x[i]
+        local q = math.floor(value / divisor)
+        quotient[i - drop] = q
+        remainder = value - q * divisor
+      end
+      while #quotient > 0 and quotient[#quotient] == 0 do quotient[#quotient] = nil end
+      quotient.negative = (x.negative and #quotient > 0) or false
+      return quotient
+    end
+
+    -- x as the nearest double: exact below 10^14 (two limbs), through a correctly rounded decimal above.
+    local function big_f64(x)
+      if #x > 2 then return tonumber(big_text(x)) end
+      local value = (x[2] or 0) * LIMB + (x[1] or 0)
+      return x.negative and -value or value
+    end
+
+    local I64_LIMIT = big('9223372036854775808') -- 2^63
+    local ONE = big('1')
+
+    local ERR_MAX_BURST = 'ERR max_burst must be an integer from 0 to 9223372036854775806'
+    local ERR_COUNT = 'ERR count_per_period must be a positive integer'
+    local ERR_PERIOD = 'ERR period must be a positive integer (seconds)'
+    local ERR_QUANTITY = 'ERR quantity must be a non-negative integer'
+    local ERR_INTERVAL =
+      'ERR count_per_period / period must be at most 1000000000 a second (requests at least 1 ns apart)'
+    local ERR_TOLERANCE = 'ERR (max_burst + 1) * period / count_per_period must be under 2^63 ns (about 292 years)'
+    local ERR_TAT = "ERR the key's theoretical arrival time would pass 2^63 ns since the epoch (the year 2262)"
+    local ERR_NOT_THROTTLE =
+      'ERR key does not hold a CL.THROTTLE state (expected a string of decimal nanoseconds since the epoch)'
+
+    -- An i64 argument or stored value (the module's number::parse_i64) as an exact integer; nil when it is not one.
+    local function parse_exact(text)
+      if parse_i64(text) == nil then return nil end
+      local sign, digits = string.match(text, '^([+-]?)(%d+)$')
+      return big(digits, sign == '-')
+    end
+
+    local function parse_argument(text, message)
+      return parse_exact(text) or refuse(message)
+    end
+
+    -- A duration in ns as the reply's whole seconds (gcra::whole_seconds_up): seconds + ns / 10^9 in doubles,
+    -- truncated, plus 1 when a whole millisecond is past the second.
+    local function whole_seconds_up(duration)
+      local seconds = big_f64(big_shift(duration, 9)) -- below 2^63 / 10^9: exact
+      local subsec = (duration[1] or 0) + ((duration[2] or 0) % 100) * LIMB -- the low 9 digits
+      if duration.negative then subsec = -subsec end
+      local total = seconds + subsec / 1e9
+      local whole = total >= 0 and math.floor(total) or math.ceil(total)
+      if subsec >= 1000000 then whole = whole + 1 end
+      return whole
+    end
+
+    -- Requests left (gcra::remaining): (tau - ttl) / T over whole µs in doubles, truncated; 0 at -T or below; an
+    -- interval under 1 µs divides by zero, as in the module (i64::MAX, or 0 for 0 / 0).
+    local function throttle_remaining(next_ns, interval)
+      if big_cmp(next_ns, big_neg(interval)) <= 0 then return 0 end
+      local next_us = big_f64(big_shift(next_ns, 3))
+      local interval_us = big_f64(big_shift(interval, 3))
+      local ratio = next_us / interval_us
+      if ratio ~= ratio then return 0 end
+      if ratio >= I64_MAX then return REPLY_MAX end
+      return ratio >= 0 and math.floor(ratio) or math.ceil(ratio)
+    end
+
+    -- The key's TAT: nil when missing; WRONGTYPE for a hash or another type; an error unless decimal i64 text.
+    local function read_tat(key)
+      local value = redis.pcall('GET', key)
+      if type(value) == 'table' and value.err then
+        if string.sub(value.err, 1, 9) == 'WRONGTYPE' then
+          refuse('WRONGTYPE Operation against a key holding the wrong kind of value')
+        end
+        refuse(value.err)
+      end
+      if not value then return nil end
+      return parse_exact(value) or refuse(ERR_NOT_THROTTLE)
+    end
+
+    -- The library keeps the limits it has computed ({ L, T, tau } by their three argument texts), bounded as its memo
+    -- of numbers: a caller's usual limit costs a lookup. Nil in the EVAL form, which keeps nothing.
+    local limits, limits_kept = cache and {}, 0
+
+    -- L, T and tau of valid max_burst, count_per_period and period texts (already parsed: max_burst, count, period).
+    local function limit_of(max_burst, count, period)
+      if max_burst.negative or mag_cmp(max_burst, big('9223372036854775807')) >= 0 then refuse(ERR_MAX_BURST) end
+      local limit = big_add(max_burst, ONE)
+      if count.negative or #count == 0 then refuse(ERR_COUNT) end
+      if period.negative or #period == 0 then refuse(ERR_PERIOD) end
+      -- T = trunc(period * 10^9 / count), divided in doubles as the module and redis-cell do.
+      local interval_f64 = tonumber(big_digits(period) .. '000000000') / big_f64(count)
+      if interval_f64 < 1 then refuse(ERR_INTERVAL) end
+      if interval_f64 >= I64_MAX then refuse(ERR_TOLERANCE) end
+      local interval = interval_f64 < 9007199254740992 and big_small(math.floor(interval_f64))
+        or big(string.format('%.0f', math.floor(interval_f64)))
+      local tolerance = big_mul(interval, limit)
+      if mag_cmp(tolerance, I64_LIMIT) >= 0 then refuse(ERR_TOLERANCE) end
+      return { limit, interval, tolerance }
+    end
+
+    -- CL.THROTTLE key max_burst count_per_period period [quantity]: arguments checked in the module's order (each
+    -- parsed, then the quantity's sign, then the limit), then read, decide, write, reply.
+    return function(keys, args)
+      if #keys ~= 1 or #args < 3 or #args > 4 then arity_error('cl.throttle') end
+      local limit_text = args[1] .. ' ' .. args[2] .. ' ' .. args[3]
+      local known = limits and limits[limit_text]
+      local max_burst, count, period
+      if not known then -- a known limit's three texts parse (valid texts hold no space: no two triples share a key)
+        max_burst = parse_argument(args[1], ERR_MAX_BURST)
+        count = parse_argument(args[2], ERR_COUNT)
+        period = parse_argument(args[3], ERR_PERIOD)
+      end
+      local quantity = ONE
+      if args[4] then
+        quantity = parse_argument(args[4], ERR_QUANTITY)
+        if quantity.negative then refuse(ERR_QUANTITY) end
+      end
+      if not known then
+        known = limit_of(max_burst, count, period)
+        if limits then
+          if limits_kept >= MEMO_LIMIT then limits, limits_kept = {}, 0 end
+          limits[limit_text], limits_kept = known, limits_kept + 1
+        end
+      end
+      local limit, interval, tolerance = known[1], known[2], known[3]
+      local key = keys[1]
+      local stored = read_tat(key)
+      local now = big_mul(big_small(now_us(keys)), big_small(1000))
+      local tat = stored or now
+      -- On the caller's clock a stored TAT further past the reading than both tau + 10 s and the key's expiry (its
+      -- PTTL, which counts the TAT's lead on the server's clock, plus the 2 ms its truncation and the reading's
+      -- millisecond can take) was written by a clock ahead of both: it counts as that far. The call is refused either
+      -- way (the TAT stays at least tau past the reading), and its waits are then the key's own, not the other
+      -- clock's lead.
+      if stored and caller_now_us then
+        local ttl_ms = redis.call('PTTL', key)
+        if ttl_ms >= 0 then
+          local lead_us = math.max(CALLER_LEAD_LIMIT_US + big_f64(big_shift(tolerance, 3)), (ttl_ms + 2) * 1000)
+          local latest = big_add(now, big(string.format('%.0f', lead_us) .. '000'))
+          if big_cmp(tat, latest) > 0 then tat = latest end
+        end
+      end
+      local limited, ttl, retry_s, write_tat = true, nil, -1, nil
+      -- quantity * T > tau, i.e. quantity > L: never allowed, and the product (up to 2^126) is not needed.
+      if mag_cmp(quantity, limit) > 0 then
         ttl = big_sub(tat, now)
-        retry_s = whole_seconds_up(big_sub(allow_at, now))
       else
-        if big_cmp(new_tat, I64_LIMIT) >= 0 then refuse(ERR_TAT) end
-        limited, ttl, write_tat = false, big_sub(new_tat, now), new_tat
+        local new_tat = big_add(big_cmp(tat, now) > 0 and tat or now, big_mul(interval, quantity))
+        local allow_at = big_sub(new_tat, tolerance)
+        if big_cmp(now, allow_at) < 0 then
+          ttl = big_sub(tat, now)
+          retry_s = whole_seconds_up(big_sub(allow_at, now))
+        else
+          if big_cmp(new_tat, I64_LIMIT) >= 0 then refuse(ERR_TAT) end
+          limited, ttl, write_tat = false, big_sub(new_tat, now), new_tat
+        end
       end
+      if write_tat then
+        -- Expiring trunc_ms(TAT - now) after now's millisecond, as the module's PXAT and redis-cell's PEXPIRE; on
+        -- the caller's clock relative to the server's (PX). Under 1 ms the key expires at once, as redis-cell's
+        -- PEXPIRE 0 does (the module's key lasts to the end of the millisecond).
+        local ttl_ms = big_f64(big_shift(ttl, 6))
+        local written
+        if ttl_ms < 1 then
+          written = redis.pcall('DEL', key)
+        elseif caller_now_us then
+          written = redis.pcall('SET', key, big_text(write_tat), 'PX', string.format('%d', ttl_ms))
+        else
+          local now_ms = (server_now_us - server_now_us % 1000) / 1000
+          written = redis.pcall('SET', key, big_text(write_tat), 'PXAT', string.format('%d', now_ms + ttl_ms))
+        end
+        if type(written) == 'table' and written.err then
+          refuse(string.match(written.err, '^@[^:]*: %d+: %-(.*)$') or written.err)
+        end
+      end
+      return { limited and 1 or 0, int(big_f64(limit)), throttle_remaining(big_sub(tolerance, ttl), interval),
+               retry_s, whole_seconds_up(ttl) }
     end
-    if write_tat then
-      -- Expiring trunc_ms(TAT - now) after now's millisecond, as the module's PXAT and redis-cell's PEXPIRE; on
-      -- the caller's clock relative to the server's (PX). Under 1 ms the key expires at once, as redis-cell's
-      -- PEXPIRE 0 does (the module's key lasts to the end of the millisecond).
-      local ttl_ms = big_f64(big_shift(ttl, 6))
-      local written
-      if ttl_ms < 1 then
-        written = redis.pcall('DEL', key)
-      elseif caller_now_us then
-        written = redis.pcall('SET', key, big_text(write_tat), 'PX', string.format('%d', ttl_ms))
-      else
-        local now_ms = (server_now_us - server_now_us % 1000) / 1000
-        written = redis.pcall('SET', key, big_text(write_tat), 'PXAT', string.format('%d', now_ms + ttl_ms))
-      end
-      if type(written) == 'table' and written.err then
-        refuse(string.match(written.err, '^@[^:]*: %d+: %-(.*)$') or written.err)
-      end
-    end
-    return { limited and 1 or 0, int(big_f64(limit)), throttle_remaining(big_sub(tolerance, ttl), interval),
-             retry_s, whole_seconds_up(ttl) }
+  end
+
+  local throttle_command
+  commands['CL.THROTTLE'] = function(keys, args)
+    throttle_command = throttle_command or build_throttle()
+    return throttle_command(keys, args)
   end
 
   return commands
