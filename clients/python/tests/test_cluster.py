@@ -17,9 +17,11 @@ from fastapi import FastAPI
 from flask import Flask
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 import redis_tb
 from redis_tb import AsyncTokenBucket, Limit, TokenBucket, asgi, wsgi
+from redis_tb._plan import Plan
 
 
 @pytest.fixture(scope="module", params=["module", "script"])
@@ -240,3 +242,15 @@ def test_wsgi_limits_again_after_a_planned_failover() -> None:
         client.close()
     finally:
         cluster.stop()
+
+
+def test_a_plan_goes_in_one_call_per_cluster_slot() -> None:
+    """Limits of several identities go in one call per slot, as Node's middleware sends them: `u787` and `u1020`
+    hash to one slot (13453), so their buckets go in one atomic call; `u1` is in another slot, a call of its own."""
+    user, tenant = Limit("user", rate=1, burst=1), Limit("tenant", rate=1, burst=1)
+    keys = ("ratelimit:{u787}:user", "ratelimit:{u1020}:tenant")
+    assert key_slot(keys[0].encode()) == key_slot(keys[1].encode())
+    shared = Plan((user, tenant), keys, ("u787", "u1020"))
+    assert shared.parts() == (shared,)
+    apart = Plan((user, tenant, user), (keys[0], "ratelimit:{u1}:tenant", keys[1]), ("u787", "u1", "u1020"))
+    assert [part.keys for part in apart.parts()] == [(keys[0], keys[1]), ("ratelimit:{u1}:tenant",)]

@@ -1,6 +1,6 @@
 """Which limits apply to a request, without I/O: each limit's bucket key and cost, the split into the enforced limits
 and the shadow ones (each decided in a call of its own), and the calls that decide them (one per identity on a
-cluster, with the refunds that keep a refused request from taking anything). The middleware (`_decide`) does the
+cluster slot, with the refunds that keep a refused request from taking anything). The middleware (`_decide`) does the
 rest: the calls, the fail mode, the response and the metrics."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from redis.crc import key_slot
 
 from . import _protocol as protocol
 from ._local import limiting_index
@@ -76,11 +78,12 @@ class Plan:
         )
 
     def parts(self) -> tuple[Plan, ...]:
-        """The plan split by identity, for a cluster: limits with their own key function (per tenant next to per
-        user) have buckets in other slots, which no single call can reach. Each part is one atomic call."""
-        indexes: dict[str, list[int]] = {}
-        for index, tag in enumerate(self.tags):
-            indexes.setdefault(tag, []).append(index)
+        """The plan split by cluster slot, as Node's middleware splits it (its slots.cjs): limits with their own key
+        function (per tenant next to per user) may have buckets in other slots, which no single call can reach.
+        Each part is one atomic call, in the order of its first limit."""
+        indexes: dict[int, list[int]] = {}
+        for index, key in enumerate(self.keys):
+            indexes.setdefault(key_slot(key.encode()), []).append(index)
         if len(indexes) == 1:
             return (self,)
         return tuple(self._chosen(index in chosen for index in range(len(self.limits))) for chosen in indexes.values())
