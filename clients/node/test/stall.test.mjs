@@ -66,14 +66,18 @@ describe("a Redis stall (SIGSTOP) is never charged later", () => {
     });
   }
 
-  test("calls made once a written call has waited a quarter of the deadline are not written", async () => {
+  /**
+   * Runs `during(limiter)` while Redis is stopped (SIGSTOP), over a limiter of burst `burst` that one check has
+   * used once; resolves with the tokens its bucket holds once Redis resumed and a check was allowed again.
+   */
+  async function tokensAfterStall(burst, during) {
     const server = await Server.start();
     const conn = await connect("ioredis", server);
     const prefix = `${freshKey("gate")}:`;
     const limiter = rateLimit({
       client: conn.redis,
       prefix,
-      limits: { name: "api", rate: 0.001, burst: 20 },
+      limits: { name: "api", rate: 0.001, burst },
       key: () => "gated",
       fail: "closed",
       timeoutMs: TIMEOUT_MS,
@@ -84,57 +88,40 @@ describe("a Redis stall (SIGSTOP) is never charged later", () => {
       assert.equal((await limiter.check({})).action, "allow");
       server.child.kill("SIGSTOP");
       stopped = true;
+      await during(limiter);
+      server.child.kill("SIGCONT");
+      stopped = false;
+      await waitUntil(async () => (await limiter.check({})).action === "allow", 5000, "the limiter back");
+      return Number((await rawCommand(server.port, `HGET ${prefix}{gated}:api tokens`)).split("\r\n")[1]);
+    } finally {
+      if (stopped) server.child.kill("SIGCONT");
+      await conn.close();
+      await server.stop();
+    }
+  }
+
+  test("calls made once a written call has waited a quarter of the deadline are not written", async () => {
+    const tokens = await tokensAfterStall(20, async (limiter) => {
       const first = limiter.check({}); // written: the one case left
       await new Promise((resolve) => setTimeout(resolve, TIMEOUT_MS / 2));
       const later = await Promise.all(Array.from({ length: 10 }, () => limiter.check({})));
       assert.deepEqual(new Set(later.map((outcome) => outcome.action)), new Set(["unavailable"]));
       assert.equal((await first).action, "unavailable");
-      server.child.kill("SIGCONT");
-      stopped = false;
-      await waitUntil(async () => (await limiter.check({})).action === "allow", 5000, "the limiter back");
-      const tokens = Number((await rawCommand(server.port, `HGET ${prefix}{gated}:api tokens`)).split("\r\n")[1]);
-      // 20 - the first check - the one written before the stall showed - the check that found it back.
-      assert.ok(tokens >= 17, `${tokens} tokens left: the 10 held calls were written`);
-    } finally {
-      if (stopped) server.child.kill("SIGCONT");
-      await conn.close();
-      await server.stop();
-    }
+    });
+    // 20 - the first check - the one written before the stall showed - the check that found it back.
+    assert.ok(tokens >= 17, `${tokens} tokens left: the 10 held calls were written`);
   });
+
   test("a stall charges at most MAX_IN_FLIGHT (64) calls later, however many were made at once", async () => {
-    const server = await Server.start();
-    const conn = await connect("ioredis", server);
-    const prefix = `${freshKey("inflight")}:`;
     const burst = 1000;
-    const limiter = rateLimit({
-      client: conn.redis,
-      prefix,
-      limits: { name: "api", rate: 0.001, burst },
-      key: () => "many",
-      fail: "closed",
-      timeoutMs: TIMEOUT_MS,
-      logger: { warn() {}, error() {} },
-    }).limiter;
-    let stopped = false;
-    try {
-      assert.equal((await limiter.check({})).action, "allow");
-      server.child.kill("SIGSTOP");
-      stopped = true;
+    const tokens = await tokensAfterStall(burst, async (limiter) => {
       // 200 calls in one turn of the event loop: none has waited yet, so only the bound keeps them off the socket.
       const outcomes = await Promise.all(Array.from({ length: 200 }, () => limiter.check({})));
       assert.deepEqual(new Set(outcomes.map((outcome) => outcome.action)), new Set(["unavailable"]));
-      server.child.kill("SIGCONT");
-      stopped = false;
-      await waitUntil(async () => (await limiter.check({})).action === "allow", 5000, "the limiter back");
-      const tokens = Number((await rawCommand(server.port, `HGET ${prefix}{many}:api tokens`)).split("\r\n")[1]);
-      // burst - the first check - at most 64 written before the stall showed - the check that found it back.
-      assert.ok(tokens >= burst - 1 - 64 - 1, `${tokens} tokens left: more than 64 calls were written during the stall`);
-      assert.ok(tokens < burst - 2, `${tokens} tokens left: no call was on the socket when Redis stopped`);
-    } finally {
-      if (stopped) server.child.kill("SIGCONT");
-      await conn.close();
-      await server.stop();
-    }
+    });
+    // burst - the first check - at most 64 written before the stall showed - the check that found it back.
+    assert.ok(tokens >= burst - 1 - 64 - 1, `${tokens} tokens left: more than 64 calls were written during the stall`);
+    assert.ok(tokens < burst - 2, `${tokens} tokens left: no call was on the socket when Redis stopped`);
   });
 });
 
