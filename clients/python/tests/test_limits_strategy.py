@@ -4,11 +4,14 @@ and slowapi selecting it by configuration alone, on both backends."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import random
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import flask_limiter
@@ -30,7 +33,9 @@ from slowapi.errors import RateLimitExceeded
 from slowapi.util import get_remote_address as starlette_remote_address
 
 import redis_tb.limits  # importing the package registers the strategy
-from redis_tb.limits import AsyncTokenBucketRateLimiter
+from redis_tb import Limit
+from redis_tb._local import LocalBuckets
+from redis_tb.limits import AsyncTokenBucketRateLimiter, MemoryBuckets
 
 
 def memcached_storage() -> MemcachedStorage:
@@ -290,3 +295,21 @@ print([http.get("/").status_code for _ in range(2)], "redis_tb" in sys.modules,
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd="/")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[200, 429] True True"
+
+
+def test_memory_buckets_decide_as_the_local_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The strategy's in-memory buckets and the middleware's (whose arithmetic fixtures/local.json checks, as
+    Node's) answer a sequence of calls alike, field for field: one bucket, one arithmetic."""
+    now = [1_000_000.0]
+    monkeypatch.setattr(redis_tb.limits, "time", SimpleNamespace(time=lambda: now[0]))
+    rng = random.Random(7)
+    for rate, burst in itertools.product((3, 1 / 3, 0.25, 7, 1000), (1, 2, 2.5, 100)):
+        memory = MemoryBuckets(MemoryStorage())
+        local = LocalBuckets(clock=lambda: now[0])
+        for step in range(40):
+            now[0] += rng.choice((0.0, 0.001, 0.01, 0.1, 1 / 3, 1.0))
+            cost = rng.choice((1, 1, 2, 0.5, 0))
+            got = memory.acquire("k", rate, burst, cost)
+            (bucket,) = local.acquire_each([Limit("k", rate=rate, burst=burst, cost=cost)], ["k"]).buckets
+            expected = (bucket.fits, bucket.remaining, bucket.retry_after_ms, bucket.reset_after_ms)
+            assert (got.allowed, got.remaining, got.retry_after_ms, got.reset_after_ms) == expected, (rate, burst, step)

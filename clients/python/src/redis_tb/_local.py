@@ -45,7 +45,7 @@ MAX_MS = 2**63 - 1
 
 
 @dataclass
-class _Bucket:
+class Bucket:
     """One bucket's state. `tokens <= burst` (negative: in debt), as of the clock reading `at` (seconds)."""
 
     tokens: float
@@ -86,9 +86,9 @@ class LocalBuckets:
         self.capacity = capacity
         self.clock = clock
         #: key -> bucket, least recently used first.
-        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self._buckets: OrderedDict[str, Bucket] = OrderedDict()
         #: (limit name, rate, burst) -> the bucket shared by the keys of that limit that found no place.
-        self._overflow: dict[tuple[str, float, float], _Bucket] = {}
+        self._overflow: dict[tuple[str, float, float], Bucket] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -125,7 +125,7 @@ class LocalBuckets:
                 if bucket is None:
                     if not self._make_room(now, keys):
                         continue  # not remembered: the key starts full next time
-                    bucket = self._buckets[key] = _Bucket(limit.burst, now, limit.rate, limit.burst)
+                    bucket = self._buckets[key] = Bucket(limit.burst, now, limit.rate, limit.burst)
                 self._buckets.move_to_end(key)
                 # What this process admitted and Redis has not taken yet is not in the answer.
                 unseen = bucket.owed + bucket.charging
@@ -172,7 +172,7 @@ class LocalBuckets:
         with self._lock:
             self._buckets.pop(key, None)
 
-    def _bucket(self, key: str, limit: Limit, now: float, call: Sequence[str]) -> _Bucket:
+    def _bucket(self, key: str, limit: Limit, now: float, call: Sequence[str]) -> Bucket:
         """The key's bucket (moved to the most recently used end), a new full one where there is room, else the
         limit's overflow bucket."""
         bucket = self._buckets.get(key)
@@ -180,12 +180,12 @@ class LocalBuckets:
             self._buckets.move_to_end(key)
             return bucket
         if self._make_room(now, call):
-            bucket = self._buckets[key] = _Bucket(limit.burst, now, limit.rate, limit.burst)
+            bucket = self._buckets[key] = Bucket(limit.burst, now, limit.rate, limit.burst)
             return bucket
         shape = (limit.name, limit.rate, limit.burst)
         overflow = self._overflow.get(shape)
         if overflow is None:
-            overflow = self._overflow[shape] = _Bucket(limit.burst, now, limit.rate, limit.burst, overflow=True)
+            overflow = self._overflow[shape] = Bucket(limit.burst, now, limit.rate, limit.burst, overflow=True)
         return overflow
 
     def _make_room(self, now: float, call: Sequence[str]) -> bool:

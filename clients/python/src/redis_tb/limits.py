@@ -31,7 +31,7 @@ from limits.storage import MemoryStorage, Storage
 from limits.strategies import STRATEGIES, RateLimiter
 from limits.util import WindowStats
 
-from ._local import bucket_result, cost_fits
+from ._local import Bucket, bucket_result, cost_fits
 from .aio import AsyncTokenBucket
 from .client import TokenBucket
 from .replies import Acquired
@@ -49,16 +49,16 @@ SUPPORTED_CLIENTS = (redis.Redis, redis.cluster.RedisCluster, redis.asyncio.Redi
 
 
 class MemoryBuckets:
-    """Token buckets in a `limits` in-memory storage (sync or asyncio), with the arithmetic of the middleware's
-    in-memory buckets (`redis_tb._local.cost_fits` and `bucket_result`).
+    """Token buckets in a `limits` in-memory storage (sync or asyncio): the middleware's in-memory bucket
+    (`redis_tb._local.Bucket`, with `cost_fits` and `bucket_result`), so both decide with one arithmetic.
 
-    A bucket is one entry of the storage's counter: the microsecond at which it is full again, expiring then (a
-    missing bucket is a full one). The storage's `clear`, `reset` and expiry therefore apply to the buckets as
-    to its own counters; nothing lives outside it. Its clock is `time.time()`, as the storage's expiry's is.
+    A bucket is one entry of the storage, expiring when the bucket is full again (a missing bucket is a full one).
+    The storage's `clear`, `reset` and expiry therefore apply to the buckets as to its own counters; nothing lives
+    outside it. Its clock is `time.time()`, as the storage's expiry's is.
     """
 
     def __init__(self, storage: MemoryStorage | AsyncMemoryStorage) -> None:
-        self.full_at_us: MutableMapping[str, int] = storage.storage
+        self.buckets: MutableMapping[str, Any] = storage.storage
         self.expirations: MutableMapping[str, float] = storage.expirations
         self.lock = threading.Lock()
         self.writes = 0
@@ -67,18 +67,15 @@ class MemoryBuckets:
         """`TB.ACQUIRE` on the bucket `key`: the same reply fields, never a write unless `cost` is taken."""
         with self.lock:
             now = time.time()
-            now_us = int(now * 1_000_000)
-            stored = self.full_at_us.get(key) if self.expirations.get(key, 0.0) > now else None
-            full_at_us = max(stored if stored is not None else now_us, now_us)
-            tokens = burst - (full_at_us - now_us) * rate / 1_000_000
-            fits = cost_fits(tokens, burst, cost)
+            stored = self.buckets.get(key) if self.expirations.get(key, 0.0) > now else None
+            held = min(burst, stored.held(now)) if isinstance(stored, Bucket) else burst
+            fits = cost_fits(held, burst, cost)
             if fits and cost > 0:
-                full_at_us += round(cost / rate * 1_000_000)
-                tokens -= cost
-                self.full_at_us[key] = full_at_us
-                self.expirations[key] = full_at_us / 1_000_000
+                held -= cost
+                self.buckets[key] = Bucket(held, now, rate, burst)
+                self.expirations[key] = now + (burst - held) / rate
                 self._sweep(now)
-        result = bucket_result(tokens, rate, burst, cost, fits)
+        result = bucket_result(held, rate, burst, cost, fits)
         return Acquired(fits, result.remaining, result.retry_after_ms, result.reset_after_ms)
 
     def _sweep(self, now: float) -> None:
@@ -88,7 +85,7 @@ class MemoryBuckets:
             return
         for key, at in list(self.expirations.items()):
             if at <= now:
-                self.full_at_us.pop(key, None)
+                self.buckets.pop(key, None)
                 self.expirations.pop(key, None)
 
 
