@@ -14,9 +14,9 @@ any interval `t`, however Redis fails or flaps.
   admissions are not charged back. A flood of identities thus shares one limit rather than going unlimited.
 
 The arithmetic is the module's in floating point (refill `rate` per second up to `burst`; a cost above the burst
-never fits; all of a call's costs or none): `cost_fits` and `bucket_result`, which the `limits` strategy's
-in-memory buckets (`redis_tb.limits.MemoryBuckets`) use too. Here it runs on a clock that only moves forward
-(`time.monotonic` by default): a stepped wall clock neither refills nor drains the buckets.
+never fits; all of a call's costs or none): `Bucket`, `cost_fits` and `bucket_result`, which the `limits`
+strategy's in-memory buckets (`redis_tb.limits.MemoryBuckets`) are made of too. Here it runs on a clock that only
+moves forward (`time.monotonic` by default): a stepped wall clock neither refills nor drains the buckets.
 """
 
 from __future__ import annotations
