@@ -1,8 +1,9 @@
 //! One version for every part of a release: the module (Cargo.toml, which `MODULE LIST` reports), tb-rls
-//! (gateway/Cargo.toml), Cargo.lock, the Python package (clients/python/pyproject.toml), the npm package
-//! (clients/node/package.json and package-lock.json), the newest CHANGELOG heading, the artifact names the docs
-//! print, and the Lua function library's name (`tb_` + the version with dots as underscores, which the packages
-//! derive from their own version). Any part left behind fails here.
+//! (gateway/Cargo.toml), the Rust client crate (clients/rust/Cargo.toml), Cargo.lock, the Python package
+//! (clients/python/pyproject.toml), the npm package (clients/node/package.json and package-lock.json), the newest
+//! CHANGELOG heading, the artifact names the docs print, and the Lua function library's name (`tb_` + the
+//! version with dots as underscores, which the packages derive from their own version). Any part left behind
+//! fails here.
 
 use std::path::PathBuf;
 
@@ -63,6 +64,14 @@ fn every_part_has_the_module_version() {
         (
             "Cargo.lock tb-rls",
             quoted_after(&lock, "name = \"tb-rls\"", "version =").to_string(),
+        ),
+        (
+            "clients/rust/Cargo.toml",
+            quoted_after(&read("clients/rust/Cargo.toml"), "[package]", "version =").to_string(),
+        ),
+        (
+            "Cargo.lock redis-tb-client",
+            quoted_after(&lock, "name = \"redis-tb-client\"", "version =").to_string(),
         ),
         (
             "clients/python/pyproject.toml",
