@@ -30,7 +30,7 @@ PY_OLDEST_TESTS := tests/test_cluster.py tests/test_failures.py tests/test_local
 # changes nothing).
 export PATH := $(CURDIR)/$(VENV)/node-bin:$(PATH)
 
-.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-lua bench-all clean
+.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway bench-node-metrics py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-lua bench-all clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -142,6 +142,9 @@ bench: build py-deps node-deps envoy-venv compat-venv ## Criterion, every case b
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) scripts/bench_python.py
 	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/express.mjs
 	$(MAKE) --no-print-directory bench-gateway
+
+bench-node-metrics: build node-deps ## What the npm middleware's metrics and shadow mode add per request: instructions (callgrind) and time, against metrics: false (~10 min)
+	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/metrics.mjs
 
 # `exec`, as for `make run`: stopping make stops the script, which stops the four processes it started.
 demo-gateway: build envoy-venv ## Redis with the module, tb-rls, Envoy and an upstream, in the foreground; prints curl lines that show 200, 429 and the headers; Ctrl-C stops all four

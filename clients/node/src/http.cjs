@@ -191,7 +191,7 @@ function createHttpLimiter(options) {
     let source;
     const call = async (redis) => {
       const decision = await decide(redis, buckets);
-      source = redis.backendInUse;
+      source = redis.backendInUse ?? "module"; // set once a call has answered
       return decision;
     };
     let outcome;

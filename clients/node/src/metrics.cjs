@@ -13,7 +13,7 @@
 // that has not moved yet reads 0 rather than nothing; a limit's and a class's series appear with their first count,
 // as the Python package's do.
 
-const { TbArgumentError, FAILURE_CLASSES } = require("./errors.cjs");
+const { TbArgumentError } = require("./errors.cjs");
 
 const OUTCOMES = ["allowed", "refused", "shadow_refused", "skipped"];
 const SOURCES = ["module", "function", "script", "local", "open", "closed"];
@@ -65,66 +65,84 @@ function loadPromClient() {
   return promClient;
 }
 
-/** The metric `definition` of `registry`: the one registered there already, else a new one registered there. */
-function metricOf(registry, Kind, type, definition) {
+/**
+ * Where a registry's counts are kept, shared by every middleware over it (and by another copy of this package in
+ * the process: the key is the global symbol registry's): a property of each counter this module registers.
+ */
+const COUNTS = Symbol.for("redis-tb.metrics.counts");
+
+/**
+ * A counter of `definition` in `registry` whose counts are plain numbers (`counter[COUNTS]`: label value -> count),
+ * added per request at the cost of a property increment and handed to prom-client when the registry is scraped:
+ * prom-client's own `inc` hashes its labels at every call, a few times the cost of everything else counted here.
+ * `fixed`: label values shown from 0. An existing counter of that name is used if this package registered it.
+ */
+function countedCounter(prom, registry, definition, fixed) {
   const existing = registry.getSingleMetric(definition.name);
-  if (existing === undefined) return new Kind({ ...definition, registers: [registry] });
-  const labels = existing.labelNames ?? [];
-  if (existing.type !== type || labels.join() !== definition.labelNames.join()) {
-    throw new TbArgumentError(
-      `metrics: the registry holds another metric named ${definition.name} (labels ${JSON.stringify(labels)}), not redis-tb's`,
-    );
+  if (existing !== undefined) {
+    if (existing[COUNTS] === undefined) {
+      throw new TbArgumentError(`metrics: the registry holds another metric named ${definition.name}, not redis-tb's`);
+    }
+    return existing;
+  }
+  const counts = new Map(fixed.map((value) => [value, 0]));
+  const published = new Map();
+  const [labelName] = definition.labelNames;
+  const counter = new prom.Counter({
+    ...definition,
+    registers: [registry],
+    // What was counted since the last scrape, added to prom-client's series (so that its reset() still starts
+    // them afresh).
+    collect() {
+      for (const [value, count] of counts) {
+        this.inc({ [labelName]: value }, count - (published.get(value) ?? 0));
+        published.set(value, count);
+      }
+    },
+  });
+  counter[COUNTS] = counts;
+  return counter;
+}
+
+/** The histogram of `definition` in `registry`: the one registered there already, else a new one. */
+function histogramOf(prom, registry, definition) {
+  const existing = registry.getSingleMetric(definition.name);
+  if (existing === undefined) return new prom.Histogram({ ...definition, registers: [registry] });
+  if (existing.type !== "histogram" || (existing.labelNames ?? []).length !== 0) {
+    throw new TbArgumentError(`metrics: the registry holds another metric named ${definition.name}, not redis-tb's`);
   }
   return existing;
 }
 
-/** What one middleware counts into: its registry's metrics, with the label sets it uses made once. */
+/** What one middleware counts into: its registry's counts, and the duration histogram's observer. */
 class MiddlewareMetrics {
   constructor(prom, registry) {
-    this.requests = metricOf(registry, prom.Counter, "counter", DEFINITIONS.requests);
-    this.refusals = metricOf(registry, prom.Counter, "counter", DEFINITIONS.refusals);
-    this.decisions = metricOf(registry, prom.Counter, "counter", DEFINITIONS.decisions);
-    this.failures = metricOf(registry, prom.Counter, "counter", DEFINITIONS.failures);
-    this.duration = metricOf(registry, prom.Histogram, "histogram", DEFINITIONS.duration);
-    this.outcomeLabels = labelSets("outcome", OUTCOMES);
-    this.sourceLabels = labelSets("source", SOURCES);
-    this.classLabels = labelSets("class", FAILURE_CLASSES);
-    this.limitLabels = new Map();
-    for (const labels of Object.values(this.outcomeLabels)) this.requests.inc(labels, 0);
-    for (const labels of Object.values(this.sourceLabels)) this.decisions.inc(labels, 0);
+    this.requests = countedCounter(prom, registry, DEFINITIONS.requests, OUTCOMES)[COUNTS];
+    this.refusals = countedCounter(prom, registry, DEFINITIONS.refusals, [])[COUNTS];
+    this.decisions = countedCounter(prom, registry, DEFINITIONS.decisions, SOURCES)[COUNTS];
+    this.failures = countedCounter(prom, registry, DEFINITIONS.failures, [])[COUNTS];
+    // Bound once: prom-client then neither makes a closure nor looks the (empty) label set up per observation.
+    this.observe = histogramOf(prom, registry, DEFINITIONS.duration).labels().observe;
   }
 
   /** One request, by `outcome` (one of OUTCOMES). */
   request(outcome) {
-    this.requests.inc(this.outcomeLabels[outcome]);
+    this.requests.set(outcome, this.requests.get(outcome) + 1);
   }
 
   /** The limits of `buckets` that did not fit, for a refused or shadow-refused request. */
   refused(buckets) {
     for (const bucket of buckets) {
-      if (bucket.fits !== false) continue;
-      let labels = this.limitLabels.get(bucket.name);
-      if (labels === undefined) {
-        labels = Object.freeze({ limit: bucket.name });
-        this.limitLabels.set(bucket.name, labels);
-      }
-      this.refusals.inc(labels);
+      if (bucket.fits === false) this.refusals.set(bucket.name, (this.refusals.get(bucket.name) ?? 0) + 1);
     }
   }
 
   /** One limiter call: what decided it (one of SOURCES), the class of its failure if it failed, its seconds. */
   call(source, failureClass, seconds) {
-    this.decisions.inc(this.sourceLabels[source]);
-    if (failureClass !== undefined) this.failures.inc(this.classLabels[failureClass] ?? { class: failureClass });
-    this.duration.observe(seconds);
+    this.decisions.set(source, this.decisions.get(source) + 1);
+    if (failureClass !== undefined) this.failures.set(failureClass, (this.failures.get(failureClass) ?? 0) + 1);
+    this.observe(seconds);
   }
-}
-
-/** { [value]: { [name]: value } } for each value, made once so that counting allocates nothing. */
-function labelSets(name, values) {
-  const sets = {};
-  for (const value of values) sets[value] = Object.freeze({ [name]: value });
-  return sets;
 }
 
 /**

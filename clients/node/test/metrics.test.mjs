@@ -347,6 +347,13 @@ describe("registries", () => {
         counters(await scrape(registry)),
         expectedCounters({ requests: { allowed: 1, refused: 2 }, refusals: { api: 2 }, decisions: { module: 3 } }),
       );
+      // prom-client's reset starts the series afresh: what follows is counted from 0.
+      registry.resetMetrics();
+      assert.equal((await app.get("gina")).status, 429);
+      assert.deepEqual(
+        counters(await scrape(registry)),
+        expectedCounters({ requests: { refused: 1 }, refusals: { api: 1 }, decisions: { module: 1 } }),
+      );
     } finally {
       await app.close();
       await fastify.close();
