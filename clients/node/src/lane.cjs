@@ -17,7 +17,8 @@
 //   - The application's client decides whether there is a connection at all: while it is closed (ioredis ended,
 //     node-redis not open), calls fail at once as its own commands would, and the middleware's connection is
 //     dropped; once the application connects it again, the lane starts afresh.
-// The Python package's gate (redis_tb._guard) and the Rust crate's client use the same delays and bound.
+// The Python package's middleware (redis_tb._guard) holds calls the same way; the Rust crate's client uses the same
+// delays and bound.
 
 const { TbArgumentError, TbProtocolError, TbReplyError, TbUnavailableError, isReplyError } = require("./errors.cjs");
 
@@ -25,6 +26,8 @@ const { TbArgumentError, TbProtocolError, TbReplyError, TbUnavailableError, isRe
 const PROBE_DELAYS_MS = [250, 500, 1000];
 /** Limiter calls one lane has written and not yet seen answered, at most. */
 const MAX_IN_FLIGHT = 64;
+/** While a written call has waited this part of the deadline, no new call is written. */
+const STALL_FRACTION = 0.25;
 
 /** Rejects with a TbUnavailableError after `ms` unless `promise` settles first. */
 function within(promise, ms, what) {
@@ -41,7 +44,7 @@ class Lane {
   constructor(tb, timeoutMs) {
     this.given = tb;
     this.timeoutMs = timeoutMs;
-    this.stallMs = timeoutMs / 4;
+    this.stallMs = timeoutMs * STALL_FRACTION;
     this.own = !tb._connection.cluster;
     this.state = "idle"; // idle (never used, or the application's client opened again), connecting, up, down, closed
     this.generation = 0; // counts close(): a probe begun before it leaves its result alone
@@ -283,4 +286,4 @@ function checkTimeout(owner, timeoutMs) {
   return timeoutMs;
 }
 
-module.exports = { laneFor, callsFor, checkTimeout, MAX_IN_FLIGHT, PROBE_DELAYS_MS };
+module.exports = { laneFor, callsFor, checkTimeout, MAX_IN_FLIGHT, PROBE_DELAYS_MS, STALL_FRACTION };

@@ -5,14 +5,15 @@ import fs from "node:fs";
 import path from "node:path";
 import { mock, test } from "node:test";
 
-import { MAX_IN_FLIGHT, PROBE_DELAYS_MS, laneFor } from "../src/lane.cjs";
+import { MAX_IN_FLIGHT, PROBE_DELAYS_MS, STALL_FRACTION, laneFor } from "../src/lane.cjs";
 import { REPOSITORY } from "./harness.mjs";
 
 const FIXTURE = JSON.parse(fs.readFileSync(path.join(REPOSITORY, "fixtures", "deadlines.json"), "utf8"));
 
-test("fixtures/deadlines.json: the lane's probe delays and bound of calls in flight", () => {
+test("fixtures/deadlines.json: the lane's probe delays, bound of calls in flight and stall fraction", () => {
   assert.deepEqual(PROBE_DELAYS_MS, FIXTURE.probe_delays_ms);
   assert.equal(MAX_IN_FLIGHT, FIXTURE.max_in_flight);
+  assert.equal(STALL_FRACTION, FIXTURE.stall_fraction);
 });
 
 test("fixtures/deadlines.json: failing probes come after each delay in turn, the last repeating", async () => {

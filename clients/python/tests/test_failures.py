@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from redis.retry import Retry
 import redis_tb
 from redis_tb import AsyncTokenBucket, Limit, TokenBucket, asgi, wsgi
 from redis_tb._failures import classify
-from redis_tb._guard import MAX_IN_FLIGHT, Guard
+from redis_tb._guard import MAX_IN_FLIGHT, STALL_FRACTION, Guard
 
 FIXTURE: dict[str, Any] = json.loads((Path(__file__).resolve().parents[3] / "fixtures/failures.json").read_text())
 LIMITS = [Limit("per-client", rate=0.01, burst=2)]  # no refill to speak of during a test
@@ -419,6 +420,7 @@ def test_gate_follows_the_deadlines_fixture() -> None:
     second while they fail; once one answers, a new failure is probed after the first delay again."""
     fixture = json.loads((Path(__file__).resolve().parents[3] / "fixtures/deadlines.json").read_text())
     assert fixture["max_in_flight"] == MAX_IN_FLIGHT
+    assert fixture["stall_fraction"] == STALL_FRACTION
     delays = fixture["probe_delays_ms"]
     clock = FakeClock()
     guard = Guard("local", clock)
@@ -536,3 +538,57 @@ async def test_calls_in_flight_during_a_stall_are_at_most_max_in_flight(fresh: S
     await conn.aclose()
     observer.close()
     assert 1 <= late <= MAX_IN_FLIGHT, late
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_calls_made_once_a_call_has_waited_a_quarter_of_the_deadline_are_not_written(kind: str, fresh: Server) -> None:
+    """Redis stalls (SIGSTOP) with one call out; 10 concurrent requests made half a deadline later wait unwritten
+    behind it and are answered by the fail mode once it misses its deadline: when Redis resumes, only that first
+    call is run (as in Node's lane), where writing them on the pool's connections would charge 11."""
+    limits = [Limit("quarter", rate=0.001, burst=1000)]
+    observer = fresh.client()
+    key = "ratelimit:{127.0.0.1}:quarter"
+    kwargs = address(fresh, socket_timeout=0.4, socket_connect_timeout=0.4)
+
+    def concurrently(app: Served, n: int, first_alone: bool = False) -> list[Answer]:
+        """`n` requests at once (after one made half a deadline earlier, with `first_alone`)."""
+        if kind == "wsgi":
+            with ThreadPoolExecutor(n + 1) as pool:
+                first = pool.submit(app.get) if first_alone else None
+                if first_alone:
+                    time.sleep(0.2)
+                answers = [future.result() for future in [pool.submit(app.get) for _ in range(n)]]
+                if first is not None:
+                    first.result()
+                return answers
+
+        async def requests() -> list[Answer]:
+            first = asyncio.ensure_future(app.http.get("/")) if first_alone else None
+            if first is not None:
+                await asyncio.sleep(0.2)
+            answers = await asyncio.gather(*(app.http.get("/") for _ in range(n)))
+            if first is not None:
+                await first
+            return [Answer(answer.status_code, None) for answer in answers]
+
+        return app.loop.run_until_complete(requests())
+
+    with served(kind, kwargs, limits=limits, fail="open", timeout=0.4) as app:
+        deadline = time.monotonic() + 10
+        while True:  # the pool holds a connection for each of the stall's calls, and the last call answered
+            concurrently(app, 11)
+            if app.get().remaining is not None:
+                break
+            assert time.monotonic() < deadline, "the middleware never sent a call again"
+        before = float(observer.hget(key, "tokens") or 0)
+        fresh.process.send_signal(signal.SIGSTOP)
+        try:
+            later = concurrently(app, 10, first_alone=True)
+        finally:
+            fresh.process.send_signal(signal.SIGCONT)
+        assert {answer.status for answer in later} == {200}
+        with fresh.client() as barrier:  # read after every command already in a socket when Redis resumed
+            assert barrier.ping()
+        charged = before - float(observer.hget(key, "tokens") or 0)
+    observer.close()
+    assert charged <= 1 + 1e-6, f"{charged} tokens taken during the stall: calls made behind a stalled one were written"

@@ -9,7 +9,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
@@ -18,7 +19,7 @@ from redis.cluster import RedisCluster
 
 from . import _protocol as protocol
 from ._failures import Failure
-from ._guard import MAX_IN_FLIGHT, Guard, configure
+from ._guard import MAX_IN_FLIGHT, STALL_FRACTION, Guard, configure
 from ._local import CAPACITY, ChargeBack, LocalBuckets
 from ._metrics import DEFAULT_REGISTRY, metrics_for
 from ._plan import LimitsSpec, Plan, plan
@@ -211,8 +212,31 @@ class Middleware(Generic[App, Limiter]):
         configure(limiter.redis, self.timeout)
         #: The WSGI middleware's `MAX_IN_FLIGHT` (the ASGI one keeps an asyncio semaphore of its own).
         self.thread_slots = threading.BoundedSemaphore(MAX_IN_FLIGHT)
+        #: When each limiter call out now was written (`time.monotonic`), oldest first.
+        self._written: dict[object, float] = {}
+        self._written_lock = threading.Lock()
         # A cluster client cannot send one call for buckets in several slots: such plans go in parts.
         self.in_parts = isinstance(limiter.redis, (RedisCluster, AsyncRedisCluster))
+
+    def stalled(self) -> bool:
+        """Whether a limiter call out now has waited more than a quarter of the deadline. Then Redis may have
+        stalled, and a call written now would be run, and charged, when it resumes: new calls wait unwritten
+        (within their own deadline) until it ends (`STALL_FRACTION` of docs/clients.md's Deadlines)."""
+        with self._written_lock:
+            oldest = next(iter(self._written.values()), None)
+        return oldest is not None and time.monotonic() - oldest > self.timeout * STALL_FRACTION
+
+    @contextmanager
+    def written(self) -> Iterator[None]:
+        """Counts a limiter call as out while the block runs."""
+        token = object()
+        with self._written_lock:
+            self._written[token] = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._written_lock:
+                self._written.pop(token, None)
 
     def peer_identity(self, request: Mapping[str, Any]) -> str | None:
         """The default key function: the peer address, IPv6 grouped by the `ipv6_subnet` prefix."""

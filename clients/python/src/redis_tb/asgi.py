@@ -16,7 +16,7 @@ from typing import Any
 
 from . import _decide, _plan
 from ._decide import Body, Decision, ErrorHook, FailMode, client_address, default_body
-from ._guard import MAX_IN_FLIGHT
+from ._guard import MAX_IN_FLIGHT, STALL_FRACTION, NotSent
 from ._local import CAPACITY
 from ._metrics import DEFAULT_REGISTRY
 from ._plan import LimitsSpec, by_path
@@ -99,6 +99,8 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
         else:
             try:
                 reply = await self._ask_within_deadline(plan)
+            except NotSent:
+                verdict = self.fallback(plan, enforced)
             except Exception as error:  # every failure is a row of the failure table, none a 500
                 verdict = self.failed(plan, error, scope, enforced)
             else:
@@ -108,7 +110,8 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
         return verdict
 
     async def _ask_within_deadline(self, plan: _plan.Plan) -> Acquired | AcquiredEach:
-        """`_ask` once one of the `MAX_IN_FLIGHT` slots is free, cancelled at the deadline (redis-py then closes
+        """`_ask` once one of the `MAX_IN_FLIGHT` slots is free and no call out has waited more than
+        `STALL_FRACTION` of the deadline, cancelled at the deadline (redis-py then closes
         the connection: nothing more is written to it; a call still waiting for a slot was never written)."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
@@ -119,7 +122,12 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
 
     async def _ask_in_slot(self, plan: _plan.Plan, slots: asyncio.Semaphore) -> Acquired | AcquiredEach:
         async with slots:
-            return await self._ask(plan)
+            while self.stalled() and self.guard.admits:  # the deadline cancels the wait
+                await asyncio.sleep(self.timeout * STALL_FRACTION / 4)
+            if not self.guard.admits:  # a call it waited behind missed its deadline
+                raise NotSent
+            with self.written():
+                return await self._ask(plan)
 
     async def _ask(self, plan: _plan.Plan) -> Acquired | AcquiredEach:
         await self._charge_back(plan)

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import _decide, _plan
 from ._decide import Decision, client_address
-from ._guard import MAX_IN_FLIGHT
+from ._guard import MAX_IN_FLIGHT, STALL_FRACTION, NotSent
 from ._plan import by_path
 from .client import TokenBucket
 from .errors import DebtLimitExceeded
@@ -61,6 +61,8 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
         else:
             try:
                 reply = self._ask(plan)
+            except NotSent:
+                verdict = self.fallback(plan, enforced)
             except Exception as error:  # every failure is a row of the failure table, none a 500
                 verdict = self.failed(plan, error, request, enforced)
             else:
@@ -70,11 +72,20 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
         return verdict
 
     def _ask(self, plan: _plan.Plan) -> Acquired | AcquiredEach:
-        """The plan's calls, once one of the `MAX_IN_FLIGHT` slots is free (waiting up to the deadline)."""
+        """The plan's calls, once one of the `MAX_IN_FLIGHT` slots is free and no call out has waited more than
+        `STALL_FRACTION` of the deadline (waiting up to the deadline); the fail mode's if the gate closes meanwhile."""
+        deadline = time.monotonic() + self.timeout
         if not self.thread_slots.acquire(timeout=self.timeout):
             raise TimeoutError(f"{MAX_IN_FLIGHT} limiter calls are out: none ended within the deadline")
         try:
-            return self._ask_in_slot(plan)
+            while self.stalled() and self.guard.admits:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError("a limiter call has waited a quarter of the deadline: none ended within it")
+                time.sleep(self.timeout * STALL_FRACTION / 4)
+            if not self.guard.admits:  # a call it waited behind missed its deadline
+                raise NotSent
+            with self.written():
+                return self._ask_in_slot(plan)
         finally:
             self.thread_slots.release()
 
