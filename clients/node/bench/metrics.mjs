@@ -10,8 +10,8 @@
 //   1. The middleware's own work, without the network: a Redis client whose every call answers at once with an
 //      allowing TB.ACQUIRE reply (no deadline lane), so each check is the package's code alone (key, bucket, call,
 //      decision, headers, metrics). Instructions per check counted by valgrind's callgrind (node --predictable,
-//      after 20,000 checks of warm-up; other work on the machine does not change them, and runs of one case differ
-//      by about 1%), and nanoseconds per check (the fastest of ROUNDS interleaved rounds, the figure least
+//      after 20,000 checks of warm-up; other work on the machine barely changes them, though runs of a
+//      JIT-compiled process still differ by a few percent), and nanoseconds per check (the fastest of ROUNDS interleaved rounds, the figure least
 //      disturbed by other work).
 //   2. On a spawned redis-server with the module: microseconds per check, wall clock, median of ROUNDS interleaved
 //      rounds (the loopback round trip included, and on a busy machine the wait for a core).
@@ -85,7 +85,7 @@ function counted(entry, count) {
 
 /**
  * Instructions per check of each entry: what a run of 12,000 checks counts, less what a run counts besides its
- * checks (the bare case's 12,000 checks less its 2,000, each run once: runs of one case differ by about 1%).
+ * checks (the bare case's 12,000 checks less its 2,000, each run once).
  */
 function instructionsPerCheck(entries) {
   const bare = entries.find((entry) => entry.label === "bare");
