@@ -17,8 +17,7 @@
 //   - The application's client decides whether there is a connection at all: while it is closed (ioredis ended,
 //     node-redis not open), calls fail at once as its own commands would, and the middleware's connection is
 //     dropped; once the application connects it again, the lane starts afresh.
-// The Python package's middleware (redis_tb._guard) holds calls the same way; the Rust crate's client uses the same
-// delays and bound.
+// The Python package's middleware (redis_tb._guard) and the Rust crate's client use the same delays, bound and hold.
 
 const { TbArgumentError, TbProtocolError, TbReplyError, TbUnavailableError, isReplyError } = require("./errors.cjs");
 

@@ -7,14 +7,16 @@
 //!             probe (PING on a new connection, a few a second at most) answers, calls fail at once.
 //! no resend   redis-rs's multiplexed connection is used as is: it never resends a command, and the client
 //!             reconnects by itself instead of through ConnectionManager, whose reconnect could re-run a call
-//!             that may have been charged. At most 64 calls are out at once, so a stalled server runs at most
-//!             64 calls of this client when it resumes.
+//!             that may have been charged. At most 64 calls are out at once, and none is sent while one has
+//!             waited more than a quarter of the deadline, so a stalled server runs at most the calls sent
+//!             before that (64 at most) when it resumes.
 //! ```
 #![forbid(unsafe_code)]
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
@@ -31,6 +33,9 @@ use crate::replies::{
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Calls one client has out at once, at most; the others wait for a slot within their deadline.
 pub const MAX_IN_FLIGHT: usize = 64;
+/// While a call has been out longer than this part of the deadline, no new call is sent: the new ones wait
+/// unsent, within their own deadline (the Python and Node packages hold them the same way).
+pub const STALL_FRACTION: f64 = 0.25;
 /// Waits before each probe while Redis is away: the first soon, then spaced out, the last repeating while
 /// probes fail (the Python and Node packages use the same, `fixtures/deadlines.json`).
 pub const PROBE_DELAYS: [Duration; 3] = [
@@ -86,6 +91,8 @@ impl ClientBuilder {
                 reconnecting: AtomicBool::new(false),
                 first_connect: tokio::sync::Mutex::new(()),
                 slots: Semaphore::new(MAX_IN_FLIGHT),
+                out: Mutex::new(BTreeMap::new()),
+                next_out: AtomicU64::new(0),
                 backends: Backends::new(self.backend),
             }),
         })
@@ -123,7 +130,24 @@ struct Inner {
     /// Serialises the first connection, which a call makes itself (within its deadline).
     first_connect: tokio::sync::Mutex<()>,
     slots: Semaphore,
+    /// When each call out now was sent, by a number that grows with time (so the first is the oldest).
+    out: Mutex<BTreeMap<u64, Instant>>,
+    next_out: AtomicU64,
     backends: Backends,
+}
+
+/// A call out on the connection, from its sending until it ends or is dropped at its deadline.
+struct Out<'a> {
+    inner: &'a Inner,
+    id: u64,
+}
+
+impl Drop for Out<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut out) = self.inner.out.lock() {
+            out.remove(&self.id);
+        }
+    }
 }
 
 impl Client {
@@ -261,8 +285,13 @@ impl Client {
             .acquire()
             .await
             .map_err(|_| Error::Unavailable("the client is closing".to_owned()))?;
+        while self.stalled() && !self.inner.down.load(Ordering::Acquire) {
+            tokio::time::sleep(self.inner.timeout.mul_f64(STALL_FRACTION / 4.0)).await;
+        }
+        // Fails at once when the call it waited behind missed its deadline.
         let (generation, mut connection) = self.connection().await?;
         used.store(generation, Ordering::Release);
+        let _out = self.out();
         let result = self.inner.backends.run(&mut connection, call).await;
         if let Err(err) = &result {
             if err.stops_calls() {
@@ -270,6 +299,30 @@ impl Client {
             }
         }
         result
+    }
+
+    /// Whether a call out now has waited more than `STALL_FRACTION` of the deadline: Redis may have stalled, and a
+    /// call sent now would be run, and charged, when it resumes.
+    fn stalled(&self) -> bool {
+        let oldest = self
+            .inner
+            .out
+            .lock()
+            .ok()
+            .and_then(|out| out.first_key_value().map(|(_, at)| *at));
+        oldest.is_some_and(|at| at.elapsed() > self.inner.timeout.mul_f64(STALL_FRACTION))
+    }
+
+    /// Counts a call as out until the returned guard is dropped.
+    fn out(&self) -> Out<'_> {
+        let id = self.inner.next_out.fetch_add(1, Ordering::AcqRel);
+        if let Ok(mut out) = self.inner.out.lock() {
+            out.insert(id, Instant::now());
+        }
+        Out {
+            inner: &self.inner,
+            id,
+        }
     }
 
     /// The connection to send on: the live one; else, on the first call, a new one made within the call's

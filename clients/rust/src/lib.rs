@@ -58,7 +58,9 @@ mod replies;
 pub mod script;
 
 pub use backends::{Backend, Backends};
-pub use client::{probe_delay, redact, Client, ClientBuilder, DEFAULT_TIMEOUT, MAX_IN_FLIGHT};
+pub use client::{
+    probe_delay, redact, Client, ClientBuilder, DEFAULT_TIMEOUT, MAX_IN_FLIGHT, STALL_FRACTION,
+};
 pub use command::{Bucket, BucketWithCost};
 pub use error::{ConfigError, Error};
 pub use layer::{peer_identity, FailMode, RateLimit, RateLimitLayer};

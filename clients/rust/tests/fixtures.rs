@@ -14,6 +14,7 @@ use redis_tb_client::keys::{self, Ipv6Subnet};
 use redis_tb_client::local::{ChargeBack, LocalBucket, LocalBuckets};
 use redis_tb_client::{
     probe_delay, AcquiredEach, BucketResult, Client, Error, Limit, RateLimitLayer, MAX_IN_FLIGHT,
+    STALL_FRACTION,
 };
 use serde_json::Value;
 
@@ -429,6 +430,7 @@ fn the_deadline_gate_follows_its_fixture() {
         Some(MAX_IN_FLIGHT as u64),
         fixture["max_in_flight"].as_u64()
     );
+    assert_eq!(Some(STALL_FRACTION), fixture["stall_fraction"].as_f64());
     let delays: Vec<u64> = fixture["probe_delays_ms"]
         .as_array()
         .expect("probe_delays_ms")

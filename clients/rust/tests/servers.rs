@@ -367,6 +367,60 @@ async fn a_stopped_server_gets_answers_within_the_deadline_and_nothing_charged_l
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_made_once_a_call_has_waited_a_quarter_of_the_deadline_are_not_sent() {
+    let server = with_module();
+    let deadline = Duration::from_millis(400);
+    let client = Client::builder(&server.url())
+        .timeout(deadline)
+        .build()
+        .expect("a client");
+    let key = "quarter";
+    assert_eq!(
+        client
+            .acquire(key, 0.001, 100.0, 1.0)
+            .await
+            .expect("before")
+            .remaining,
+        99
+    );
+    signal(&server, "-STOP");
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move { client.acquire(key, 0.001, 100.0, 1.0).await })
+    };
+    tokio::time::sleep(deadline / 2).await;
+    let later: Vec<_> = (0..10)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.acquire(key, 0.001, 100.0, 1.0).await })
+        })
+        .collect();
+    for call in later {
+        assert!(
+            call.await.expect("a task").is_err(),
+            "answered while stopped"
+        );
+    }
+    assert!(
+        first.await.expect("a task").is_err(),
+        "answered while stopped"
+    );
+    signal(&server, "-CONT");
+    // Only the call sent before the stop showed runs when the server resumes.
+    let observer = client_for(&server);
+    let resumed = Instant::now();
+    let mut left = peek(&observer, key).await;
+    while left != 98 && resumed.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        left = peek(&observer, key).await;
+    }
+    assert_eq!(
+        left, 98,
+        "{left} tokens left: calls made behind a stalled one were sent"
+    );
+}
+
 fn client_for(server: &Server) -> Client {
     client(server)
 }

@@ -44,8 +44,9 @@ ERROR_LOG_INTERVAL_S = 60.0
 #: A stalled Redis runs the calls written to it before their deadline when it resumes: this bounds how many, per
 #: process, whatever the request rate (calls still waiting at their deadline were never written).
 MAX_IN_FLIGHT = 64
-#: While a limiter call has been out longer than this part of the deadline, no new call is written (Node's lane
-#: holds them the same way): when Redis stalls, only the calls written before that are run when it resumes.
+#: While a limiter call has been out longer than this part of the deadline, no new call is written (Node's lane and
+#: the Rust client hold them the same way): when Redis stalls, only the calls written before that are run when it
+#: resumes.
 STALL_FRACTION = 0.25
 
 
