@@ -293,23 +293,39 @@ async fn peek(client: &Client, key: &str) -> i64 {
         .remaining
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_server_gets_answers_within_the_deadline_and_nothing_charged_later() {
+/// A server with the module and a client with `deadline` whose first call took a token of `key` (burst 100).
+async fn used_once(deadline: Duration, key: &str) -> (Server, Client) {
     let server = with_module();
-    let deadline = Duration::from_millis(200);
     let client = Client::builder(&server.url())
         .timeout(deadline)
         .build()
         .expect("a client");
+    let reply = client
+        .acquire(key, 0.001, 100.0, 1.0)
+        .await
+        .expect("before");
+    assert_eq!(reply.remaining, 99);
+    (server, client)
+}
+
+/// The tokens left in `key` once a resumed server has run what was in its sockets: read until 98 (the first
+/// call and the one out when the server stopped), for 5 s at most.
+async fn left_once_resumed(server: &Server, key: &str) -> i64 {
+    let observer = client_for(server);
+    let resumed = Instant::now();
+    let mut left = peek(&observer, key).await;
+    while left != 98 && resumed.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        left = peek(&observer, key).await;
+    }
+    left
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_gets_answers_within_the_deadline_and_nothing_charged_later() {
+    let deadline = Duration::from_millis(200);
     let key = "stall";
-    assert_eq!(
-        client
-            .acquire(key, 0.001, 100.0, 1.0)
-            .await
-            .expect("before")
-            .remaining,
-        99
-    );
+    let (server, client) = used_once(deadline, key).await;
 
     signal(&server, "-STOP");
     let mut took = Vec::new();
@@ -337,13 +353,7 @@ async fn a_stopped_server_gets_answers_within_the_deadline_and_nothing_charged_l
 
     // The call written before the stop's first timeout runs when the server resumes; the 19 after it never
     // reached the server.
-    let observer = client_for(&server);
-    let resumed = Instant::now();
-    let mut left = peek(&observer, key).await;
-    while left != 98 && resumed.elapsed() < Duration::from_secs(5) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        left = peek(&observer, key).await;
-    }
+    let left = left_once_resumed(&server, key).await;
     assert!(
         (98..=99).contains(&left),
         "{left} tokens left: calls were charged after the stop"
@@ -369,21 +379,9 @@ async fn a_stopped_server_gets_answers_within_the_deadline_and_nothing_charged_l
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_made_once_a_call_has_waited_a_quarter_of_the_deadline_are_not_sent() {
-    let server = with_module();
     let deadline = Duration::from_millis(400);
-    let client = Client::builder(&server.url())
-        .timeout(deadline)
-        .build()
-        .expect("a client");
     let key = "quarter";
-    assert_eq!(
-        client
-            .acquire(key, 0.001, 100.0, 1.0)
-            .await
-            .expect("before")
-            .remaining,
-        99
-    );
+    let (server, client) = used_once(deadline, key).await;
     signal(&server, "-STOP");
     let first = {
         let client = client.clone();
@@ -408,13 +406,7 @@ async fn calls_made_once_a_call_has_waited_a_quarter_of_the_deadline_are_not_sen
     );
     signal(&server, "-CONT");
     // Only the call sent before the stop showed runs when the server resumes.
-    let observer = client_for(&server);
-    let resumed = Instant::now();
-    let mut left = peek(&observer, key).await;
-    while left != 98 && resumed.elapsed() < Duration::from_secs(5) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        left = peek(&observer, key).await;
-    }
+    let left = left_once_resumed(&server, key).await;
     assert_eq!(
         left, 98,
         "{left} tokens left: calls made behind a stalled one were sent"
