@@ -30,11 +30,12 @@ export class Clock {
     this.setUs(unixUs);
   }
 
-  /** Moves the clock, atomically (a renamed file). The extra 5 is half a microsecond: libfaketime reads the
-   * fraction through a double, and this makes it read back exactly the microsecond written. */
+  /** Moves the clock, atomically (a renamed file). libfaketime reads the fraction through a double and truncates:
+   * a tenth of a nanosecond past the microsecond makes both µs readers (TIME) and ns readers (the module's
+   * CL.THROTTLE) read back that microsecond exactly. */
   setUs(unixUs) {
     const iso = new Date(Number(unixUs / 1000n)).toISOString();
-    const text = `${iso.slice(0, 10)} ${iso.slice(11, 19)}.${String(unixUs % 1_000_000n).padStart(6, "0")}5\n`;
+    const text = `${iso.slice(0, 10)} ${iso.slice(11, 19)}.${String(unixUs % 1_000_000n).padStart(6, "0")}0001\n`;
     fs.writeFileSync(`${this.path}.tmp`, text);
     fs.renameSync(`${this.path}.tmp`, this.path);
   }

@@ -1,7 +1,8 @@
 // The package's two backends against each other, as the Python package's differential test does: the same random
 // sequences of calls at the same frozen instants, on a server with the module (the command) and one without it
 // (the shared lua/tb.lua, called with the keys and arguments this package's script backend derives from the
-// command's own arguments), must give identical replies (errors included), identical hashes and identical expiries.
+// command's own arguments), must give identical replies (errors included), identical hashes (CL.THROTTLE's strings)
+// and identical expiries.
 // Both servers run under one controlled clock (tests/clock/). The script runs in each of its forms, each on its own
 // keys of one server: EVALSHA, and where the server has FUNCTION the library generated from the same file (FCALL),
 // each on the server's clock (TIME) and on the caller's (`@<µs>`, the frozen instant; there the clock never steps
@@ -19,12 +20,16 @@ import { Server } from "./harness.mjs";
 const SEEDS = 8;
 const STEPS = 250;
 const KEYS = ["a", "b", "c", "d"];
+// CL.THROTTLE's keys (strings); now and then it is sent a bucket's key, and refused with WRONGTYPE.
+const THROTTLE_KEYS = ["t", "u"];
 const RATES = ["10", "0.5", "1000", "3.3", "7e-1", "25", "0.001", "123456.789"];
 const BURSTS = ["20", "1", "5.5", "100", "2", "0.5", "1e3", "33.3"];
 const COSTS = ["1", "0", "2.5", "0.1", "5", "20", "1e-3", "7", "100"];
 const BAD_NUMBERS = ["abc", "0", "-1", "inf", "nan", "1e400", "0x10", " 1", "1 ", "", "-0", "+2.5e-3", ".5", "5.", "1E2"];
-// The token-bucket commands: CL.THROTTLE keeps strings, not buckets, and has its own comparison with the module.
-const COMMANDS = script.commands().filter((command) => command.startsWith("TB."));
+// CL.THROTTLE's largest reply, i64::MAX (an interval under 1 µs makes `remaining` saturate), as the script sends it:
+// the largest double below 2^63 (documented in lua/tb.lua). A JavaScript number reads i64::MAX as 2^63.
+const I64_MAX_AS_NUMBER = 2 ** 63;
+const I64_MAX_FROM_SCRIPT = 9223372036854774784;
 // Any name will do for the test; the packages name it after their version (lua/tb.lua's header).
 const LIBRARY = "tb_test";
 const librarySource = (name) => `#!lua name=${name}\nlocal TB_LIBRARY = '${name}'\n${script.source()}`;
@@ -44,8 +49,8 @@ function generator(seed) {
   return { next, int, pick };
 }
 
-function randomCall(rng, params, keyOf) {
-  const name = rng.pick(COMMANDS);
+function randomCall(rng, commands, params, keyOf) {
+  const name = rng.pick(commands);
   const number = (choices) => (rng.next() < 0.03 ? rng.pick(BAD_NUMBERS) : rng.pick(choices));
   const bucket = (key) => {
     if (rng.next() < 0.1) params[key] = [rng.pick(RATES), rng.pick(BURSTS)];
@@ -61,6 +66,13 @@ function randomCall(rng, params, keyOf) {
       else args.push(keyOf(key), ...bucket(key), number(COSTS));
     }
     return [name, args];
+  }
+  if (name === "CL.THROTTLE") {
+    const key = rng.next() < 0.95 ? rng.pick(THROTTLE_KEYS) : rng.pick(KEYS);
+    const args = [rng.pick(["0", "1", "4", "10", "100"]), rng.pick(["1", "3", "10", "1000", "1000000000"]), rng.pick(["1", "7", "60", "3600"])];
+    if (rng.next() < 0.03) args[rng.int(0, 2)] = rng.pick(["-1", "0", "x", "9223372036854775807", "1.5"]);
+    if (rng.next() < 0.7) args.push(rng.pick(["0", "1", "2", "5", "20", "-1"]));
+    return [name, [keyOf(key), ...args]];
   }
   const key = rng.pick(KEYS);
   const args = [keyOf(key), ...bucket(key)];
@@ -96,17 +108,43 @@ async function outcome(promise) {
   }
 }
 
-const functionName = (command) => `${LIBRARY}_${command.toLowerCase().replace("tb.", "")}`;
+/** The library's function for `command`, as the package names it (script.functionName) in the test's library. */
+const functionName = (command) => LIBRARY + script.functionName(command).slice(script.libraryName().length);
 
-/** Each key's hash and expiry (PEXPIRETIME, or PTTL on Redis 6.2: exact under a frozen clock), in one round trip. */
-async function snapshot(conn, prefix, keyOf, exact) {
+/** Whether the server knows `name`: called bare, a known command is refused for its arity. */
+async function commandKnown(conn, name) {
+  const reply = await outcome(conn.call(name));
+  return !(reply[0] === "error" && reply[1].toLowerCase().includes("unknown command"));
+}
+
+/**
+ * Each key's hash (a CL.THROTTLE key's string) and expiry (PEXPIRETIME, or PTTL on Redis 6.2: exact under a frozen
+ * clock), in two round trips (the types, then the values). A key that expires within the current millisecond
+ * counts as gone: the module's CL.THROTTLE key with a TAT under 1 ms ahead lasts to the end of that millisecond,
+ * the script's is deleted at once (as redis-cell's PEXPIRE 0 deletes it).
+ */
+async function snapshot(conn, prefix, keyOf, exact, nowUs) {
+  const keys = [...KEYS, ...THROTTLE_KEYS].map((key) => prefix + keyOf(key));
+  const kinds = conn.pipeline();
+  for (const key of keys) kinds.type(key);
+  const types = (await kinds.exec()).map(([error, reply]) => error?.message ?? reply);
   const pipeline = conn.pipeline();
-  for (const key of KEYS) {
-    pipeline.hgetall(prefix + keyOf(key));
-    if (exact) pipeline.call("PEXPIRETIME", prefix + keyOf(key));
-    else pipeline.pttl(prefix + keyOf(key));
+  keys.forEach((key, i) => {
+    if (types[i] === "string") pipeline.get(key);
+    else pipeline.hgetall(key);
+    if (exact) pipeline.call("PEXPIRETIME", key);
+    else pipeline.pttl(key);
+  });
+  const replies = (await pipeline.exec()).map(([error, reply]) => error?.message ?? reply);
+  const nowMs = exact ? Number(nowUs / 1000n) : 0;
+  const state = [];
+  for (let i = 0; i < replies.length; i += 2) {
+    const missing = replies[i] === null || (typeof replies[i] === "object" && Object.keys(replies[i]).length === 0);
+    const value = missing ? null : replies[i];
+    const expiry = replies[i + 1];
+    state.push(value !== null && expiry === nowMs ? [null, -2] : [value, expiry]);
   }
-  return (await pipeline.exec()).map(([error, reply]) => error?.message ?? reply);
+  return state;
 }
 
 describe("module and script backends agree", () => {
@@ -116,6 +154,7 @@ describe("module and script backends agree", () => {
   let scriptConn;
   let skip;
   let forms;
+  let commands;
   before(async () => {
     const preload = await clockPreload();
     if (preload === undefined) {
@@ -139,6 +178,8 @@ describe("module and script backends agree", () => {
       forms.push("fcall", "fcall@");
     }
     await moduleConn.del("probe");
+    commands = [];
+    for (const command of script.commands()) if (await commandKnown(moduleConn, command)) commands.push(command);
   });
   after(async () => {
     moduleConn?.disconnect();
@@ -164,10 +205,13 @@ describe("module and script backends agree", () => {
           // The module rebases a bucket on a step back; on the caller's clock the bucket's time stands still.
           nowUs += callerClock && stepUs < 0n ? 0n : stepUs;
           clock.setUs(nowUs);
-          const [name, args] = randomCall(rng, params, keyOf);
+          const [name, args] = randomCall(rng, commands, params, keyOf);
           const { keys, argv } = script.arguments(name, args);
-          const fromModule = await outcome(moduleConn.call(name, ...args));
-          const moduleState = await snapshot(moduleConn, "", keyOf, exact);
+          let fromModule = await outcome(moduleConn.call(name, ...args));
+          if (name === "CL.THROTTLE" && fromModule[0] !== "error") {
+            fromModule = fromModule.map((value) => (value === I64_MAX_AS_NUMBER ? I64_MAX_FROM_SCRIPT : value));
+          }
+          const moduleState = await snapshot(moduleConn, "", keyOf, exact, nowUs);
           for (const form of formsHere) {
             // Each form on its own keys, in the same slot: the form's name before the hash tag.
             const formKeys = keys.map((key) => form + key);
@@ -177,7 +221,7 @@ describe("module and script backends agree", () => {
               : await outcome(scriptConn.call("FCALL", functionName(name), keys.length, ...formKeys, ...clockArg, ...argv.slice(1)));
             const context = `${form}: seed ${seed} step ${step} at ${nowUs}: ${name} ${JSON.stringify(args)}`;
             assert.deepEqual(fromForm, fromModule, context);
-            assert.deepEqual(await snapshot(scriptConn, form, keyOf, exact), moduleState, context);
+            assert.deepEqual(await snapshot(scriptConn, form, keyOf, exact, nowUs), moduleState, context);
           }
         }
       });
