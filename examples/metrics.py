@@ -8,12 +8,11 @@
 (clients/python/tests/test_prometheus.py).
 """
 
-import argparse
+# --- snippet: start -------------------------------------------------------------------------------------------------
 from typing import Any
 
 import prometheus_client
 import redis.asyncio
-import uvicorn
 from fastapi import FastAPI
 
 from redis_tb import AsyncTokenBucket, Limit
@@ -48,6 +47,12 @@ def build(redis_port: int) -> Any:
             await limited(scope, receive, send)
 
     return app
+# --- snippet: end ---------------------------------------------------------------------------------------------------
+
+
+import argparse  # noqa: E402 (the snippet above is what the docs show)
+
+import uvicorn  # noqa: E402
 
 
 def main() -> None:
