@@ -1033,13 +1033,6 @@ general = function()
   -- The commands: arguments checked in the module's order, then read, decide, write, reply.
   ---------------------------------------------------------------------------------------------------------------
 
-  -- Every command's key in the constructor, so that the table is sized once: filled key by key, it would be
-  -- rehashed at each power of two on every EVAL call that builds this part.
-  local commands = { ['TB.ACQUIREALL'] = false, ['TB.ACQUIREEACH'] = false, ['TB.ACQUIREATMOST'] = false,
-                     ['TB.RESERVE'] = false, ['TB.REFUND'] = false, ['TB.CHARGE'] = false, ['TB.BLOCK'] = false,
-                     ['CL.THROTTLE'] = false }
-  general_commands = commands
-
   -- TB.ACQUIRE past its arguments and its read, for what `take` leaves to the general path.
   acquire_general = function(key, rate, burst, cost, stored_tokens, stored_ts, now)
     local stored = state_of(stored_tokens, stored_ts)
@@ -1126,7 +1119,7 @@ general = function()
     end
   end
 
-  commands['TB.ACQUIREALL'] = function(keys, args)
+  local function acquireall_command(keys, args)
     local n = #keys
     if n == 0 or #args ~= 1 + 2 * n then arity_error('tb.acquireall') end
     if n > MAX_BUCKETS then refuse('ERR too many buckets: TB.ACQUIREALL takes at most 1000') end
@@ -1157,7 +1150,7 @@ general = function()
              combined.limiting - 1 }
   end
 
-  commands['TB.ACQUIREEACH'] = function(keys, args)
+  local function acquireeach_command(keys, args)
     local n = #keys
     if n == 0 or #args ~= 3 * n then arity_error('tb.acquireeach') end
     if n > MAX_BUCKETS then refuse('ERR too many buckets: TB.ACQUIREEACH takes at most 1000') end
@@ -1185,7 +1178,7 @@ general = function()
     return reply
   end
 
-  commands['TB.ACQUIREATMOST'] = function(keys, args)
+  local function acquireatmost_command(keys, args)
     if #keys ~= 1 or #args ~= 3 then arity_error('tb.acquireatmost') end
     local p = parse_params(args[1], args[2])
     local max = parse_ranged_integer(args[3], 1, MAX_AT_MOST, ERR_AT_MOST)
@@ -1196,7 +1189,7 @@ general = function()
     return { int(partial.granted), int(partial.remaining), int(partial.retry_after_ms), int(partial.reset_after_ms) }
   end
 
-  commands['TB.RESERVE'] = function(keys, args)
+  local function reserve_command(keys, args)
     if #keys ~= 1 or #args ~= 4 then arity_error('tb.reserve') end
     local p = parse_params(args[1], args[2])
     local cost = parse_non_negative(args[3], ERR_COST)
@@ -1208,7 +1201,7 @@ general = function()
     return { r.outcome == ALLOWED and 1 or 0, int(r.wait_ms), int(r.remaining), int(r.reset_after_ms) }
   end
 
-  commands['TB.REFUND'] = function(keys, args)
+  local function refund_command(keys, args)
     if #keys ~= 1 or #args ~= 3 then arity_error('tb.refund') end
     local p = parse_params(args[1], args[2])
     local amount = parse_non_negative(args[3], ERR_AMOUNT)
@@ -1224,7 +1217,7 @@ general = function()
   end
 
   -- TB.CHARGE and TB.BLOCK: key rate burst and a third argument (already checked), one charge-shaped answer.
-  local function charge_command(keys, args, third, decide)
+  local function charge_shaped(keys, args, third, decide)
     local p = parse_params(args[1], args[2])
     local value = third(args[3])
     local stored = read_state(keys[1])
@@ -1237,24 +1230,36 @@ general = function()
   local function charge_cost(text) return parse_non_negative(text, ERR_COST) end
   local function block_ms(text) return parse_ranged_integer(text, 1, MAX_WAIT_LIMIT_MS, ERR_BLOCK_MS) end
 
-  commands['TB.CHARGE'] = function(keys, args)
+  local function charge_command(keys, args)
     if #keys ~= 1 or #args ~= 3 then arity_error('tb.charge') end
-    return charge_command(keys, args, charge_cost, charge)
+    return charge_shaped(keys, args, charge_cost, charge)
   end
 
-  commands['TB.BLOCK'] = function(keys, args)
+  local function block_command(keys, args)
     if #keys ~= 1 or #args ~= 3 then arity_error('tb.block') end
-    return charge_command(keys, args, block_ms, block)
+    return charge_shaped(keys, args, block_ms, block)
   end
 
   local throttle_command
-  commands['CL.THROTTLE'] = function(keys, args)
+  local function throttle_entry(keys, args)
     throttle_command = throttle_command or build_throttle()
     return throttle_command(keys, args)
   end
 
-
-  return commands
+  -- The dispatch table: the general part's commands by name, for the EVAL form's ARGV and the library's functions
+  -- alike (TB.ACQUIRE's hot path, acquire_command, is served before this part exists). Every key in one
+  -- constructor, so that the table is sized once.
+  general_commands = {
+    ['TB.ACQUIREALL'] = acquireall_command,
+    ['TB.ACQUIREEACH'] = acquireeach_command,
+    ['TB.ACQUIREATMOST'] = acquireatmost_command,
+    ['TB.RESERVE'] = reserve_command,
+    ['TB.REFUND'] = refund_command,
+    ['TB.CHARGE'] = charge_command,
+    ['TB.BLOCK'] = block_command,
+    ['CL.THROTTLE'] = throttle_entry,
+  }
+  return general_commands
 end
 
 ---------------------------------------------------------------------------------------------------------------
