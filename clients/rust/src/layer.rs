@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -72,6 +73,9 @@ struct Shared {
     fail: FailMode,
     standard: Standard,
     status: StatusCode,
+    body: RefusalBody,
+    on_error: Option<ErrorHook>,
+    shadow: bool,
     local: Mutex<LocalBuckets>,
     epoch: Instant,
     log: Mutex<LogState>,
@@ -83,6 +87,67 @@ struct LogState {
     /// A fault is under way: its warning was logged; cleared by the next call that answers.
     in_fault: bool,
     error_logged_at: HashMap<&'static str, Instant>,
+    /// When each shadow limit's refusal was last logged.
+    shadow_logged_at: HashMap<String, Instant>,
+}
+
+/// A shadow limit's refusals are logged at most once per limit in this long.
+const SHADOW_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The `on_error` hook: called for every failed limiter call with the error, the request's head and the
+/// failure table's row (its `class` is the row's short name).
+pub type ErrorHook = Arc<dyn Fn(&Error, &Parts, Failure) + Send + Sync>;
+
+/// A refusal, as a body function is given it.
+#[derive(Debug)]
+pub struct Decision<'a> {
+    /// The limit that refuses (the one with the longest wait).
+    pub limit: &'a Limit,
+    /// Its wait in ms; -1 when its cost exceeds its burst, so waiting never helps.
+    pub retry_after_ms: i64,
+    /// Every enforced limit of the request.
+    pub limits: &'a [Limit],
+    /// Redis's reply (or the local fail mode's, alike), one bucket per limit.
+    pub reply: &'a AcquiredEach,
+}
+
+/// The body of a refusal: a fixed JSON object, or a function of the [`Decision`] returning one.
+#[derive(Clone, Default)]
+pub enum RefusalBody {
+    /// `{"error": "rate limit exceeded", "limit": <name>, "retry_after_ms": <ms>}`, the wait left out when
+    /// waiting never helps.
+    #[default]
+    Default,
+    Json(serde_json::Value),
+    With(Arc<dyn Fn(&Decision<'_>) -> serde_json::Value + Send + Sync>),
+}
+
+impl RefusalBody {
+    /// A body made for each refusal by `body`. If it panics, the refusal gets the default body and the panic is
+    /// logged: a refusal is never a 500.
+    pub fn with<F>(body: F) -> RefusalBody
+    where
+        F: Fn(&Decision<'_>) -> serde_json::Value + Send + Sync + 'static,
+    {
+        RefusalBody::With(Arc::new(body))
+    }
+}
+
+impl From<serde_json::Value> for RefusalBody {
+    fn from(value: serde_json::Value) -> RefusalBody {
+        RefusalBody::Json(value)
+    }
+}
+
+/// The default refusal body.
+pub fn default_body(decision: &Decision<'_>) -> serde_json::Value {
+    let mut body = serde_json::Map::new();
+    body.insert("error".to_owned(), "rate limit exceeded".into());
+    body.insert("limit".to_owned(), decision.limit.name.as_str().into());
+    if decision.retry_after_ms >= 0 {
+        body.insert("retry_after_ms".to_owned(), decision.retry_after_ms.into());
+    }
+    serde_json::Value::Object(body)
 }
 
 impl RateLimitLayer {
@@ -121,6 +186,9 @@ impl RateLimitLayer {
                 fail: FailMode::Local,
                 standard: Standard::Both,
                 status: StatusCode::TOO_MANY_REQUESTS,
+                body: RefusalBody::Default,
+                on_error: None,
+                shadow: false,
                 local: Mutex::new(LocalBuckets::new(DEFAULT_CAPACITY)),
                 epoch: Instant::now(),
                 log: Mutex::new(LogState::default()),
@@ -141,6 +209,9 @@ impl RateLimitLayer {
                 fail: shared.fail,
                 standard: shared.standard,
                 status: shared.status,
+                body: shared.body.clone(),
+                on_error: shared.on_error.clone(),
+                shadow: shared.shadow,
                 local: Mutex::new(LocalBuckets::new(DEFAULT_CAPACITY)),
                 epoch: shared.epoch,
                 log: Mutex::new(LogState::default()),
@@ -183,6 +254,47 @@ impl RateLimitLayer {
         self.with(|shared| shared.standard = standard)
     }
 
+    /// The status of a refusal (default 429). Refuses a status that is not an HTTP error (400 to 599).
+    pub fn status_code(self, status: StatusCode) -> Result<RateLimitLayer, ConfigError> {
+        if !(status.is_client_error() || status.is_server_error()) {
+            return Err(ConfigError::new(format!(
+                "status_code must be an HTTP error status (400 to 599), not {}",
+                status.as_u16()
+            )));
+        }
+        Ok(self.with(|shared| shared.status = status))
+    }
+
+    /// The JSON body of a refusal: `serde_json::json!({...})` (an object), or [`RefusalBody::with`] a function
+    /// of the [`Decision`]. Refuses a JSON value that is not an object.
+    pub fn body(self, body: impl Into<RefusalBody>) -> Result<RateLimitLayer, ConfigError> {
+        let body = body.into();
+        if let RefusalBody::Json(value) = &body {
+            if !value.is_object() {
+                return Err(ConfigError::new(format!(
+                    "body must be a JSON object or a function returning one, not {value}"
+                )));
+            }
+        }
+        Ok(self.with(|shared| shared.body = body))
+    }
+
+    /// Called for every failed limiter call, before the fail mode answers, with the error, the request's head
+    /// and the failure table's row (`failure.class`: `timeout`, `connection`, `oom`, ...). A panic in it is
+    /// logged and changes nothing else.
+    pub fn on_error<F>(self, hook: F) -> RateLimitLayer
+    where
+        F: Fn(&Error, &Parts, Failure) + Send + Sync + 'static,
+    {
+        self.with(|shared| shared.on_error = Some(Arc::new(hook)))
+    }
+
+    /// Shadow mode for every limit (default off): buckets are charged as usual, but a request they refuse is
+    /// served, and logged at warning level at most once a second per limit. [`Limit::shadow`] for one limit.
+    pub fn shadow(self, shadow: bool) -> RateLimitLayer {
+        self.with(|shared| shared.shadow = shadow)
+    }
+
     /// Keys the local fail mode keeps in memory (default 10,000); beyond them, one overflow bucket per limit.
     pub fn local_capacity(self, capacity: usize) -> RateLimitLayer {
         self.with(|shared| shared.local = Mutex::new(LocalBuckets::new(capacity)))
@@ -213,12 +325,19 @@ struct Plan {
     keys: Vec<String>,
 }
 
+/// The enforced limits of a request, decided first, and its shadow limits, decided when they allow.
+struct Plans {
+    enforced: Plan,
+    shadow: Plan,
+}
+
 /// What to answer.
 enum Verdict {
     /// Go on to the inner service, adding these headers.
     Pass(Vec<(&'static str, String)>),
-    /// Answer this instead.
-    Refuse(Response<Body>),
+    /// Answer this instead (a shadow plan's: an empty response); the names of the limits whose bucket did not
+    /// fit (none for a fail mode's refusal).
+    Refuse(Response<Body>, Vec<String>),
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
@@ -244,15 +363,14 @@ where
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let (parts, body) = request.into_parts();
-            let plan = shared.plan(&parts);
-            let request = Request::from_parts(parts, body);
-            let headers = match plan {
+            let headers = match shared.plan(&parts) {
                 None => Vec::new(),
-                Some(plan) => match shared.decide(&plan).await {
-                    Verdict::Pass(headers) => headers,
-                    Verdict::Refuse(response) => return Ok(response),
+                Some(plans) => match shared.limit(&plans, &parts).await {
+                    Ok(headers) => headers,
+                    Err(response) => return Ok(response),
                 },
             };
+            let request = Request::from_parts(parts, body);
             std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
             let response = inner.call(request).await?;
             let mut response = response.map(Body::new);
@@ -285,10 +403,18 @@ fn lower(name: &'static str) -> &'static str {
 }
 
 impl Shared {
-    /// The limits for a request and their keys; `None` when every limit skips it.
-    fn plan(&self, parts: &Parts) -> Option<Plan> {
-        let mut limits = Vec::with_capacity(self.limits.len());
-        let mut keys = Vec::with_capacity(self.limits.len());
+    /// The limits for a request and their keys, enforced and shadow apart; `None` when every limit skips it.
+    fn plan(&self, parts: &Parts) -> Option<Plans> {
+        let mut plans = Plans {
+            enforced: Plan {
+                limits: Vec::new(),
+                keys: Vec::new(),
+            },
+            shadow: Plan {
+                limits: Vec::new(),
+                keys: Vec::new(),
+            },
+        };
         for limit in &self.limits {
             let identity = match limit.key.as_ref().or(self.key.as_ref()) {
                 Some(key) => key(parts),
@@ -302,10 +428,70 @@ impl Shared {
                     keys::tag_of(None)
                 }
             };
-            keys.push(keys::tagged_key(&self.prefix, &tag, &limit.name));
-            limits.push(limit.clone());
+            let plan = if self.shadow || limit.shadow {
+                &mut plans.shadow
+            } else {
+                &mut plans.enforced
+            };
+            plan.keys
+                .push(keys::tagged_key(&self.prefix, &tag, &limit.name));
+            plan.limits.push(limit.clone());
         }
-        (!limits.is_empty()).then_some(Plan { limits, keys })
+        let applies = !(plans.enforced.limits.is_empty() && plans.shadow.limits.is_empty());
+        applies.then_some(plans)
+    }
+
+    /// The enforced limits, all or nothing; when they allow, the shadow limits, all or nothing among themselves,
+    /// whose refusal is logged and serves the request. The headers (of the enforced limits only), or the refusal.
+    async fn limit(
+        &self,
+        plans: &Plans,
+        parts: &Parts,
+    ) -> Result<Vec<(&'static str, String)>, Response<Body>> {
+        let mut headers = Vec::new();
+        if !plans.enforced.limits.is_empty() {
+            match self.decide(&plans.enforced, parts, true).await {
+                Verdict::Pass(found) => headers = found,
+                Verdict::Refuse(response, _) => return Err(response),
+            }
+        }
+        if !plans.shadow.limits.is_empty() {
+            if let Verdict::Refuse(_, refused) = self.decide(&plans.shadow, parts, false).await {
+                self.shadow_refused(&plans.shadow, refused);
+            }
+        }
+        Ok(headers)
+    }
+
+    /// Shadow limits refused a request that is served: logged at most once a second per limit. A fail mode's
+    /// refusal names no bucket: every shadow limit of the call would have refused.
+    fn shadow_refused(&self, plan: &Plan, mut refused: Vec<String>) {
+        if refused.is_empty() {
+            refused = plan.limits.iter().map(|limit| limit.name.clone()).collect();
+        }
+        let now = Instant::now();
+        for name in refused {
+            let due = match self.log.lock() {
+                Ok(mut log) => {
+                    let due = log
+                        .shadow_logged_at
+                        .get(&name)
+                        .is_none_or(|at| now.duration_since(*at) >= SHADOW_LOG_INTERVAL);
+                    if due {
+                        log.shadow_logged_at.insert(name.clone(), now);
+                    }
+                    due
+                }
+                Err(_) => false,
+            };
+            if due {
+                tracing::warn!(
+                    limit = %name,
+                    "redis-tb: shadow limit {name:?} would have refused a request; it was served (logged at most \
+                     once a second per limit)"
+                );
+            }
+        }
     }
 
     fn warn_anonymous(&self, limit: &Limit) {
@@ -323,8 +509,9 @@ impl Shared {
         self.epoch.elapsed().as_secs_f64() * 1000.0
     }
 
-    /// Asks Redis (after the charge-backs the local buckets owe), or the fail mode when that fails.
-    async fn decide(&self, plan: &Plan) -> Verdict {
+    /// Asks Redis (after the charge-backs the local buckets owe), or the fail mode when that fails. `enforced`:
+    /// the verdict is the response's (headers, body); else only whether it allows and which limits refused.
+    async fn decide(&self, plan: &Plan, parts: &Parts, enforced: bool) -> Verdict {
         let buckets: Vec<LocalBucket<'_>> = plan
             .limits
             .iter()
@@ -346,21 +533,29 @@ impl Shared {
                         local.answered(&buckets, &reply.buckets, now_ms);
                     }
                 }
-                self.verdict(plan, &reply)
+                self.verdict(plan, &reply, enforced)
             }
             Err(err) => {
                 self.failed(&err);
+                if let Some(hook) = &self.on_error {
+                    let called = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        hook(&err, parts, err.failure());
+                    }));
+                    if called.is_err() {
+                        tracing::error!("redis-tb: the on_error hook panicked");
+                    }
+                }
                 match self.fail {
                     FailMode::Open => Verdict::Pass(Vec::new()),
-                    FailMode::Closed => Verdict::Refuse(unavailable()),
+                    FailMode::Closed => Verdict::Refuse(unavailable(), Vec::new()),
                     FailMode::Local => {
                         let now_ms = self.now_ms();
                         let reply = match self.local.lock() {
                             Ok(mut local) => local.acquire_each(&buckets, now_ms),
                             // A panic elsewhere poisoned the table: refuse rather than let everything through.
-                            Err(_) => return Verdict::Refuse(unavailable()),
+                            Err(_) => return Verdict::Refuse(unavailable(), Vec::new()),
                         };
-                        self.verdict(plan, &reply)
+                        self.verdict(plan, &reply, enforced)
                     }
                 }
             }
@@ -427,7 +622,20 @@ impl Shared {
         }
     }
 
-    fn verdict(&self, plan: &Plan, reply: &AcquiredEach) -> Verdict {
+    fn verdict(&self, plan: &Plan, reply: &AcquiredEach, enforced: bool) -> Verdict {
+        if reply.allowed && !enforced {
+            return Verdict::Pass(Vec::new());
+        }
+        let refused: Vec<String> = plan
+            .limits
+            .iter()
+            .zip(&reply.buckets)
+            .filter(|(_, bucket)| !bucket.fits)
+            .map(|(limit, _)| limit.name.clone())
+            .collect();
+        if !enforced {
+            return Verdict::Refuse(Response::new(Body::empty()), refused);
+        }
         let policies: Vec<Policy<'_>> = plan
             .limits
             .iter()
@@ -441,25 +649,46 @@ impl Shared {
         if reply.allowed {
             return Verdict::Pass(headers);
         }
-        let name = plan
+        let body = match plan
             .limits
             .get(reply.limiting_index)
-            .map_or("", |limit| limit.name.as_str());
-        let mut body = serde_json::Map::new();
-        body.insert("error".to_owned(), "rate limit exceeded".into());
-        body.insert("limit".to_owned(), name.into());
-        let retry_after_ms = reply.retry_after_ms();
-        if retry_after_ms >= 0 {
-            body.insert("retry_after_ms".to_owned(), retry_after_ms.into());
-        }
-        let body = serde_json::Value::Object(body).to_string();
-        let mut response = Response::new(Body::from(body));
+            .or(plan.limits.first())
+        {
+            Some(limit) => self.refusal_body(&Decision {
+                limit,
+                retry_after_ms: reply.retry_after_ms(),
+                limits: &plan.limits,
+                reply,
+            }),
+            None => serde_json::json!({"error": "rate limit exceeded"}),
+        };
+        let mut response = Response::new(Body::from(body.to_string()));
         *response.status_mut() = self.status;
         response
             .headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         append(&mut response, headers);
-        Verdict::Refuse(response)
+        Verdict::Refuse(response, refused)
+    }
+
+    /// The body option's JSON for a refusal; the default body when a body function panics.
+    fn refusal_body(&self, decision: &Decision<'_>) -> serde_json::Value {
+        match &self.body {
+            RefusalBody::Default => default_body(decision),
+            RefusalBody::Json(value) => value.clone(),
+            RefusalBody::With(body) => {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| body(decision))) {
+                    Ok(value) => value,
+                    Err(_) => {
+                        tracing::error!(
+                            limit = %decision.limit.name,
+                            "redis-tb: the body function panicked; the refusal has the default body"
+                        );
+                        default_body(decision)
+                    }
+                }
+            }
+        }
     }
 
     /// A call answered: a fault under way ends.

@@ -63,7 +63,10 @@ pub use client::{
 };
 pub use command::{Bucket, BucketWithCost};
 pub use error::{ConfigError, Error};
-pub use layer::{peer_identity, FailMode, RateLimit, RateLimitLayer};
+pub use layer::{
+    default_body, peer_identity, Decision, ErrorHook, FailMode, RateLimit, RateLimitLayer,
+    RefusalBody,
+};
 pub use limit::{Identity, KeyFn, Limit};
 pub use replies::{
     Acquired, AcquiredAll, AcquiredEach, BucketResult, Charged, PartialGrant, Refunded, Reservation,

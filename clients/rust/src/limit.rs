@@ -40,6 +40,7 @@ pub struct Limit {
     pub(crate) burst: f64,
     pub(crate) cost: f64,
     pub(crate) key: Option<KeyFn>,
+    pub(crate) shadow: bool,
 }
 
 impl fmt::Debug for Limit {
@@ -50,6 +51,7 @@ impl fmt::Debug for Limit {
             .field("burst", &self.burst)
             .field("cost", &self.cost)
             .field("own_key", &self.key.is_some())
+            .field("shadow", &self.shadow)
             .finish()
     }
 }
@@ -77,6 +79,7 @@ impl Limit {
             burst,
             cost: 1.0,
             key: None,
+            shadow: false,
         })
     }
 
@@ -99,6 +102,14 @@ impl Limit {
         F: Fn(&Parts) -> Identity + Send + Sync + 'static,
     {
         self.key = Some(Arc::new(key));
+        self
+    }
+
+    /// Shadow mode for this limit (default off): its buckets are charged as usual, but a request it refuses is
+    /// served (and logged at warning level, at most once a second per limit). It is decided after the enforced
+    /// limits allow, in a call of its own, and appears in no header.
+    pub fn shadow(mut self, shadow: bool) -> Limit {
+        self.shadow = shadow;
         self
     }
 

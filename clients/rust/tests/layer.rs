@@ -1,18 +1,22 @@
 //! The tower layer in a real axum server over HTTP, in front of a spawned Redis (or of none): headers on every
 //! limited response, 429 with Retry-After and the JSON body, several limits all or nothing, skip, the peer
-//! address as the default identity, and the three fail modes.
+//! address as the default identity, the three fail modes, the refusal options (status, body, error hook) and
+//! shadow mode.
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
 use common::{Options, Server};
-use redis_tb_client::{Client, FailMode, Identity, Limit, RateLimitLayer};
+use http::StatusCode;
+use redis_tb_client::{Client, FailMode, Identity, Limit, RateLimitLayer, RefusalBody};
+use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn with_module() -> Server {
@@ -282,4 +286,235 @@ async fn what_memory_admitted_during_a_fault_is_charged_back_to_redis() {
         .query(&mut conn)
         .expect("peek");
     assert_eq!(peek[1], 4);
+}
+
+/// What `TB.ACQUIRE` with cost 0 reports of a bucket: its tokens left.
+fn remaining(conn: &mut redis::Connection, key: &str, rate: f64, burst: f64) -> i64 {
+    let peek: Vec<i64> = redis::cmd("TB.ACQUIRE")
+        .arg(key)
+        .arg(rate)
+        .arg(burst)
+        .arg(0)
+        .query(conn)
+        .expect("peek");
+    peek[1]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_has_the_status_and_the_body_the_options_give() {
+    let server = with_module();
+    let limit = || Limit::new("api", 0.001, 1.0).expect("a limit");
+
+    let fixed = serve(
+        RateLimitLayer::new(client(&server.url()), [limit()])
+            .expect("a layer")
+            .status_code(StatusCode::SERVICE_UNAVAILABLE)
+            .expect("an error status")
+            .body(json!({"error": "slow down"}))
+            .expect("an object"),
+    )
+    .await;
+    assert_eq!(get_path(fixed, "/").await.status, 200);
+    let refused = get_path(fixed, "/").await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.body, "{\"error\":\"slow down\"}");
+    assert_eq!(refused.header("content-type"), Some("application/json"));
+    assert_eq!(refused.header("ratelimit-remaining"), Some("0"));
+
+    // A function of the decision; each layer its own prefix, so its own bucket.
+    let made = serve(
+        RateLimitLayer::new(client(&server.url()), [limit()])
+            .expect("a layer")
+            .prefix("made:")
+            .expect("a prefix")
+            .body(RefusalBody::with(|decision| {
+                json!({
+                    "who": decision.limit.name(),
+                    "limits": decision.limits.len(),
+                    "allowed": decision.reply.allowed,
+                    "waits": decision.retry_after_ms > 0,
+                })
+            }))
+            .expect("a function"),
+    )
+    .await;
+    assert_eq!(get_path(made, "/").await.status, 200);
+    let refused = get_path(made, "/").await;
+    assert_eq!(refused.status, 429);
+    let body: serde_json::Value = serde_json::from_str(&refused.body).expect("JSON");
+    assert_eq!(
+        body,
+        json!({"who": "api", "limits": 1, "allowed": false, "waits": true})
+    );
+
+    // A body function that panics: the default body, still a 429.
+    let broken = serve(
+        RateLimitLayer::new(client(&server.url()), [limit()])
+            .expect("a layer")
+            .prefix("broken:")
+            .expect("a prefix")
+            .body(RefusalBody::with(|_| panic!("a bug in the body function")))
+            .expect("a function"),
+    )
+    .await;
+    assert_eq!(get_path(broken, "/").await.status, 200);
+    let refused = get_path(broken, "/").await;
+    assert_eq!(refused.status, 429);
+    let body: serde_json::Value = serde_json::from_str(&refused.body).expect("JSON");
+    assert_eq!(body["error"], "rate limit exceeded");
+    assert_eq!(body["limit"], "api");
+}
+
+#[test]
+fn refusal_options_refuse_a_status_that_is_no_error_and_a_body_that_is_no_object() {
+    let layer = || {
+        RateLimitLayer::new(
+            client("redis://127.0.0.1:1/"),
+            [Limit::new("api", 1.0, 1.0).expect("a limit")],
+        )
+        .expect("a layer")
+    };
+    for status in [StatusCode::OK, StatusCode::FOUND] {
+        let err = layer().status_code(status).err().expect("refused");
+        assert!(err.to_string().contains("status_code"), "{err}");
+    }
+    assert!(layer().status_code(StatusCode::FORBIDDEN).is_ok());
+    for body in [json!([1]), json!("text"), json!(null)] {
+        let err = layer().body(body).err().expect("refused");
+        assert!(
+            err.to_string().contains("body must be a JSON object"),
+            "{err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_error_hook_sees_every_failed_call_with_its_class_and_request() {
+    let server = with_module();
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let record = |seen: &Arc<Mutex<Vec<(String, String)>>>| {
+        let seen = Arc::clone(seen);
+        move |_: &redis_tb_client::Error,
+              parts: &http::request::Parts,
+              failure: redis_tb_client::failure::Failure| {
+            seen.lock()
+                .expect("the list")
+                .push((failure.class.to_owned(), parts.uri.path().to_owned()));
+        }
+    };
+    let limit = || Limit::new("api", 0.001, 10.0).expect("a limit");
+    let address = serve(
+        RateLimitLayer::new(client(&server.url()), [limit()])
+            .expect("a layer")
+            .on_error(record(&seen)),
+    )
+    .await;
+    assert_eq!(get_path(address, "/").await.status, 200);
+    assert!(seen.lock().expect("the list").is_empty());
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query(&mut server.conn())
+        .expect("CONFIG SET");
+    // Every failed call, not once per fault; the local fail mode answers.
+    assert_eq!(get_path(address, "/").await.status, 200);
+    assert_eq!(get_path(address, "/health").await.status, 200);
+    assert_eq!(
+        *seen.lock().expect("the list"),
+        [
+            ("oom".to_owned(), "/".to_owned()),
+            ("oom".to_owned(), "/health".to_owned())
+        ]
+    );
+
+    // No server at all: the connection row; a panicking hook changes nothing.
+    let url = format!("redis://127.0.0.1:{}/", common::free_port());
+    let unreachable: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let address = serve(
+        RateLimitLayer::new(client(&url), [limit()])
+            .expect("a layer")
+            .fail(FailMode::Closed)
+            .on_error(record(&unreachable)),
+    )
+    .await;
+    assert_eq!(get_path(address, "/").await.status, 503);
+    assert_eq!(
+        *unreachable.lock().expect("the list"),
+        [("connection".to_owned(), "/".to_owned())]
+    );
+    let panicking = serve(
+        RateLimitLayer::new(client(&url), [limit()])
+            .expect("a layer")
+            .fail(FailMode::Open)
+            .on_error(|_, _, _| panic!("a bug in the hook")),
+    )
+    .await;
+    assert_eq!(get_path(panicking, "/").await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_limit_that_refuses_serves_the_request_charged_and_out_of_the_headers() {
+    let server = with_module();
+    let mut conn = server.conn();
+    let api = Limit::new("api", 0.001, 5.0).expect("a limit");
+    let strict = Limit::new("strict", 0.001, 1.0)
+        .expect("a limit")
+        .shadow(true);
+    let address =
+        serve(RateLimitLayer::new(client(&server.url()), [api, strict]).expect("a layer")).await;
+    for left in ["4", "3", "2"] {
+        let reply = get_path(address, "/").await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.body, "hello");
+        assert_eq!(reply.header("ratelimit-policy"), Some("\"api\";q=5;w=5000"));
+        assert_eq!(reply.header("ratelimit-remaining"), Some(left));
+    }
+    // Charged as if enforced: its one token was taken by the first request, the others did not fit.
+    assert_eq!(
+        remaining(&mut conn, "ratelimit:{127.0.0.1}:strict", 0.001, 1.0),
+        0
+    );
+    assert_eq!(
+        remaining(&mut conn, "ratelimit:{127.0.0.1}:api", 0.001, 5.0),
+        2
+    );
+
+    // Enforced limits decide first: a request they refuse leaves the shadow limit's bucket alone.
+    let tight = Limit::new("tight", 0.001, 1.0).expect("a limit");
+    let loose = Limit::new("loose", 0.001, 10.0)
+        .expect("a limit")
+        .shadow(true);
+    let address =
+        serve(RateLimitLayer::new(client(&server.url()), [tight, loose]).expect("a layer")).await;
+    assert_eq!(get_path(address, "/").await.status, 200);
+    let refused = get_path(address, "/").await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(
+        refused.header("ratelimit-policy"),
+        Some("\"tight\";q=1;w=1000")
+    );
+    assert_eq!(
+        remaining(&mut conn, "ratelimit:{127.0.0.1}:loose", 0.001, 10.0),
+        9
+    );
+
+    // Shadow mode on the layer: every limit; nothing refused, no header, buckets charged.
+    let whole = Limit::new("whole", 0.001, 1.0).expect("a limit");
+    let address = serve(
+        RateLimitLayer::new(client(&server.url()), [whole])
+            .expect("a layer")
+            .shadow(true),
+    )
+    .await;
+    for _ in 0..3 {
+        let reply = get_path(address, "/").await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.header("ratelimit"), None);
+        assert_eq!(reply.header("ratelimit-policy"), None);
+    }
+    assert_eq!(
+        remaining(&mut conn, "ratelimit:{127.0.0.1}:whole", 0.001, 1.0),
+        0
+    );
 }
