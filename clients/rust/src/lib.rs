@@ -54,6 +54,8 @@ pub mod keys;
 mod layer;
 mod limit;
 pub mod local;
+#[cfg(feature = "prometheus")]
+mod metrics;
 mod replies;
 pub mod script;
 

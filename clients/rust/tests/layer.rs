@@ -518,3 +518,63 @@ async fn a_shadow_limit_that_refuses_serves_the_request_charged_and_out_of_the_h
         0
     );
 }
+
+#[cfg(feature = "prometheus")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_count_a_known_sequence_exactly() {
+    let server = with_module();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let api = Limit::new("api", 0.001, 2.0).expect("a limit");
+    let trial = Limit::new("trial", 0.001, 1.0)
+        .expect("a limit")
+        .shadow(true);
+    let layer = RateLimitLayer::new(client(&server.url()), [api, trial])
+        .expect("a layer")
+        .key(|parts| {
+            if parts.uri.path() == "/health" {
+                Identity::Skip
+            } else {
+                Identity::Key("someone".to_owned())
+            }
+        })
+        .metrics(&mut registry);
+    let address = serve(layer).await;
+
+    // Allowed (a call for each plan); served though the shadow limit refuses; refused by api (its one call);
+    // skipped (no call).
+    let statuses = [
+        get_path(address, "/").await.status,
+        get_path(address, "/").await.status,
+        get_path(address, "/").await.status,
+        get_path(address, "/health").await.status,
+    ];
+    assert_eq!(statuses, [200, 200, 429, 200]);
+    // Out of memory: the call fails (class oom) and the local fail mode refuses, continuing from api's 0 left.
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query(&mut server.conn())
+        .expect("CONFIG SET");
+    assert_eq!(get_path(address, "/").await.status, 429);
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("the scrape");
+    for line in [
+        "redis_tb_requests_total{outcome=\"allowed\"} 1",
+        "redis_tb_requests_total{outcome=\"shadow_refused\"} 1",
+        "redis_tb_requests_total{outcome=\"refused\"} 2",
+        "redis_tb_requests_total{outcome=\"skipped\"} 1",
+        "redis_tb_refusals_total{limit=\"trial\"} 1",
+        "redis_tb_refusals_total{limit=\"api\"} 2",
+        "redis_tb_decisions_total{source=\"module\"} 5",
+        "redis_tb_decisions_total{source=\"local\"} 1",
+        "redis_tb_decisions_total{source=\"function\"} 0",
+        "redis_tb_decisions_total{source=\"closed\"} 0",
+        "redis_tb_redis_failures_total{class=\"oom\"} 1",
+        "redis_tb_call_duration_seconds_count 6",
+        "redis_tb_call_duration_seconds_bucket{le=\"2.5\"} 6",
+    ] {
+        assert!(text.lines().any(|found| found == line), "{line} in\n{text}");
+    }
+}
