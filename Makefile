@@ -57,7 +57,7 @@ run: module ## Build only the module and start redis-server in the foreground wi
 	$(if $(filter-out 127.0.0.1 localhost ::1,$(BIND)),@echo "redis-tb: BIND=$(BIND) listens beyond this machine and the server has no password: set one (requirepass or ACL) or keep the default BIND=127.0.0.1")
 	exec $(PDEATHSIG) $(REDIS_SERVER) --port $(PORT) --bind $(BIND) --save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
 
-dist: build dist-venv node-deps ## Everything a release ships, in dist/: the module's and tb-rls's tarballs, the Python sdist and wheel, the npm tarball, SHA256SUMS
+dist: build dist-venv node-deps ## Everything a release ships, in dist/: the module's and tb-rls's tarballs, the Python sdist and wheel, the npm tarball, the Rust crate, SHA256SUMS
 	@bash scripts/dist.sh dist
 
 deb: build ## The Debian packages dist/redis-tb_<version>_amd64.deb (the module and a loadmodule snippet) and dist/tb-rls_<version>_amd64.deb (the service, its user, config and systemd unit)

@@ -9,6 +9,8 @@
 #          dist/redis_tb-<version>.tar.gz and dist/redis_tb-<version>-py3-none-any.whl: the Python package (sdist,
 #            and the wheel built from it), checked with twine
 #          dist/redis-tb-<version>.tgz: the npm package (npm pack)
+#          dist/redis-tb-client-<version>.crate: the Rust crate (cargo package, which builds the packed crate alone
+#            to verify it)
 #   deb    dist/redis-tb_<version>_amd64.deb: the module in /usr/lib/redis/modules/redis-tb.so and the snippet
 #            /etc/redis/modules.d/redis-tb.conf that loads it
 #          dist/tb-rls_<version>_amd64.deb: /usr/bin/tb-rls, a tb-rls system user, /etc/tb-rls/ratelimit.yaml and
@@ -154,6 +156,22 @@ npm_package() {
   echo "dist: dist/$file ($(du -k "dist/$file" | cut -f1) KiB)"
 }
 
+# cargo package packs the working tree as it is (--allow-dirty, like the other artifacts), with lua/tb.lua stored as
+# a file, then builds the unpacked crate by itself, offline: make build has fetched every dependency it needs.
+crate_package() {
+  local version_crate file
+  version_crate="$(sed -n 's/^version = "\(.*\)"$/\1/p' clients/rust/Cargo.toml | head -n 1)"
+  [ "$version_crate" = "$version" ] || {
+    echo "dist: clients/rust/Cargo.toml says $version_crate, the release is $version" >&2
+    exit 1
+  }
+  cargo package -p redis-tb-client --allow-dirty --offline --quiet
+  file="redis-tb-client-$version.crate"
+  cp "target/package/$file" "$stage/$file"
+  mv -f "$stage/$file" "dist/$file"
+  echo "dist: dist/$file ($(du -k "dist/$file" | cut -f1) KiB)"
+}
+
 module_deb() {
   local root="$stage/deb-module"
   # Executable, unlike most shared libraries: Redis 7 refuses to load a module file without execute permission.
@@ -277,6 +295,7 @@ dist)
   service_tarball
   python_package
   npm_package
+  crate_package
   sums
   ;;
 deb)

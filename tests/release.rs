@@ -559,6 +559,7 @@ fn release_artifacts_sha256sums_cover_every_artifact() {
         format!("redis_tb-{VERSION}.tar.gz"),
         format!("redis_tb-{VERSION}-py3-none-any.whl"),
         format!("redis-tb-{VERSION}.tgz"),
+        format!("redis-tb-client-{VERSION}.crate"),
     ] {
         assert!(
             sums.lines()
