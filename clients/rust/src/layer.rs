@@ -494,20 +494,7 @@ impl Shared {
         }
         let now = Instant::now();
         for name in refused {
-            let due = match self.log.lock() {
-                Ok(mut log) => {
-                    let due = log
-                        .shadow_logged_at
-                        .get(&name)
-                        .is_none_or(|at| now.duration_since(*at) >= SHADOW_LOG_INTERVAL);
-                    if due {
-                        log.shadow_logged_at.insert(name.clone(), now);
-                    }
-                    due
-                }
-                Err(_) => false,
-            };
-            if due {
+            if self.shadow_log_due(&name, now) {
                 tracing::warn!(
                     limit = %name,
                     "redis-tb: shadow limit {name:?} would have refused a request; it was served (logged at most \
@@ -530,6 +517,21 @@ impl Shared {
 
     fn now_ms(&self) -> f64 {
         self.epoch.elapsed().as_secs_f64() * 1000.0
+    }
+
+    /// Whether a refusal of shadow limit `name` at `now` is logged: the first, then one a second at most.
+    fn shadow_log_due(&self, name: &str, now: Instant) -> bool {
+        let Ok(mut log) = self.log.lock() else {
+            return false;
+        };
+        let due = log
+            .shadow_logged_at
+            .get(name)
+            .is_none_or(|at| now.saturating_duration_since(*at) >= SHADOW_LOG_INTERVAL);
+        if due {
+            log.shadow_logged_at.insert(name.to_owned(), now);
+        }
+        due
     }
 
     /// Asks Redis (after the charge-backs the local buckets owe), or the fail mode when that fails. `enforced`:
@@ -563,12 +565,6 @@ impl Shared {
             Err(err) => {
                 self.failed(&err);
                 self.count_failed(err.failure().class);
-                let source = match self.fail {
-                    FailMode::Open => "open",
-                    FailMode::Closed => "closed",
-                    FailMode::Local => "local",
-                };
-                self.count_decided(source, started);
                 if let Some(hook) = &self.on_error {
                     let called = std::panic::catch_unwind(AssertUnwindSafe(|| {
                         hook(&err, parts, err.failure());
@@ -577,19 +573,26 @@ impl Shared {
                         tracing::error!("redis-tb: the on_error hook panicked");
                     }
                 }
-                match self.fail {
-                    FailMode::Open => Verdict::Pass(Vec::new()),
-                    FailMode::Closed => Verdict::Refuse(unavailable(), Vec::new()),
+                let (source, verdict) = match self.fail {
+                    FailMode::Open => ("open", Verdict::Pass(Vec::new())),
+                    FailMode::Closed => ("closed", Verdict::Refuse(unavailable(), Vec::new())),
                     FailMode::Local => {
                         let now_ms = self.now_ms();
                         let reply = match self.local.lock() {
-                            Ok(mut local) => local.acquire_each(&buckets, now_ms),
+                            Ok(mut local) => Some(local.acquire_each(&buckets, now_ms)),
                             // A panic elsewhere poisoned the table: refuse rather than let everything through.
-                            Err(_) => return Verdict::Refuse(unavailable(), Vec::new()),
+                            Err(_) => None,
                         };
-                        self.verdict(plan, &reply, enforced)
+                        let verdict = match reply {
+                            Some(reply) => self.verdict(plan, &reply, enforced),
+                            None => Verdict::Refuse(unavailable(), Vec::new()),
+                        };
+                        ("local", verdict)
                     }
-                }
+                };
+                // The call's duration ends with the fail mode's answer.
+                self.count_decided(source, started);
+                verdict
             }
         }
     }
@@ -828,3 +831,27 @@ const _: fn() = || {
     fn infallible<T: Service<Request<Body>, Error = Infallible>>() {}
     infallible::<RateLimit<axum::routing::Route>>();
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shadow_limit_s_refusals_are_logged_at_most_once_a_second_each() {
+        let client = Client::new("redis://127.0.0.1:1/").expect("a client");
+        let limit = Limit::new("trial", 1.0, 1.0).expect("a limit");
+        let layer = RateLimitLayer::new(client, [limit]).expect("a layer");
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let shared = &layer.shared;
+        assert!(shared.shadow_log_due("trial", at(0)));
+        assert!(!shared.shadow_log_due("trial", at(1)));
+        assert!(!shared.shadow_log_due("trial", at(999)));
+        // Another limit has its own second.
+        assert!(shared.shadow_log_due("other", at(500)));
+        assert!(shared.shadow_log_due("trial", at(1_000)));
+        assert!(!shared.shadow_log_due("trial", at(1_999)));
+        assert!(!shared.shadow_log_due("other", at(1_499)));
+        assert!(shared.shadow_log_due("other", at(1_500)));
+    }
+}
