@@ -1,6 +1,6 @@
 //! The tower layer: every request a limit applies to takes its cost from Redis first; a refusal answers `429`
-//! with `Retry-After` and a small JSON body; every limited response carries the RateLimit header fields
-//! (docs/headers.md). Works with axum's `Router::layer` as it is:
+//! (or the status_code option's) with `Retry-After` and a small JSON body (or the body option's); every limited
+//! response carries the RateLimit header fields (docs/headers.md). Works with axum's `Router::layer` as it is:
 //!
 //! ```text
 //! errors      refusals and failures are responses (429, or 503 for fail mode closed), never the service's
@@ -9,7 +9,11 @@
 //!             after Redis has decided, so no slot of the inner service is held while Redis is asked
 //! one call    one limit: TB.ACQUIRE; several: one TB.ACQUIREEACH, all or nothing, one header item each
 //! failures    the fail mode: local (default: in-memory buckets that continue from Redis's last answer and
-//!             charge back what they admitted), open, or closed; the failure table's logging
+//!             charge back what they admitted), open, or closed; the failure table's logging; the on_error hook
+//! refusals    status_code (default 429) and body (a JSON object, or a function of the Decision)
+//! shadow      shadow limits are decided in a second call, only when the enforced limits allow; their refusals
+//!             serve the request, are logged once a second per limit and appear in no header
+//! metrics     the five series of docs/operating.md, with the `prometheus` feature, in the user's Registry
 //! ```
 #![forbid(unsafe_code)]
 
