@@ -157,7 +157,7 @@ npm_package() {
 }
 
 # cargo package packs the working tree as it is (--allow-dirty, like the other artifacts), with lua/tb.lua stored as
-# a file, then builds the unpacked crate by itself, offline: make build has fetched every dependency it needs.
+# a file, then builds the unpacked crate by itself (fetching from crates.io what the cache lacks, as make build does).
 crate_package() {
   local version_crate file
   version_crate="$(sed -n 's/^version = "\(.*\)"$/\1/p' clients/rust/Cargo.toml | head -n 1)"
@@ -165,7 +165,7 @@ crate_package() {
     echo "dist: clients/rust/Cargo.toml says $version_crate, the release is $version" >&2
     exit 1
   }
-  cargo package -p redis-tb-client --allow-dirty --offline --quiet
+  cargo package -p redis-tb-client --allow-dirty --quiet
   file="redis-tb-client-$version.crate"
   cp "target/package/$file" "$stage/$file"
   mv -f "$stage/$file" "dist/$file"
