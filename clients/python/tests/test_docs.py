@@ -59,8 +59,22 @@ def test_every_block_is_tested() -> None:
         "RATELIMIT_STRATEGY",
         'strategy="token-bucket"',
         "async def call_partner",
+        "def build(redis_port",
     ]
     assert sorted(block_with(marker) for marker in markers) == sorted(blocks())
+
+
+async def test_metrics_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app of examples/metrics.py as the page shows it: the limited path answers, /metrics shows the counts."""
+    app = run_block("def build(redis_port", server, monkeypatch)["build"](server.port)
+    transport = httpx.ASGITransport(app=app, client=(peer(7, server), 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        first = await http.get("/")
+        scrape = await http.get("/metrics")
+    assert first.status_code == 200, first
+    assert first.json() == {"hello": "world"}
+    assert first.headers["ratelimit"] == '"per-client";r=9;t=1'
+    assert re.search(r'^redis_tb_requests_total\{outcome="allowed"\} [1-9]', scrape.text, flags=re.M), scrape.text
 
 
 def test_client_block(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
