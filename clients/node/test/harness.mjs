@@ -165,6 +165,10 @@ export class Cluster {
         await waitUntil(async () => (await rawCommand(node.port, "CLUSTER INFO")).includes("cluster_state:ok"), 30_000);
         const role = index < 3 ? "role:master" : "master_link_status:up";
         await waitUntil(async () => (await rawCommand(node.port, "INFO replication")).includes(role), 30_000, `${role} on node ${index}`);
+        // A primary ignores CLUSTER FAILOVER from a replica it does not know yet (Redis 6.2 learns it by gossip,
+        // seconds after the replica started syncing): every node must know every replica.
+        const knownReplicas = async () => (await rawCommand(node.port, "CLUSTER NODES")).split("\n").filter((line) => (line.split(" ")[2] ?? "").split(",").includes("slave")).length;
+        await waitUntil(async () => (await knownReplicas()) === 3 * replicas, 30_000, `node ${index} knows every replica`);
       }
     } catch (error) {
       await Promise.all(nodes.map((node) => node.stop()));

@@ -167,7 +167,11 @@ class Cluster:
         )
         deadline = time.monotonic() + 30
         for node in self.nodes:
-            while node.client().cluster("info")["cluster_state"] != "ok" or not synced(node):
+            while not (
+                node.client().cluster("info")["cluster_state"] == "ok"
+                and synced(node)
+                and known_replicas(node) == 3 * replicas
+            ):
                 assert time.monotonic() < deadline, f"node {node.port} never reached cluster_state:ok"
                 time.sleep(0.05)
         roles = [node.client().info("replication")["role"] for node in self.nodes]
@@ -182,6 +186,14 @@ def synced(node: Server) -> bool:
     """A primary, or a replica whose link to its primary is up."""
     info = node.client().info("replication")
     return info["role"] == "master" or info.get("master_link_status") == "up"
+
+
+def known_replicas(node: Server) -> int:
+    """How many replicas `node` knows as replicas. A primary ignores CLUSTER FAILOVER's request from a replica it
+    does not know yet (Redis 6.2 learns it by gossip, seconds after the replica started syncing): the manual failover
+    then times out."""
+    lines = node.client().execute_command("CLUSTER", "NODES").decode().splitlines()
+    return sum("slave" in line.split()[2].split(",") for line in lines)
 
 
 def owner(cluster: Cluster, key: str) -> Server:
