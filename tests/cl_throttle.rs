@@ -467,26 +467,10 @@ fn command_info_and_docs_describe_it() {
 fn only_allowed_calls_fire_events_abort_a_watch_and_count_as_grants() {
     let server = Server::start();
     let mut conn = server.conn();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("KEA")
-        .query(&mut conn)
-        .expect("CONFIG SET");
-    let mut subscriber = server.conn();
-    let mut pubsub = subscriber.as_pubsub();
-    pubsub.psubscribe("__keyspace@0__:*").expect("PSUBSCRIBE");
-    pubsub
-        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
-        .expect("timeout");
-    let mut next_event = || -> String {
-        let message = pubsub.get_message().expect("a keyspace event");
-        let channel = message
-            .get_channel_name()
-            .trim_start_matches("__keyspace@0__:")
-            .to_string();
-        let event: String = message.get_payload().expect("payload");
-        format!("{channel} {event}")
+    let mut events = KeyspaceEvents::subscribe(&server);
+    let mut next_event = || {
+        let (key, event) = events.next();
+        format!("{key} {event}")
     };
     // One a minute, max_burst 0: the first call is allowed, the second limited.
     throttle(&mut conn, &["k", "0", "1", "60"]);

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::time::Duration;
 
 use common::{
     acquire, acquire_all, acquire_at_most, acquire_each, command_error, hgetall, info_int,
@@ -390,27 +389,8 @@ fn info_tb_counts_each_call_once() {
 fn writes_fire_the_native_keyspace_events_and_refusals_none() {
     let server = Server::start();
     let mut conn = server.conn();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("KEA")
-        .query(&mut conn)
-        .expect("CONFIG SET");
-    let mut subscriber = server.conn();
-    let mut pubsub = subscriber.as_pubsub();
-    pubsub.psubscribe("__keyspace@0__:*").expect("PSUBSCRIBE");
-    pubsub
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    let mut next_event = || -> (String, String) {
-        let message = pubsub.get_message().expect("a keyspace event");
-        let channel = message.get_channel_name().to_string();
-        let event: String = message.get_payload().expect("payload");
-        (
-            channel.trim_start_matches("__keyspace@0__:").to_string(),
-            event,
-        )
-    };
+    let mut events = common::KeyspaceEvents::subscribe(&server);
+    let mut next_event = || events.next();
     let event = |key: &str, name: &str| (key.to_string(), name.to_string());
 
     acquire_each(

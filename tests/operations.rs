@@ -3,7 +3,6 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
 
 use common::Server;
 use common::{acquire, acquire_error, block, charge, command_error, error_text};
@@ -187,27 +186,8 @@ fn info_tb_counts_outcomes() {
 fn writes_fire_keyspace_events_and_denials_fire_none() {
     let server = Server::start();
     let mut conn = server.conn();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("KEA")
-        .query(&mut conn)
-        .expect("CONFIG SET");
-    let mut subscriber = server.conn();
-    let mut pubsub = subscriber.as_pubsub();
-    pubsub.psubscribe("__keyspace@0__:*").expect("PSUBSCRIBE");
-    pubsub
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    let mut next_event = || -> (String, String) {
-        let message = pubsub.get_message().expect("a keyspace event");
-        let channel = message.get_channel_name().to_string();
-        let event: String = message.get_payload().expect("payload");
-        (
-            channel.trim_start_matches("__keyspace@0__:").to_string(),
-            event,
-        )
-    };
+    let mut events = common::KeyspaceEvents::subscribe(&server);
+    let mut next_event = || events.next();
 
     acquire(&mut conn, "bucket", "0.001", "2", Some("2"));
     assert_eq!(next_event(), ("bucket".to_string(), "hset".to_string()));

@@ -437,8 +437,7 @@ pub fn ping(conn: &mut redis::Connection) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Issue #4 helpers (replication, persistence, cluster, keyspace). Appended as one block so that edits above and
-// below stay independent; nothing here changes an existing signature.
+// Replication, persistence, cluster and keyspace events.
 // ---------------------------------------------------------------------------------------------------------------
 
 /// One bucket as a client sees it: its fields (sorted) and its absolute expiry in Unix ms (`-1`: none).
@@ -1165,4 +1164,49 @@ pub fn port_answers(port: u16) -> bool {
         Duration::from_millis(200),
     )
     .is_ok()
+}
+
+/// The keyspace events of database 0, in the order the server fires them: `notify-keyspace-events` is set to
+/// `KEA` and a connection of its own subscribes to `__keyspace@0__:*`.
+pub struct KeyspaceEvents {
+    conn: redis::Connection,
+}
+
+impl KeyspaceEvents {
+    pub fn subscribe(server: &Server) -> Self {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("KEA")
+            .query(&mut server.conn())
+            .expect("CONFIG SET");
+        let mut conn = server.conn();
+        conn.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        conn.send_packed_command(
+            &redis::cmd("PSUBSCRIBE")
+                .arg("__keyspace@0__:*")
+                .get_packed_command(),
+        )
+        .expect("PSUBSCRIBE");
+        let confirmed = conn.recv_response().expect("PSUBSCRIBE's reply");
+        assert!(
+            matches!(&confirmed, redis::Value::Array(items) if items.len() == 3),
+            "{confirmed:?}"
+        );
+        KeyspaceEvents { conn }
+    }
+
+    /// The next event as `(key, event)`, waiting at most 5 s.
+    pub fn next(&mut self) -> (String, String) {
+        let message = self.conn.recv_response().expect("a keyspace event");
+        let parts: Vec<String> = redis::from_redis_value(&message).expect("pmessage parts");
+        match parts.as_slice() {
+            [kind, _pattern, channel, event] if kind == "pmessage" => (
+                channel.trim_start_matches("__keyspace@0__:").to_string(),
+                event.clone(),
+            ),
+            _ => panic!("not a keyspace event: {parts:?}"),
+        }
+    }
 }
