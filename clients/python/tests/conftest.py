@@ -192,8 +192,8 @@ def known_replicas(node: Server) -> int:
     """How many replicas `node` knows as replicas. A primary ignores CLUSTER FAILOVER's request from a replica it
     does not know yet (Redis 6.2 learns it by gossip, seconds after the replica started syncing): the manual failover
     then times out."""
-    lines = node.client().execute_command("CLUSTER", "NODES").decode().splitlines()
-    return sum("slave" in line.split()[2].split(",") for line in lines)
+    nodes: dict[str, dict[str, Any]] = node.client().cluster("nodes")
+    return sum("slave" in entry["flags"].split(",") for entry in nodes.values())
 
 
 def owner(cluster: Cluster, key: str) -> Server:
