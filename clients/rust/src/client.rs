@@ -10,6 +10,9 @@
 //!             that may have been charged. At most 64 calls are out at once, and none is sent while one has
 //!             waited more than a quarter of the deadline, so a stalled server runs at most the calls sent
 //!             before that (64 at most) when it resumes.
+//! cluster     `Client::cluster(nodes)`: redis-rs's cluster connection (retries(0), so it resends nothing), each
+//!             call sent to the primary of its keys' slot with MOVED and ASK followed (`cluster.rs`). The
+//!             deadline, the probes and the stall hold apply to the whole cluster connection.
 //! ```
 #![forbid(unsafe_code)]
 
@@ -19,10 +22,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Value};
 use tokio::sync::Semaphore;
 
 use crate::backends::{Backend, Backends};
+use crate::cluster::{self, Routed};
 use crate::command::{self, Bucket, BucketWithCost, Call};
 use crate::error::{ConfigError, Error};
 use crate::replies::{
@@ -53,7 +59,7 @@ pub fn probe_delay(attempt: usize) -> Duration {
 /// Builds a [`Client`].
 #[derive(Clone, Debug)]
 pub struct ClientBuilder {
-    url: String,
+    nodes: Nodes,
     timeout: Duration,
     backend: Option<Backend>,
 }
@@ -79,11 +85,16 @@ impl ClientBuilder {
                 "timeout must be longer than zero".to_owned(),
             ));
         }
-        let client = redis::Client::open(self.url.as_str())
-            .map_err(|err| ConfigError::new(format!("redis URL {}: {err}", redact(&self.url))))?;
+        let target = match &self.nodes {
+            Nodes::Single(url) => Target::Single(
+                redis::Client::open(url.as_str())
+                    .map_err(|err| ConfigError::new(format!("redis URL {}: {err}", redact(url))))?,
+            ),
+            Nodes::Cluster(urls) => Target::Cluster(cluster_client(urls, self.timeout)?),
+        };
         Ok(Client {
             inner: Arc::new(Inner {
-                client,
+                target,
                 timeout: self.timeout,
                 connection: Mutex::new(None),
                 generation: AtomicU64::new(0),
@@ -99,7 +110,53 @@ impl ClientBuilder {
     }
 }
 
-/// A token-bucket client over one multiplexed connection; clones share it.
+/// Where the client connects: one server, or the seed nodes of a Redis Cluster.
+#[derive(Clone, Debug)]
+enum Nodes {
+    Single(String),
+    Cluster(Vec<String>),
+}
+
+/// redis-rs's cluster client for `urls`, with the call's deadline for connecting and for each reply, and no
+/// retries: in redis-rs 0.27 its one retry count covers timeouts and lost connections too, which may have been
+/// charged (MOVED and ASK are followed by `cluster::Routed` instead).
+fn cluster_client(urls: &[String], timeout: Duration) -> Result<ClusterClient, ConfigError> {
+    let shown = || {
+        urls.iter()
+            .map(|url| redact(url))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    if urls.is_empty() {
+        return Err(ConfigError::new(
+            "cluster nodes must name at least one node URL".to_owned(),
+        ));
+    }
+    for url in urls {
+        redis::Client::open(url.as_str())
+            .map_err(|err| ConfigError::new(format!("redis URL {}: {err}", redact(url))))?;
+    }
+    ClusterClient::builder(urls.iter().cloned())
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        .retries(0)
+        .build()
+        .map_err(|err| ConfigError::new(format!("cluster nodes {}: {err}", shown())))
+}
+
+enum Target {
+    Single(redis::Client),
+    Cluster(ClusterClient),
+}
+
+/// The connection calls go out on; clones share it.
+#[derive(Clone)]
+enum Connection {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+/// A token-bucket client over one multiplexed connection (or one cluster connection); clones share it.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
@@ -109,6 +166,7 @@ impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
             .field("timeout", &self.inner.timeout)
+            .field("cluster", &self.is_cluster())
             .field("backend", &self.backend_in_use())
             .finish()
     }
@@ -116,11 +174,11 @@ impl std::fmt::Debug for Client {
 
 struct Live {
     generation: u64,
-    connection: MultiplexedConnection,
+    connection: Connection,
 }
 
 struct Inner {
-    client: redis::Client,
+    target: Target,
     timeout: Duration,
     connection: Mutex<Option<Live>>,
     generation: AtomicU64,
@@ -158,10 +216,44 @@ impl Client {
 
     pub fn builder(url: &str) -> ClientBuilder {
         ClientBuilder {
-            url: url.to_owned(),
+            nodes: Nodes::Single(url.to_owned()),
             timeout: DEFAULT_TIMEOUT,
             backend: None,
         }
+    }
+
+    /// A client for a Redis Cluster, from the URLs of some of its nodes (as redis-rs's `ClusterClient::new`
+    /// takes them), with the default deadline. Each call goes to the primary of its keys' slot; the keys of one
+    /// call must share a slot (a hash tag, as the layer's keys do).
+    pub fn cluster<I, S>(nodes: I) -> Result<Client, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Client::cluster_builder(nodes).build()
+    }
+
+    /// A builder for a Redis Cluster client (see [`Client::cluster`]), for the deadline or a forced backend.
+    pub fn cluster_builder<I, S>(nodes: I) -> ClientBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        ClientBuilder {
+            nodes: Nodes::Cluster(
+                nodes
+                    .into_iter()
+                    .map(|node| node.as_ref().to_owned())
+                    .collect(),
+            ),
+            timeout: DEFAULT_TIMEOUT,
+            backend: None,
+        }
+    }
+
+    /// Whether this client talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner.target, Target::Cluster(_))
     }
 
     /// The deadline of each call.
@@ -279,6 +371,11 @@ impl Client {
     }
 
     async fn run_unbounded<T>(&self, call: &Call<T>, used: &AtomicU64) -> Result<T, Error> {
+        // On a cluster, the keys' one slot, or the error of several, before anything waits or is sent.
+        let hash_slot = match self.inner.target {
+            Target::Cluster(_) => Some(cluster::slot_of(&call.keys)?),
+            Target::Single(_) => None,
+        };
         let _slot = self
             .inner
             .slots
@@ -292,7 +389,13 @@ impl Client {
         let (generation, mut connection) = self.connection().await?;
         used.store(generation, Ordering::Release);
         let _out = self.out();
-        let result = self.inner.backends.run(&mut connection, call).await;
+        let result = match &mut connection {
+            Connection::Single(connection) => self.inner.backends.run(connection, call).await,
+            Connection::Cluster(connection) => {
+                let mut routed = Routed::new(connection, hash_slot.unwrap_or(0));
+                self.inner.backends.run(&mut routed, call).await
+            }
+        };
         if let Err(err) = &result {
             if err.stops_calls() {
                 self.drop_connection(generation);
@@ -327,7 +430,7 @@ impl Client {
 
     /// The connection to send on: the live one; else, on the first call, a new one made within the call's
     /// deadline; else (Redis was lost) none until the probe answers.
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection), Error> {
+    async fn connection(&self) -> Result<(u64, Connection), Error> {
         if let Some(live) = self.current() {
             return Ok(live);
         }
@@ -357,7 +460,7 @@ impl Client {
         }
     }
 
-    fn current(&self) -> Option<(u64, MultiplexedConnection)> {
+    fn current(&self) -> Option<(u64, Connection)> {
         let live = self.inner.connection.lock().ok()?;
         live.as_ref()
             .map(|live| (live.generation, live.connection.clone()))
@@ -413,7 +516,7 @@ impl Client {
     }
 }
 
-fn install(inner: &Inner, connection: MultiplexedConnection) -> (u64, MultiplexedConnection) {
+fn install(inner: &Inner, connection: Connection) -> (u64, Connection) {
     let generation = inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
     if let Ok(mut slot) = inner.connection.lock() {
         *slot = Some(Live {
@@ -425,19 +528,30 @@ fn install(inner: &Inner, connection: MultiplexedConnection) -> (u64, Multiplexe
     (generation, connection)
 }
 
-/// A connection, used only once a PING has answered on it within the deadline.
-async fn connect(inner: &Inner) -> Result<MultiplexedConnection, Error> {
+/// A connection, used only once a PING has answered on it within the deadline (on a cluster, every primary's).
+async fn connect(inner: &Inner) -> Result<Connection, Error> {
     let attempt = async {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(inner.timeout)
-            .set_response_timeout(inner.timeout);
-        let mut connection = inner
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        redis::cmd("PING")
-            .query_async::<Value>(&mut connection)
-            .await?;
+        let connection = match &inner.target {
+            Target::Single(client) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(inner.timeout)
+                    .set_response_timeout(inner.timeout);
+                let mut connection = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                redis::cmd("PING")
+                    .query_async::<Value>(&mut connection)
+                    .await?;
+                Connection::Single(connection)
+            }
+            Target::Cluster(client) => {
+                let mut connection = client.get_async_connection().await?;
+                redis::cmd("PING")
+                    .query_async::<Value>(&mut connection)
+                    .await?;
+                Connection::Cluster(connection)
+            }
+        };
         Ok::<_, redis::RedisError>(connection)
     };
     match tokio::time::timeout(inner.timeout, attempt).await {

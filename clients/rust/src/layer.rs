@@ -7,7 +7,9 @@
 //!             error: the layer adds no error type of its own, so axum needs no HandleErrorLayer
 //! readiness   poll_ready answers at once; the call clones the inner service and waits for its readiness only
 //!             after Redis has decided, so no slot of the inner service is held while Redis is asked
-//! one call    one limit: TB.ACQUIRE; several: one TB.ACQUIREEACH, all or nothing, one header item each
+//! one call    one limit: TB.ACQUIRE; several: one TB.ACQUIREEACH, all or nothing, one header item each. On a
+//!             cluster, limits whose keys are in other slots (their own key function) go in one call per slot,
+//!             and a refusal by one gives back (TB.REFUND) what the others took
 //! failures    the fail mode: local (default: in-memory buckets that continue from Redis's last answer and
 //!             charge back what they admitted), open, or closed; the failure table's logging; the on_error hook
 //! refusals    status_code (default 429) and body (a JSON object, or a function of the Decision)
@@ -38,13 +40,14 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::client::Client;
+use crate::cluster::key_slot;
 use crate::command::BucketWithCost;
 use crate::error::{ConfigError, Error};
 use crate::failure::Failure;
 use crate::headers::{rate_limit_headers, Policy, Standard};
 use crate::keys::{self, addr_identity, Ipv6Subnet};
 use crate::limit::{Identity, KeyFn, Limit};
-use crate::local::{LocalBucket, LocalBuckets, DEFAULT_CAPACITY};
+use crate::local::{limiting_index, LocalBucket, LocalBuckets, DEFAULT_CAPACITY};
 use crate::replies::{AcquiredEach, BucketResult};
 
 /// What answers while Redis fails (docs/clients.md, "When Redis fails").
@@ -601,7 +604,8 @@ impl Shared {
         }
     }
 
-    /// The charge-backs, then the call: TB.ACQUIRE for one limit, TB.ACQUIREEACH for several.
+    /// The charge-backs, then the call: TB.ACQUIRE for one limit, TB.ACQUIREEACH for several; on a cluster, one
+    /// call per slot of the buckets.
     async fn ask(&self, buckets: &[LocalBucket<'_>]) -> Result<AcquiredEach, Error> {
         if self.fail == FailMode::Local {
             let owed = match self.local.lock() {
@@ -627,6 +631,68 @@ impl Shared {
                 }
             }
         }
+        let parts = if self.client.is_cluster() {
+            slot_parts(buckets)
+        } else {
+            Vec::new()
+        };
+        if parts.len() < 2 {
+            return self.acquire(buckets).await;
+        }
+        // Buckets in several cluster slots (limits with their own key function): one call per slot, and when one
+        // refuses, what the others took goes back, so a refused request takes nothing.
+        let mut replies = Vec::with_capacity(parts.len());
+        for part in &parts {
+            let chosen: Vec<LocalBucket<'_>> = part
+                .iter()
+                .filter_map(|&index| buckets.get(index).copied())
+                .collect();
+            replies.push(self.acquire(&chosen).await?);
+        }
+        let allowed = replies.iter().all(|reply| reply.allowed);
+        if !allowed {
+            for (part, reply) in parts.iter().zip(&replies) {
+                if !reply.allowed {
+                    continue;
+                }
+                for bucket in part.iter().filter_map(|&index| buckets.get(index)) {
+                    let refund = self
+                        .client
+                        .refund(bucket.key, bucket.rate, bucket.burst, bucket.cost)
+                        .await;
+                    if let Err(err) = refund {
+                        // The request stays refused; the bucket keeps what it took.
+                        tracing::warn!(
+                            limit = %bucket.limit,
+                            "redis-tb: could not give back the tokens of a refused request ({err})"
+                        );
+                    }
+                }
+            }
+        }
+        let mut results: Vec<Option<BucketResult>> = vec![None; buckets.len()];
+        for (part, reply) in parts.iter().zip(replies) {
+            for (&index, result) in part.iter().zip(reply.buckets) {
+                if let Some(slot) = results.get_mut(index) {
+                    *slot = Some(result);
+                }
+            }
+        }
+        let results: Vec<BucketResult> = results.into_iter().flatten().collect();
+        if results.len() != buckets.len() {
+            return Err(Error::Protocol(
+                "a reply of one part held fewer buckets than the part".to_owned(),
+            ));
+        }
+        Ok(AcquiredEach {
+            allowed,
+            limiting_index: limiting_index(&results, allowed),
+            buckets: results,
+        })
+    }
+
+    /// One call for `buckets` (one slot): TB.ACQUIRE for one, TB.ACQUIREEACH for several.
+    async fn acquire(&self, buckets: &[LocalBucket<'_>]) -> Result<AcquiredEach, Error> {
         if let [bucket] = buckets {
             let reply = self
                 .client
@@ -810,6 +876,19 @@ pub fn peer_identity(parts: &Parts, subnet: Ipv6Subnet) -> Identity {
         Some(ConnectInfo(address)) => Identity::Key(addr_identity(address.ip(), subnet)),
         None => Identity::Anonymous,
     }
+}
+
+/// The indexes of `buckets` grouped by cluster slot, each group in the order of its first bucket.
+fn slot_parts(buckets: &[LocalBucket<'_>]) -> Vec<Vec<usize>> {
+    let mut parts: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (index, bucket) in buckets.iter().enumerate() {
+        let slot = key_slot(bucket.key);
+        match parts.iter_mut().find(|(known, _)| *known == slot) {
+            Some((_, part)) => part.push(index),
+            None => parts.push((slot, vec![index])),
+        }
+    }
+    parts.into_iter().map(|(_, part)| part).collect()
 }
 
 /// `TB.CHARGE` refused because the charge would put the bucket more than a day into debt.

@@ -19,7 +19,8 @@
 //! # Layout
 //!
 //! ```text
-//! client.rs    the connection and the deadline of each call
+//! client.rs    the connection (one server or a Redis Cluster) and the deadline of each call
+//! cluster.rs   a call's commands to the primary of its keys' slot, MOVED and ASK followed
 //! backends.rs  backend selection (module, library, script) over any redis-rs async connection
 //! command.rs   each command's arguments for the module and for the script; replies.rs their typed replies
 //! script.rs    lua/tb.lua embedded at build time, and the library generated from it
@@ -46,6 +47,7 @@
 
 pub mod backends;
 mod client;
+pub mod cluster;
 mod command;
 mod error;
 pub mod failure;

@@ -416,3 +416,76 @@ async fn calls_made_once_a_call_has_waited_a_quarter_of_the_deadline_are_not_sen
 fn client_for(server: &Server) -> Client {
     client(server)
 }
+
+/// Whether the server has Redis Functions (Redis 7.0+, Valkey); Redis 6.2 has none, nor an ACL rule for them.
+fn has_functions(server: &Server) -> bool {
+    redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query::<redis::Value>(&mut server.conn())
+        .is_ok()
+}
+
+/// An application user `limited` (password `pw`) with every command but those `refused` names.
+fn limited_user(server: &Server, refused: &str) -> Client {
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", "limited", "on", ">pw", "~*", "+@all", refused][..])
+        .query(&mut server.conn())
+        .expect("ACL SETUSER");
+    Client::builder(&format!("redis://limited:pw@127.0.0.1:{}/", server.port))
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("a client")
+}
+
+/// A burst of 3 granted, then refused: the bound holds whatever backend answers.
+async fn burst_then_refused(client: &Client, key: &str) {
+    for remaining in [2, 1, 0] {
+        let reply = client
+            .acquire(key, 0.001, 3.0, 1.0)
+            .await
+            .expect("TB.ACQUIRE");
+        assert!(reply.allowed, "{reply:?}");
+        assert_eq!(reply.remaining, remaining);
+    }
+    let refused = client
+        .acquire(key, 0.001, 3.0, 1.0)
+        .await
+        .expect("TB.ACQUIRE");
+    assert!(!refused.allowed, "{refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_without_function_or_fcall_falls_back_to_the_script() {
+    for refused in ["-function", "-fcall"] {
+        let server = without_module();
+        if !has_functions(&server) {
+            eprintln!("skipped: this server has no Redis Functions (Redis 6.2), so no ACL rule can refuse them");
+            return;
+        }
+        let client = limited_user(&server, refused);
+        burst_then_refused(&client, "acl:script").await;
+        assert_eq!(client.backend_in_use(), Backend::Script, "{refused}");
+        let libraries: redis::Value = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .query(&mut server.conn())
+            .expect("FUNCTION LIST");
+        assert_eq!(libraries, redis::Value::Array(Vec::new()), "{refused}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_without_function_runs_a_library_an_administrator_loaded() {
+    let server = without_module();
+    if !has_functions(&server) {
+        eprintln!("skipped: this server has no Redis Functions (Redis 6.2)");
+        return;
+    }
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(redis_tb_client::script::library())
+        .query(&mut server.conn())
+        .expect("FUNCTION LOAD as the administrator");
+    let client = limited_user(&server, "-function");
+    burst_then_refused(&client, "acl:library").await;
+    assert_eq!(client.backend_in_use(), Backend::Function);
+}

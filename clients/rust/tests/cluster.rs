@@ -1,0 +1,435 @@
+//! The client and the layer against a 3-primary Redis Cluster the test starts (`redis-cli --cluster create`):
+//! with the module on every node, and without it (the Functions library on Redis 7.0+, the script on 6.2).
+//! Keys in each primary's slot range, limits that hold (the burst granted, then refused), a call over several
+//! slots refused unsent, a moved slot followed without charging twice, and the layer's limits of several
+//! identities (several slots) all or nothing.
+//!
+//! `$REDIS_SERVER`, `$REDIS_CLI` and `$TB_MODULE` as for the other suites.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use common::{cli_binary, wait_until, Options, Server};
+use http::{Request, StatusCode};
+use redis_tb_client::cluster::key_slot;
+use redis_tb_client::{
+    Backend, Bucket, BucketWithCost, Client, FailMode, Identity, Limit, RateLimitLayer,
+};
+use tower::ServiceExt;
+
+fn module() -> PathBuf {
+    std::env::var_os("TB_MODULE").map_or_else(
+        || {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../target/release/libredis_tb.so"
+            ))
+        },
+        PathBuf::from,
+    )
+}
+
+/// Three primaries, no replicas, slots split as `redis-cli --cluster create` splits them.
+struct Cluster {
+    nodes: Vec<Server>,
+}
+
+impl Cluster {
+    fn start(with_module: bool) -> Cluster {
+        let nodes: Vec<Server> = (0..3)
+            .map(|_| {
+                Server::start_with(Options {
+                    args: vec![
+                        "--cluster-enabled".into(),
+                        "yes".into(),
+                        "--cluster-config-file".into(),
+                        "nodes.conf".into(),
+                    ],
+                    cluster_bus: true,
+                    without_module: !with_module,
+                    module: with_module.then(module),
+                    ..Options::default()
+                })
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect();
+        let output = Command::new(cli_binary())
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed:\n{}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        // Every node must see the whole cluster (all slots served, every node known) before a client asks it
+        // for the slot map.
+        for node in &nodes {
+            let mut conn = node.conn();
+            let ok = wait_until(Duration::from_secs(20), || {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut conn)
+                    .unwrap_or_default();
+                let known: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query(&mut conn)
+                    .unwrap_or_default();
+                info.contains("cluster_state:ok") && known.lines().count() == nodes.len()
+            });
+            assert!(ok, "node {} never saw the whole cluster", node.port);
+        }
+        Cluster { nodes }
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Server::url).collect()
+    }
+
+    fn client(&self) -> Client {
+        Client::cluster_builder(self.urls())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .expect("a cluster client")
+    }
+
+    /// The node serving `key`: the one that does not redirect a read of it.
+    fn owner(&self, key: &str) -> usize {
+        let owners: Vec<usize> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, node)| {
+                redis::cmd("EXISTS")
+                    .arg(key)
+                    .query::<i64>(&mut node.conn())
+                    .is_ok()
+            })
+            .map(|(index, _)| index)
+            .collect();
+        assert_eq!(owners.len(), 1, "{key}: served by {owners:?}");
+        owners[0]
+    }
+
+    fn exists_on(&self, node: usize, key: &str) -> bool {
+        redis::cmd("EXISTS")
+            .arg(key)
+            .query::<i64>(&mut self.nodes[node].conn())
+            .expect("EXISTS on the key's own node")
+            == 1
+    }
+
+    fn node_id(&self, node: usize) -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut self.nodes[node].conn())
+            .expect("CLUSTER MYID")
+    }
+}
+
+/// A hash tag in each of the three slot ranges `redis-cli --cluster create` gives three primaries.
+fn tags_in_every_range() -> Vec<String> {
+    [0..5461, 5461..10923, 10923..16384]
+        .into_iter()
+        .map(|range| {
+            (0..)
+                .map(|n| format!("user-{n}"))
+                .find(|tag| range.contains(&key_slot(tag)))
+                .expect("a tag in the range")
+        })
+        .collect()
+}
+
+/// Calls for keys in all three ranges: each limit grants its burst, then refuses; every bucket lives on its own
+/// node, each node holds some; a multi-bucket call under one tag is one atomic call there.
+async fn limits_hold_on_every_primary(cluster: &Cluster, client: &Client) {
+    let mut owners = Vec::new();
+    for tag in tags_in_every_range() {
+        let key = format!("ratelimit:{{{tag}}}:api");
+        for remaining in [2, 1, 0] {
+            let reply = client
+                .acquire(&key, 0.001, 3.0, 1.0)
+                .await
+                .expect("TB.ACQUIRE");
+            assert!(reply.allowed, "{key}: {reply:?}");
+            assert_eq!(reply.remaining, remaining, "{key}");
+        }
+        let refused = client
+            .acquire(&key, 0.001, 3.0, 1.0)
+            .await
+            .expect("TB.ACQUIRE");
+        assert!(!refused.allowed, "{key}: {refused:?}");
+        assert!(refused.retry_after_ms > 0, "{refused:?}");
+        let owner = cluster.owner(&key);
+        assert!(cluster.exists_on(owner, &key), "{key} is not on its node");
+        owners.push(owner);
+
+        // TB.ACQUIREALL's first argument is its cost, not a key: it still goes where its keys are.
+        let (a, b) = (
+            format!("ratelimit:{{{tag}}}:a"),
+            format!("ratelimit:{{{tag}}}:b"),
+        );
+        let all = client
+            .acquire_all(
+                &[
+                    Bucket {
+                        key: &a,
+                        rate: 0.001,
+                        burst: 4.0,
+                    },
+                    Bucket {
+                        key: &b,
+                        rate: 0.001,
+                        burst: 2.0,
+                    },
+                ],
+                2.0,
+            )
+            .await
+            .expect("TB.ACQUIREALL");
+        assert!(all.allowed && all.remaining == 0, "{all:?}");
+        let each = client
+            .acquire_each(&[
+                BucketWithCost {
+                    key: &a,
+                    rate: 0.001,
+                    burst: 4.0,
+                    cost: 1.0,
+                },
+                BucketWithCost {
+                    key: &b,
+                    rate: 0.001,
+                    burst: 2.0,
+                    cost: 1.0,
+                },
+            ])
+            .await
+            .expect("TB.ACQUIREEACH");
+        // b is empty: nothing is taken from a either.
+        assert!(!each.allowed && each.limiting_index == 1, "{each:?}");
+        assert_eq!(each.buckets[0].remaining, 2, "{each:?}");
+    }
+    owners.sort_unstable();
+    assert_eq!(owners, [0, 1, 2], "one tag per primary");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_module_on_a_cluster_limits_keys_on_every_primary() {
+    let cluster = Cluster::start(true);
+    let client = cluster.client();
+    assert!(client.is_cluster());
+    limits_hold_on_every_primary(&cluster, &client).await;
+    assert_eq!(client.backend_in_use(), Backend::Module);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_the_module_runs_the_library_or_the_script_on_every_primary() {
+    let cluster = Cluster::start(false);
+    let mut conn = cluster.nodes[0].conn();
+    let functions = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query::<redis::Value>(&mut conn)
+        .is_ok();
+    let client = cluster.client();
+    limits_hold_on_every_primary(&cluster, &client).await;
+    if functions {
+        // Each primary got the library on its own first call.
+        assert_eq!(client.backend_in_use(), Backend::Function);
+        for node in &cluster.nodes {
+            let libraries: redis::Value = redis::cmd("FUNCTION")
+                .arg("LIST")
+                .query(&mut node.conn())
+                .expect("FUNCTION LIST");
+            assert!(
+                format!("{libraries:?}").contains(redis_tb_client::script::library_name()),
+                "node {}: {libraries:?}",
+                node.port
+            );
+        }
+    } else {
+        // Redis 6.2: no Functions.
+        assert_eq!(client.backend_in_use(), Backend::Script);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_over_several_slots_is_refused_before_it_is_sent() {
+    let cluster = Cluster::start(true);
+    let client = cluster.client();
+    let tags = tags_in_every_range();
+    let (a, b) = (
+        format!("ratelimit:{{{}}}:x", tags[0]),
+        format!("ratelimit:{{{}}}:x", tags[1]),
+    );
+    let err = client
+        .acquire_each(&[
+            BucketWithCost {
+                key: &a,
+                rate: 1.0,
+                burst: 5.0,
+                cost: 1.0,
+            },
+            BucketWithCost {
+                key: &b,
+                rate: 1.0,
+                burst: 5.0,
+                cost: 1.0,
+            },
+        ])
+        .await
+        .expect_err("two slots");
+    assert_eq!(err.failure().class, "crossslot", "{err}");
+    assert!(client.is_available(), "a refused call is no outage");
+    for key in [&a, &b] {
+        assert!(
+            !cluster.exists_on(cluster.owner(key), key),
+            "{key} was sent"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_for_a_moved_slot_follows_moved_and_is_charged_once() {
+    let cluster = Cluster::start(true);
+    let client = cluster.client();
+    let tag = &tags_in_every_range()[0];
+    let key = format!("ratelimit:{{{tag}}}:api");
+    // The client learns the slot map with a first call elsewhere.
+    let other = format!("ratelimit:{{{}}}:api", tags_in_every_range()[1]);
+    client
+        .acquire(&other, 1.0, 5.0, 1.0)
+        .await
+        .expect("a first call");
+    let from = cluster.owner(&key);
+    let to = (from + 1) % 3;
+    let slot = key_slot(tag).to_string();
+    let target = cluster.node_id(to);
+    // The slot is empty: hand it over on every node, so the old owner answers MOVED.
+    for node in &cluster.nodes {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(&slot)
+            .arg("NODE")
+            .arg(&target)
+            .query(&mut node.conn())
+            .expect("CLUSTER SETSLOT NODE");
+    }
+    assert_eq!(cluster.owner(&key), to);
+    let reply = client
+        .acquire(&key, 0.001, 5.0, 1.0)
+        .await
+        .expect("TB.ACQUIRE after the move");
+    assert!(reply.allowed);
+    assert_eq!(reply.remaining, 4, "charged once: {reply:?}");
+    let again = client
+        .acquire(&key, 0.001, 5.0, 1.0)
+        .await
+        .expect("TB.ACQUIRE");
+    assert_eq!(again.remaining, 3, "{again:?}");
+}
+
+/// A request's tenant and user, from headers: two identities, so two hash tags.
+fn tenant_and_user_limits(tenant_burst: f64, user_burst: f64) -> [Limit; 2] {
+    let header = |name: &'static str| {
+        move |parts: &http::request::Parts| match parts.headers.get(name) {
+            Some(value) => Identity::Key(value.to_str().unwrap_or_default().to_owned()),
+            None => Identity::Anonymous,
+        }
+    };
+    [
+        Limit::new("tenant", 0.001, tenant_burst)
+            .expect("a limit")
+            .key(header("x-tenant")),
+        Limit::new("user", 0.001, user_burst)
+            .expect("a limit")
+            .key(header("x-user")),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_splits_limits_of_several_slots_and_a_refusal_takes_nothing() {
+    let cluster = Cluster::start(true);
+    let client = cluster.client();
+    let tags = tags_in_every_range();
+    let (tenant, user) = (tags[0].clone(), tags[1].clone());
+    // Fail mode closed: every answer below comes from Redis, none from the process's own buckets.
+    let layer = RateLimitLayer::new(client.clone(), tenant_and_user_limits(5.0, 2.0))
+        .expect("a layer")
+        .fail(FailMode::Closed);
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(layer);
+    let request = |user: &str| {
+        Request::builder()
+            .uri("/")
+            .header("x-tenant", &tenant)
+            .header("x-user", user)
+            .body(Body::empty())
+            .expect("a request")
+    };
+    for remaining in ["1", "0"] {
+        let response = app
+            .clone()
+            .oneshot(request(&user))
+            .await
+            .expect("a response");
+        assert_eq!(response.status(), StatusCode::OK);
+        let header = response
+            .headers()
+            .get("ratelimit-remaining")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        assert_eq!(header.as_deref(), Some(remaining));
+    }
+    // The user's bucket is empty: refused, and the tenant's token goes back.
+    let refused = app
+        .clone()
+        .oneshot(request(&user))
+        .await
+        .expect("a response");
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let tenant_key = format!("ratelimit:{{{tenant}}}:tenant");
+    let left = client
+        .acquire(&tenant_key, 0.001, 5.0, 0.0)
+        .await
+        .expect("a look at the tenant's bucket");
+    assert_eq!(
+        left.remaining, 3,
+        "two requests served, the refused one refunded"
+    );
+    // Other users of the tenant pass until the tenant's burst is gone; the user refused then keeps its tokens.
+    for other in ["ann", "bob", "cy"] {
+        let response = app
+            .clone()
+            .oneshot(request(other))
+            .await
+            .expect("a response");
+        assert_eq!(response.status(), StatusCode::OK, "{other}");
+    }
+    let over = app
+        .clone()
+        .oneshot(request("dee"))
+        .await
+        .expect("a response");
+    assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS);
+    let dee = client
+        .acquire("ratelimit:{dee}:user", 0.001, 2.0, 0.0)
+        .await
+        .expect("a look at the refused user's bucket");
+    assert_eq!(
+        dee.remaining, 2,
+        "refused by the tenant: the user's token went back"
+    );
+}
