@@ -6,7 +6,6 @@
 
 mod common;
 
-
 use common::{
     acquire, acquire_all, acquire_at_most, acquire_each, command_error, hgetall, info_int,
     pexpiretime, ping, EachReply, Expiry, Server,
