@@ -1,5 +1,5 @@
-//! The guide shows the example as it is: the block after docs/rust.md's `tested:` marker is the part of
-//! `examples/axum.rs` between its snippet markers (the example compiles with the crate's tests).
+//! The guide shows the examples as they are: the block after each of docs/rust.md's `tested:` markers is the part
+//! of `examples/<name>.rs` between its snippet markers (the examples compile with the crate's tests).
 
 use std::path::Path;
 
@@ -37,11 +37,11 @@ fn block_after(document: &str, marker: &str) -> String {
 }
 
 #[test]
-fn the_guide_shows_the_example_as_it_is() {
-    let example = snippet(&read("examples/axum.rs"));
+fn the_guide_shows_the_examples_as_they_are() {
     let guide = read("../../docs/rust.md");
-    assert_eq!(
-        block_after(&guide, "<!-- tested: clients/rust/examples/axum.rs -->"),
-        example
-    );
+    for name in ["axum", "cluster"] {
+        let example = snippet(&read(&format!("examples/{name}.rs")));
+        let marker = format!("<!-- tested: clients/rust/examples/{name}.rs -->");
+        assert_eq!(block_after(&guide, &marker), example, "{name}");
+    }
 }
