@@ -7,8 +7,10 @@
 //! once Redis is back.
 //!
 //! Standalone uses one multiplexed connection (concurrent requests are pipelined on it). Cluster uses redis-rs's
-//! cluster client, which routes by the first key and follows MOVED/ASK; every key of one call shares the hash tag
-//! `{domain}` (see `decision`), so the call never spans slots.
+//! cluster client without retries (in redis-rs 0.27 its one retry count would also resend a call that timed out
+//! or lost its connection, which may have been charged), through the crate's `cluster::Routed`: every command of
+//! a call goes to the primary of its first key's slot, MOVED and ASK followed. Every key of one call shares the
+//! hash tag `{domain}` (see `decision`), so the call never spans slots.
 //!
 //! A stall (a paused, stopped or busy server) must not become a reconnect storm or a late charge:
 //!
@@ -35,6 +37,7 @@ use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Value};
+use redis_tb_client::cluster::{key_slot, Routed};
 use redis_tb_client::failure::Action;
 use redis_tb_client::Backends;
 
@@ -201,7 +204,7 @@ impl Backend {
                 ClusterClient::builder(urls.iter().map(|url| redis_url(url)))
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
-                    .retries(1)
+                    .retries(0)
                     .build()
                     .map_err(|err| {
                         let shown: Vec<String> = urls.iter().map(|url| redact(url)).collect();
@@ -399,7 +402,10 @@ async fn acquire_each(
             backends.acquire_each_raw(&mut connection, args).await
         }
         Connection::Cluster(mut connection) => {
-            backends.acquire_each_raw(&mut connection, args).await
+            let slot = key_slot(args.first().map_or("", String::as_str));
+            backends
+                .acquire_each_raw(&mut Routed::new(&mut connection, slot), args)
+                .await
         }
     }
 }

@@ -1,7 +1,8 @@
 //! tb-rls against a 3-primary Redis Cluster of module-loaded servers: every bucket of a request carries the
 //! domain as its hash tag, so one `TB.ACQUIREEACH` reaches one slot and stays all or nothing, and different
 //! domains spread over the nodes. Then the Envoy run of `envoy.rs`, shorter, with the cluster behind tb-rls; and
-//! one node taken for a single server, whose `MOVED` is an outage of the failure table.
+//! one node taken for a single server, whose `MOVED` is an outage of the failure table; a slot moved under a
+//! running tb-rls, whose `MOVED` is followed.
 
 mod common;
 
@@ -239,6 +240,90 @@ async fn a_paused_cluster_is_no_reconnect_storm_and_nothing_is_charged_late() {
         tokens(&service, "api", "ann").await,
         50,
         "calls answered UNAVAILABLE were charged when the pause ended"
+    );
+}
+
+/// A slot handed to another node after tb-rls learned the slot map: the old owner answers `MOVED`, which tb-rls
+/// follows (its cluster connection resends nothing by itself), and each request is charged once, on the new owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_slot_is_followed_and_each_request_charged_once() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start();
+    let dir = fresh_dir();
+    let config_dir = dir.join("config");
+    std::fs::create_dir_all(&config_dir).expect("config dir");
+    for domain in ["alpha", "bravo"] {
+        std::fs::write(
+            config_dir.join(format!("{domain}.yaml")),
+            format!("domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: minute, requests_per_unit: 1, burst: 2 }}\n"),
+        )
+        .expect("write a domain file");
+    }
+    let service = Service::start(
+        &config_dir,
+        &cluster.urls(),
+        &["--redis-type", "cluster"],
+        &dir,
+    );
+    let mut client = service.client().await;
+    let ask = |domain: &str| request(domain, &[(&[("user", "kim")], None)]);
+    // A first decision elsewhere: tb-rls now holds the slot map.
+    should_rate_limit(&mut client, ask("alpha"))
+        .await
+        .unwrap_or_else(|status| panic!("alpha: {status:?}\n{}", service.proc.log_text()));
+
+    let owner = |domain: &str| {
+        let owners: Vec<usize> = (0..cluster.nodes.len())
+            .filter(|&n| {
+                redis::cmd("GET")
+                    .arg(format!("probe:{{{domain}}}"))
+                    .query::<Option<String>>(&mut cluster.nodes[n].conn())
+                    .is_ok()
+            })
+            .collect();
+        assert_eq!(owners.len(), 1, "{domain}: {owners:?}");
+        owners[0]
+    };
+    let from = owner("bravo");
+    let to = (from + 1) % cluster.nodes.len();
+    let slot: i64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg("{bravo}")
+        .query(&mut cluster.nodes[from].conn())
+        .expect("CLUSTER KEYSLOT");
+    let target: String = redis::cmd("CLUSTER")
+        .arg("MYID")
+        .query(&mut cluster.nodes[to].conn())
+        .expect("CLUSTER MYID");
+    // The slot holds no key yet: every node hands it over at once.
+    for node in &cluster.nodes {
+        let () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("NODE")
+            .arg(&target)
+            .query(&mut node.conn())
+            .expect("CLUSTER SETSLOT NODE");
+    }
+    assert_eq!(owner("bravo"), to);
+
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let response = should_rate_limit(&mut client, ask("bravo"))
+            .await
+            .unwrap_or_else(|status| panic!("bravo: {status:?}\n{}", service.proc.log_text()));
+        codes.push(response.overall_code);
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(
+        codes,
+        vec![ok, ok, over],
+        "a burst of 2, each request charged once"
+    );
+    let per_node = cluster.keys_per_node();
+    assert!(
+        per_node[to] >= 1,
+        "bravo's bucket is not on its new node: {per_node:?}"
     );
 }
 

@@ -45,13 +45,15 @@ pub(crate) fn slot_of(keys: &[String]) -> Result<u16, RedisError> {
 }
 
 /// The cluster connection as one call sees it: every command to the primary of `slot`, MOVED and ASK followed.
-pub(crate) struct Routed<'a> {
+/// For a caller with a cluster connection of its own (tb-rls), built with `retries(0)`.
+pub struct Routed<'a> {
     connection: &'a mut ClusterConnection,
     slot: u16,
 }
 
 impl<'a> Routed<'a> {
-    pub(crate) fn new(connection: &'a mut ClusterConnection, slot: u16) -> Routed<'a> {
+    /// `connection` as seen by a call whose keys are in `slot` ([`key_slot`]).
+    pub fn new(connection: &'a mut ClusterConnection, slot: u16) -> Routed<'a> {
         Routed { connection, slot }
     }
 
