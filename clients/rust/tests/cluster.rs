@@ -1,8 +1,8 @@
 //! The client and the layer against a 3-primary Redis Cluster the test starts (`redis-cli --cluster create`):
 //! with the module on every node, and without it (the Functions library on Redis 7.0+, the script on 6.2).
 //! Keys in each primary's slot range, limits that hold (the burst granted, then refused), a call over several
-//! slots refused unsent, a moved slot followed without charging twice, and the layer's limits of several
-//! identities (several slots) all or nothing.
+//! slots refused unsent, a moved slot (MOVED) and a slot being migrated (ASK) followed without charging twice,
+//! and the layer's limits of several identities (several slots) all or nothing.
 //!
 //! `$REDIS_SERVER`, `$REDIS_CLI` and `$TB_MODULE` as for the other suites.
 
@@ -432,4 +432,54 @@ async fn the_layer_splits_limits_of_several_slots_and_a_refusal_takes_nothing() 
         dee.remaining, 2,
         "refused by the tenant: the user's token went back"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_for_a_slot_being_migrated_follows_ask_and_is_charged_once() {
+    let cluster = Cluster::start(true);
+    let client = cluster.client();
+    let tags = tags_in_every_range();
+    let key = format!("ratelimit:{{{}}}:api", tags[0]);
+    let other = format!("ratelimit:{{{}}}:api", tags[1]);
+    client
+        .acquire(&other, 1.0, 5.0, 1.0)
+        .await
+        .expect("a first call");
+    let from = cluster.owner(&key);
+    let to = (from + 1) % 3;
+    let slot = key_slot(&tags[0]).to_string();
+    let (from_id, to_id) = (cluster.node_id(from), cluster.node_id(to));
+    // Migration under way: the old owner answers ASK for keys it does not hold, the new one serves them after
+    // ASKING.
+    let setslot = |node: usize, state: &str, id: &str| {
+        let () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(&slot)
+            .arg(state)
+            .arg(id)
+            .query(&mut cluster.nodes[node].conn())
+            .expect("CLUSTER SETSLOT");
+    };
+    setslot(to, "IMPORTING", &from_id);
+    setslot(from, "MIGRATING", &to_id);
+    for remaining in [4, 3] {
+        let reply = client
+            .acquire(&key, 0.001, 5.0, 1.0)
+            .await
+            .expect("TB.ACQUIRE during the migration");
+        assert_eq!(reply.remaining, remaining, "charged once: {reply:?}");
+    }
+    // The old owner does not hold the key: it still answers ASK for it.
+    let asked = redis::cmd("EXISTS")
+        .arg(&key)
+        .query::<i64>(&mut cluster.nodes[from].conn())
+        .expect_err("ASK from the old owner");
+    assert_eq!(asked.kind(), redis::ErrorKind::Ask, "{asked}");
+    let (_, exists): ((), i64) = redis::pipe()
+        .cmd("ASKING")
+        .cmd("EXISTS")
+        .arg(&key)
+        .query(&mut cluster.nodes[to].conn())
+        .expect("ASKING EXISTS on the new owner");
+    assert_eq!(exists, 1, "the key is not on the new owner");
 }
