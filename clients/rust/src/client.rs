@@ -577,3 +577,40 @@ pub fn redact(url: &str) -> String {
         url.get(at..).unwrap_or("")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_needs_a_node_and_its_errors_hide_passwords() {
+        let none = Client::cluster(Vec::<String>::new()).expect_err("no node");
+        assert_eq!(
+            none.to_string(),
+            "cluster nodes must name at least one node URL"
+        );
+        let bad = Client::cluster(["redis://127.0.0.1:7000", "redis://ann:s3cret@host:notaport"])
+            .expect_err("a malformed URL");
+        let message = bad.to_string();
+        assert!(
+            message.contains("redis://ann:***@host:notaport"),
+            "{message}"
+        );
+        assert!(!message.contains("s3cret"), "{message}");
+        let zero = Client::cluster_builder(["redis://127.0.0.1:7000"])
+            .timeout(Duration::ZERO)
+            .build()
+            .expect_err("a zero timeout");
+        assert!(zero.to_string().contains("timeout"), "{zero}");
+    }
+
+    #[test]
+    fn building_a_cluster_client_connects_to_nothing() {
+        // Nothing listens there: building never connects.
+        let client = Client::cluster(["redis://127.0.0.1:1"]).expect("a client");
+        assert!(client.is_cluster());
+        assert!(!Client::new("redis://127.0.0.1:1")
+            .expect("a client")
+            .is_cluster());
+    }
+}
