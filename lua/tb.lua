@@ -1,3 +1,5 @@
+-- Generated from lua/tb.source.lua by scripts/lua_inline.py (make lua): edit that file, not this one. Its named
+-- constants are written here as literals, each followed by its name, so that no function captures them.
 --[[
 redis-tb as a Lua script: the module's token bucket for servers that cannot load the module (managed Redis,
 Valkey services). The client packages load this one file (never a copy) and use it only where the module is
@@ -18,6 +20,11 @@ ONE FILE, TWO FORMS
   Their flags make them behave as the module's commands: none for the eight that are `deny-oom` in the module (a
   call is refused with OOM above maxmemory before it runs, peeks and refusals included), `allow-oom` for
   TB.REFUND, which the module performs out of memory.
+
+  "This file" is lua/tb.lua, which every package loads. It is generated from lua/tb.source.lua, the file to read and
+  edit, by scripts/lua_inline.py (`make lua`; `make lint` checks it): the same text, with each use of a named
+  constant (a top-level `local NAME = <literal>`) written as its literal, so that no function captures it. The EVAL
+  form runs the whole file on every call, and every top-level local a function captures costs that call an upvalue.
 
 CALLING IT
 
@@ -102,8 +109,8 @@ WHERE IT DIFFERS FROM THE MODULE
     a caller's own `redis.set_repl` or `lua-replicate-commands no` is theirs to avoid (the module cannot stop
     them either on 6.2).
   - Cost: an allowed TB.ACQUIRE through the library costs the server about what the usual Lua hash token bucket
-    costs (5.5 times the module's instructions); through EVAL 1.6 to 1.8 times that, because Redis runs the whole
-    file on every EVAL call (see docs/performance.md).
+    costs; through EVAL more, because Redis runs the whole file on every EVAL call (docs/performance.md has the
+    figures).
 ]]
 
 -- Which form runs: FUNCTION LOAD offers redis.register_function, EVAL does not. (The top level runs at FUNCTION LOAD
@@ -121,38 +128,43 @@ local caller_now_us
 -- Builds the rest of the script on first need (defined below).
 local general
 
--- What the EVAL form's hot path raises when a call needs the rest of the script before the file has defined
--- `general` (see "Everything else" below).
-local NEEDS_GENERAL = {}
-
-local function need_general()
-  if general == nil then error(NEEDS_GENERAL) end
+-- The rest of the script. Where the file has not defined `general` yet (the EVAL form's first attempt, see
+-- "Everything else" below), raises { needs_general = true, command = <the command's name, where known> }.
+local function need_general(command)
+  if general == nil then error({ needs_general = true, command = command }) end
   return general()
 end
 
--- The constants below serve the rest of the script (`general`). The hot path, defined before it, spells the ones it
--- needs as literals instead: the EVAL form runs the whole file on every call, and each top-level local that a
--- function captures costs it an upvalue to create, find and close on every call. There 'tokens' and 'ts' are the
--- stored fields, 1000000.0 and 1000 the µs in a second and in a ms, 3155760000000 MAX_TTL_MS, 4 MAX_CORRECTIONS,
--- 1000 and 86400000 the expiry slack's bounds, 9007199254740992 2^53 (the largest exact integer),
--- 9223372036854775808 I64_MAX, 9223372036854774784 REPLY_MAX, and 1e309 HUGE (the literal reads as infinity).
+-- The stored hash's fields (src/codec.rs): the bucket's tokens and its time in µs.
+local FIELD_TOKENS = 'tokens'
+local FIELD_TS = 'ts'
 local MICROS_PER_SEC = 1000000.0
 local MICROS_PER_MS = 1000
+-- 2^53: every integer below it is exact as a double.
+local EXACT_LIMIT = 9007199254740992
+-- How long a bucket may be kept: 100 years of 365.25 days.
 local MAX_TTL_MS = 36525 * 24 * 3600 * 1000
 local MAX_WAIT_LIMIT_MS = 24 * 3600 * 1000
+-- How many 1 µs (or 1 ms) steps correct an estimated instant that a double's rounding put off by a few.
 local MAX_CORRECTIONS = 4
 local MIN_EXPIRY_SLACK_MS = 1000
 local MAX_EXPIRY_SLACK_MS = 86400000
 local MAX_BUCKETS = 1000
-local MAX_AT_MOST = 9007199254740992
+local MAX_AT_MOST = EXACT_LIMIT
+-- How far past the server's millisecond (as the keys' expiries tell it) the caller's clock may read: 10 s, to the
+-- last µs of that millisecond.
+local CALLER_LEAD_LIMIT_US = 10000999
 -- i64::MAX and i64::MIN as the module saturates to them; 2^63 is the double nearest to i64::MAX.
 local I64_MAX = 9223372036854775808
 local I64_MIN = -9223372036854775808
 -- What a saturated reply is sent as: a reply converts a double to a 64-bit integer, and 2^63 does not fit.
 local REPLY_MAX = 9223372036854774784
--- math.huge, spelled without `math`, which the top level cannot reach at FUNCTION LOAD.
-local HUGE = 1 / 0
+-- math.huge, spelled without `math`, which the top level cannot reach at FUNCTION LOAD: the literal reads as
+-- infinity.
+local HUGE = 1e309
 
+-- The module's error texts; a command's name takes the place of %s.
+local ERR_ARITY = "ERR wrong number of arguments for '%s' command"
 local ERR_COST = 'ERR cost must be a non-negative number'
 local ERR_MAX_WAIT = 'ERR max_wait_ms must be an integer from 0 to 86400000'
 local ERR_AMOUNT = 'ERR amount must be a non-negative number'
@@ -160,9 +172,14 @@ local ERR_AT_MOST = 'ERR max must be an integer from 1 to 9007199254740992'
 local ERR_BLOCK_MS = 'ERR ms must be an integer from 1 to 86400000'
 local ERR_DEBT = 'ERR charge would put the bucket more than 24 hours of refill into debt'
 local ERR_DUPLICATE = 'ERR each key may appear only once'
+local ERR_WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
+local ERR_NOT_BUCKET = 'ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)'
+local ERR_CALLER_CLOCK =
+  'ERR the caller clock must be @ then integer microseconds since the epoch, up to 9007199254740992'
 
--- A refusal travels as a Lua error carrying this table, and leaves as the error reply; nothing is written
--- before every check has passed, as in the module.
+-- A refusal travels as a Lua error carrying this table, and leaves as the error reply (`failure`); nothing is
+-- written before every check has passed, as in the module. A server's error (a failed read or write) is refused
+-- as it came.
 local function refuse(text)
   error({ tb_error = text })
 end
@@ -196,7 +213,7 @@ if AS_LIBRARY then
   cache.memo_add = function(memo, text, value)
     memo[text] = value
     cache.memo_entries = cache.memo_entries + 1
-    if cache.memo_entries > MEMO_LIMIT then memo_reset() end
+    if cache.memo_entries > 256 --[[MEMO_LIMIT]] then memo_reset() end
   end
 
   memo_reset()
@@ -214,7 +231,7 @@ local function parse_f64(text)
   end
   if text == nil or string.find(text, '[^%d%.eE+-]') then return nil end
   local value = tonumber(text)
-  if value == nil or value ~= value or value == 1e309 or value == -1e309 then return nil end
+  if value == nil or value ~= value or value == 1e309 --[[HUGE]] or value == -1e309 --[[HUGE]] then return nil end
   if cache and #text <= 32 then cache.memo_add(cache.memo_f64, text, value) end
   return value
 end
@@ -259,7 +276,7 @@ local function parse_ranged_integer(text, low, high, message)
   local value = parse_i64(text)
   if value == nil or value < low or value > high then refuse(message) end
   -- From 2^53 on a double no longer tells neighbours apart (2^53 + 1 reads as 2^53): compare the digits.
-  if value >= 9007199254740992 and string.format('%.0f', value) ~= string.match(text, '^%+?0*(%d+)$') then
+  if value >= 9007199254740992 --[[EXACT_LIMIT]] and string.format('%.0f', value) ~= string.match(text, '^%+?0*(%d+)$') then
     refuse(message)
   end
   return value
@@ -274,7 +291,7 @@ local ryu_format
 
 -- An integer below 2^53 as its digits ('%d' formats a C long: cheaper than '%.0f'), anything else through '%.0f'.
 local function encode_integer(value)
-  if value < 9007199254740992 and value > -9007199254740992 then return string.format('%d', value) end
+  if value < 9007199254740992 --[[EXACT_LIMIT]] and value > -9007199254740992 --[[EXACT_LIMIT]] then return string.format('%d', value) end
   return string.format('%.0f', value)
 end
 
@@ -285,7 +302,7 @@ end
 -- writes the same plain digits. Everything else takes the exact fallback. (Its caller, write_bucket, looks in
 -- `recent` first.)
 local function encode_tokens(tokens)
-  if tokens % 1 == 0 and tokens < 9007199254740992 and tokens > -9007199254740992 then
+  if tokens % 1 == 0 and tokens < 9007199254740992 --[[EXACT_LIMIT]] and tokens > -9007199254740992 --[[EXACT_LIMIT]] then
     return string.format('%d', tokens)
   end
   local text = string.format('%.15g', tokens)
@@ -298,30 +315,23 @@ end
 -- a bucket (exactly the fields tokens and ts, in either order).
 local function read_bucket(key)
   local fields = redis.pcall('HGETALL', key)
-  if fields.err then
-    if string.sub(fields.err, 1, 9) == 'WRONGTYPE' then
-      refuse('WRONGTYPE Operation against a key holding the wrong kind of value')
-    end
-    refuse(fields.err)
-  end
+  if fields.err then refuse(fields.err) end
   local n = #fields
   if n == 0 then return nil end
   local tokens_text, ts_text
   if n ~= 4 then
-    refuse('ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)')
-  elseif fields[1] == 'tokens' and fields[3] == 'ts' then
+    refuse('ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)' --[[ERR_NOT_BUCKET]])
+  elseif fields[1] == 'tokens' --[[FIELD_TOKENS]] and fields[3] == 'ts' --[[FIELD_TS]] then
     tokens_text, ts_text = fields[2], fields[4]
-  elseif fields[1] == 'ts' and fields[3] == 'tokens' then
+  elseif fields[1] == 'ts' --[[FIELD_TS]] and fields[3] == 'tokens' --[[FIELD_TOKENS]] then
     tokens_text, ts_text = fields[4], fields[2]
   else
-    refuse('ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)')
+    refuse('ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)' --[[ERR_NOT_BUCKET]])
   end
   -- What the script wrote last first, without a call: a hot key's fields.
   local tokens = cache and cache.recent_f64[tokens_text] or parse_f64(tokens_text)
   local ts = cache and cache.recent_i64[ts_text] or parse_i64(ts_text)
-  if tokens == nil or ts == nil or ts < 0 then
-    refuse('ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)')
-  end
+  if tokens == nil or ts == nil or ts < 0 then refuse('ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)' --[[ERR_NOT_BUCKET]]) end
   return tokens, ts
 end
 
@@ -341,7 +351,9 @@ local function now_us(keys)
         local at_ms = redis.call('PEXPIRETIME', keys[i])
         if at_ms > 0 then
           server_now_us = (at_ms - redis.call('PTTL', keys[i])) * 1000
-          if caller_now_us > server_now_us + 10000999 then caller_now_us = server_now_us + 10000999 end
+          if caller_now_us > server_now_us + 10000999 --[[CALLER_LEAD_LIMIT_US]] then
+            caller_now_us = server_now_us + 10000999 --[[CALLER_LEAD_LIMIT_US]]
+          end
           break
         end
       end
@@ -358,14 +370,25 @@ local function now_us(keys)
 end
 
 -- Writes the bucket (tokens, ts) and moves its expiry only when it falls outside [expire_at_ms, + slack_ms], as
--- the module does: one HSET on a live bucket, HSET and PEXPIREAT otherwise. On the caller's clock the expiry is
--- set relative (PEXPIRE) to the bucket's own time (its latest reading), so that a caller whose clock is off does
--- not set it in the server's past (the bucket would vanish and come back full) or far beyond the window.
+-- the module does: one HSET on a live bucket, HSET and PEXPIREAT otherwise. The slack (bucket::expiry_slack_ms) is
+-- 1% of the time the bucket takes to fill from empty (burst / rate s), in ms rounded up, within
+-- [MIN_EXPIRY_SLACK_MS, MAX_EXPIRY_SLACK_MS]; rate and burst are positive and finite, so it is never NaN.
+-- On the caller's clock the expiry is set relative (PEXPIRE) to the bucket's own time (its latest reading), so
+-- that a caller whose clock is off does not set it in the server's past (the bucket would vanish and come back
+-- full) or far beyond the window.
 -- The key's current expiry is read in ms on the clock of `now_us`: on the server's clock it is PEXPIRETIME; Redis
 -- 6.2 lacks it, and the caller's clock may differ from the server's: there it is now + PTTL. PTTL counts from the
 -- server's clock a moment after `now_us` was read, so the sum is never above the true expiry (by a millisecond at
 -- most): a kept expiry is then never before the window, at worst 1 ms past its end.
-local function write_bucket(key, tokens, ts, expire_at_ms, slack_ms, existed, now_us)
+local function write_bucket(key, tokens, ts, expire_at_ms, rate, burst, existed, now_us)
+  local slack_ms = burst / rate * 10.0
+  if slack_ms <= 1000 --[[MIN_EXPIRY_SLACK_MS]] then
+    slack_ms = 1000 --[[MIN_EXPIRY_SLACK_MS]]
+  elseif slack_ms > 86400000 --[[MAX_EXPIRY_SLACK_MS]] then
+    slack_ms = 86400000 --[[MAX_EXPIRY_SLACK_MS]]
+  elseif slack_ms % 1 > 0 then
+    slack_ms = slack_ms - slack_ms % 1 + 1
+  end
   local recent_text = cache and cache.recent_text
   local tokens_text = recent_text and recent_text[tokens] or encode_tokens(tokens)
   local ts_text = ts == server_now_us and server_now_text or encode_integer(ts)
@@ -377,27 +400,23 @@ local function write_bucket(key, tokens, ts, expire_at_ms, slack_ms, existed, no
       at_ms = redis.call('PEXPIRETIME', key)
     else
       at_ms = redis.call('PTTL', key)
-      if at_ms >= 0 then at_ms = (now_us - now_us % 1000) / 1000 + at_ms end -- floor, exact below 2^53
+      -- floor(now_us / 1000): exact, now_us being an integer below 2^53.
+      if at_ms >= 0 then at_ms = (now_us - now_us % 1000 --[[MICROS_PER_MS]]) / 1000 --[[MICROS_PER_MS]] + at_ms end
     end
     -- A negative at_ms (no expiry, or no key) is below any window.
     keep = at_ms >= expire_at_ms and at_ms <= expire_at_ms + slack_ms
   end
-  -- Above maxmemory Redis refuses a script's first write (this HSET) in the EVAL form: that refusal is
-  -- the module's reply, OOM without the script's error wrapping. Nothing is written before it.
-  local written = redis.pcall('HSET', key, 'tokens', tokens_text, 'ts', ts_text)
-  if written ~= 0 and written ~= 1 and written ~= 2 then -- not the count of new fields: an error table
-    -- Redis 6.2 puts where the script called it before the reply: '@user_script: 662: -OOM ...'.
-    refuse(string.match(written.err, '^@[^:]*: %d+: %-(.*)$') or written.err)
-  end
+  local written = redis.pcall('HSET', key, 'tokens' --[[FIELD_TOKENS]], tokens_text, 'ts' --[[FIELD_TS]], ts_text)
+  if written ~= 0 and written ~= 1 and written ~= 2 then refuse(written.err) end -- not a count: an error
   if recent_text then
     cache.recent_f64[tokens_text], cache.recent_i64[ts_text], recent_text[tokens] = tokens, ts, tokens_text
     cache.recent_entries = cache.recent_entries + 3
-    if cache.recent_entries > RECENT_LIMIT then cache.recent_reset() end
+    if cache.recent_entries > 192 --[[RECENT_LIMIT]] then cache.recent_reset() end
   end
   if not keep then
     local at_ms = expire_at_ms + slack_ms -- both far below 2^53: at most now + 100 years, and a day
     if caller_now_us then
-      redis.call('PEXPIRE', key, encode_integer(at_ms - (now_us - now_us % 1000) / 1000))
+      redis.call('PEXPIRE', key, encode_integer(at_ms - (now_us - now_us % 1000 --[[MICROS_PER_MS]]) / 1000 --[[MICROS_PER_MS]]))
     else
       redis.call('PEXPIREAT', key, encode_integer(at_ms))
     end
@@ -416,8 +435,8 @@ local function take(stored_tokens, stored_ts, now, rate, burst, cost)
   local tokens = burst
   if stored_ts then
     if now < stored_ts then return nil end
-    local refill = (now - stored_ts) / 1000000.0 * rate
-    if refill == 1e309 then return nil end
+    local refill = (now - stored_ts) / 1000000.0 --[[MICROS_PER_SEC]] * rate
+    if refill == 1e309 --[[HUGE]] then return nil end
     tokens = stored_tokens + refill
     if tokens > burst then tokens = burst end
   end
@@ -426,15 +445,15 @@ local function take(stored_tokens, stored_ts, now, rate, burst, cost)
   if after < 0 then after = 0 end
   if after >= burst then return after, now end
   local missing = burst - after
-  if missing == 1e309 then return nil end
-  local wait_us = missing / rate * 1000000.0
-  if not (wait_us < 9007199254740992) then return nil end
+  if missing == 1e309 --[[HUGE]] then return nil end
+  local wait_us = missing / rate * 1000000.0 --[[MICROS_PER_SEC]]
+  if not (wait_us < 9007199254740992 --[[EXACT_LIMIT]]) then return nil end
   local full_at = now + (wait_us - wait_us % 1) -- now + ceil(wait_us)
   if wait_us % 1 > 0 then full_at = full_at + 1 end
-  if not (full_at < 9007199254740992) then return nil end
-  for _ = 1, 4 do
-    local refill = (full_at - now) / 1000000.0 * rate
-    if refill == 1e309 then return nil end
+  if not (full_at < 9007199254740992 --[[EXACT_LIMIT]]) then return nil end
+  for _ = 1, 4 --[[MAX_CORRECTIONS]] do
+    local refill = (full_at - now) / 1000000.0 --[[MICROS_PER_SEC]] * rate
+    if refill == 1e309 --[[HUGE]] then return nil end
     if after + refill >= burst then break end
     full_at = full_at + 1
   end
@@ -445,30 +464,22 @@ end
 -- write_expiring and reply, with every instant a non-negative integer below 2^53. `x % 1000` is exact there, so
 -- floor and ceil of x / 1000 need no correction (floor_div, ceil_div), and `x % 1` neither.
 local function write_taken(key, after, full_at, now, rate, burst, existed)
-  local cap_ms = (now - now % 1000) / 1000 + 3155760000000
-  local expire_at_ms = (full_at - full_at % 1000) / 1000
-  if full_at % 1000 > 0 then expire_at_ms = expire_at_ms + 1 end
+  local cap_ms = (now - now % 1000 --[[MICROS_PER_MS]]) / 1000 --[[MICROS_PER_MS]] + (36525 * 24 * 3600 * 1000) --[[MAX_TTL_MS]]
+  local expire_at_ms = (full_at - full_at % 1000 --[[MICROS_PER_MS]]) / 1000 --[[MICROS_PER_MS]]
+  if full_at % 1000 --[[MICROS_PER_MS]] > 0 then expire_at_ms = expire_at_ms + 1 end
   if expire_at_ms > cap_ms then expire_at_ms = cap_ms end
-  local slack_ms = burst / rate * 10.0 -- expiry_slack_ms, inline
-  if slack_ms <= 1000 then
-    slack_ms = 1000
-  elseif slack_ms > 86400000 then
-    slack_ms = 86400000
-  elseif slack_ms % 1 > 0 then
-    slack_ms = slack_ms - slack_ms % 1 + 1
-  end
-  write_bucket(key, after, now, expire_at_ms, slack_ms, existed, now)
+  write_bucket(key, after, now, expire_at_ms, rate, burst, existed, now)
   local wait_us = full_at - now
-  local reset_ms = (wait_us - wait_us % 1000) / 1000
-  if wait_us % 1000 > 0 then reset_ms = reset_ms + 1 end
+  local reset_ms = (wait_us - wait_us % 1000 --[[MICROS_PER_MS]]) / 1000 --[[MICROS_PER_MS]]
+  if wait_us % 1000 --[[MICROS_PER_MS]] > 0 then reset_ms = reset_ms + 1 end
   local left = after - after % 1 -- floor(after), after >= 0, saturated as floor_saturating
-  if left >= 9223372036854775808 then left = 9223372036854775808 end
+  if left >= 9223372036854775808 --[[I64_MAX]] then left = 9223372036854775808 --[[I64_MAX]] end
   return left, reset_ms
 end
 
 -- Everything else (the core in full, the other commands, ryu's formatting) is built by `general` on first need:
 -- once per FUNCTION LOAD in the library. In the EVAL form, where Redis runs the whole file on every call, even
--- defining `general` costs: there it is defined below the hot path's first attempt, which raises NEEDS_GENERAL
+-- defining `general` costs: there it is defined below the hot path's first attempt, which raises `needs_general`
 -- (before any write) when it needs the rest; the file then defines it and runs the call again.
 local acquire_general, general_commands
 
@@ -483,10 +494,10 @@ local build_throttle
 -- argv[first] onwards are TB.ACQUIRE's arguments (rate burst [cost]).
 local function acquire_command(keys, argv, first)
   local n = #argv - first + 1
-  if #keys ~= 1 or n < 2 or n > 3 then refuse("ERR wrong number of arguments for 'tb.acquire' command") end
+  if #keys ~= 1 or n < 2 or n > 3 then refuse(string.format("ERR wrong number of arguments for '%s' command" --[[ERR_ARITY]], 'tb.acquire')) end
   local rate, burst = parse_rate_burst(argv[first], argv[first + 1])
   local cost = 1
-  if n == 3 then cost = parse_non_negative(argv[first + 2], ERR_COST) end
+  if n == 3 then cost = parse_non_negative(argv[first + 2], 'ERR cost must be a non-negative number' --[[ERR_COST]]) end
   local key = keys[1]
   local tokens, ts = read_bucket(key)
   local now = now_us(keys)
@@ -496,7 +507,7 @@ local function acquire_command(keys, argv, first)
     return acquire_general(key, rate, burst, cost, tokens, ts, now)
   end
   local left, reset_ms = write_taken(key, after, full_at, now, rate, burst, tokens ~= nil)
-  if left >= 9223372036854774784 then left = 9223372036854774784 end -- int(), as a reply carries it
+  if left >= 9223372036854774784 --[[REPLY_MAX]] then left = 9223372036854774784 --[[REPLY_MAX]] end -- int(), which the general part defines
   return { 1, left, 0, reset_ms }
 end
 
@@ -505,8 +516,7 @@ local function take_clock(argv, first)
   local text = argv[first]
   caller_now_us, server_now_us, server_now_text = nil, nil, nil
   if text and string.byte(text, 1) == 64 then -- '@'
-    caller_now_us = parse_ranged_integer(string.sub(text, 2), 0, 9007199254740992,
-      'ERR the caller clock must be @ then integer microseconds since the epoch, up to 9007199254740992')
+    caller_now_us = parse_ranged_integer(string.sub(text, 2), 0, 9007199254740992 --[[EXACT_LIMIT]], 'ERR the caller clock must be @ then integer microseconds since the epoch, up to 9007199254740992' --[[ERR_CALLER_CLOCK]])
     return first + 1
   end
   return first
@@ -525,7 +535,7 @@ local function eval_form(keys, argv)
   local name = argv[at]
   if name ~= 'TB.ACQUIRE' then name = name and string.upper(name) end
   if name == 'TB.ACQUIRE' then return acquire_command(keys, argv, at + 1) end
-  local command = name and need_general()[name]
+  local command = name and need_general(name)[name]
   if not command then refuse('ERR unknown redis-tb command: ' .. tostring(argv[at])) end
   return command(keys, rest_of(argv, at + 1))
 end
@@ -540,27 +550,26 @@ if not AS_LIBRARY then
 end
 
 -- What a call that raised answers: a refusal's table becomes its error reply; any other error (a redis.call that
--- failed) propagates.
+-- failed) propagates. A server's error goes out as the module sends it: a key of another type with the module's
+-- WRONGTYPE text, and a refused write without the place in the script that Redis 6.2 puts before it
+-- ('@user_script: 662: -OOM ...': above maxmemory Redis refuses a script's first write).
 local function failure(result)
-  if type(result) == 'table' and result.tb_error then return redis.error_reply(result.tb_error) end
-  error(result)
+  if type(result) ~= 'table' or not result.tb_error then error(result) end
+  local text = result.tb_error
+  if string.sub(text, 1, 9) == 'WRONGTYPE' then return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value' --[[ERR_WRONGTYPE]]) end
+  return redis.error_reply(string.match(text, '^@[^:]*: %d+: %-(.*)$') or text)
 end
 
-if first_failed and first_failure ~= NEEDS_GENERAL then return failure(first_failure) end
+if first_failed and not (type(first_failure) == 'table' and first_failure.needs_general) then
+  return failure(first_failure)
+end
 
 -- The rest of the script; returns the commands table (also left in general_commands).
 general = function()
   if general_commands then return general_commands end
-  -- How far past the server's millisecond (as the keys' expiries tell it) the caller's clock may read: 10 s, to the
-  -- last µs of that millisecond (the hot path's `now_us` spells it as a literal).
-  local CALLER_LEAD_LIMIT_US = 10000999
-  local function arity_error(name)
-    refuse("ERR wrong number of arguments for '" .. name .. "' command")
-  end
-
   -- A reply integer: saturated values become the largest double a reply can carry.
   local function int(value)
-    if value >= REPLY_MAX then return REPLY_MAX end
+    if value >= 9223372036854774784 --[[REPLY_MAX]] then return 9223372036854774784 --[[REPLY_MAX]] end
     return value
   end
 
@@ -569,8 +578,8 @@ general = function()
   ---------------------------------------------------------------------------------------------------------------
 
   local function clamp_i64(x)
-    if x >= I64_MAX then return I64_MAX end
-    if x <= I64_MIN then return I64_MIN end
+    if x >= 9223372036854775808 --[[I64_MAX]] then return 9223372036854775808 --[[I64_MAX]] end
+    if x <= (-9223372036854775808) --[[I64_MIN]] then return (-9223372036854775808) --[[I64_MIN]] end
     return x
   end
 
@@ -579,7 +588,7 @@ general = function()
   local function sat_mul(a, b) return clamp_i64(a * b) end
 
   local function ceil_saturating(x)
-    if x ~= x then return I64_MAX end
+    if x ~= x then return 9223372036854775808 --[[I64_MAX]] end
     return clamp_i64(math.ceil(x))
   end
 
@@ -605,23 +614,16 @@ general = function()
     return sat_add(q, 1)
   end
 
-  local function expiry_slack_ms(rate, burst)
-    local slack = ceil_saturating(burst / rate * 10.0)
-    if slack < MIN_EXPIRY_SLACK_MS then return MIN_EXPIRY_SLACK_MS end
-    if slack > MAX_EXPIRY_SLACK_MS then return MAX_EXPIRY_SLACK_MS end
-    return slack
-  end
-
   ---------------------------------------------------------------------------------------------------------------
   -- The core: src/bucket.rs, function by function. A state is { tokens = <double>, ts = <µs> }.
   ---------------------------------------------------------------------------------------------------------------
 
   local function tokens_at(state, at_us, p)
     local elapsed_us = math.max(sat_sub(at_us, state.ts), 0)
-    local elapsed_s = elapsed_us / MICROS_PER_SEC
+    local elapsed_s = elapsed_us / 1000000.0 --[[MICROS_PER_SEC]]
     local refill = elapsed_s * p.rate
     local tokens
-    if refill ~= HUGE then
+    if refill ~= 1e309 --[[HUGE]] then
       tokens = state.tokens + refill
     else
       -- A refill beyond the largest double, counted in units of the rate (a deep debt at the top of the range).
@@ -634,7 +636,7 @@ general = function()
   -- overflows.
   local function seconds_to_refill(tokens, target, p)
     local missing = target - tokens
-    if missing ~= HUGE and missing ~= -HUGE then return missing / p.rate end
+    if missing ~= 1e309 --[[HUGE]] and missing ~= -1e309 --[[HUGE]] then return missing / p.rate end
     return target / p.rate - tokens / p.rate
   end
 
@@ -642,7 +644,7 @@ general = function()
   -- the stored ts lies more than CALLER_LEAD_LIMIT_US past the server's clock read from the keys' expiries (it was
   -- written where no expiry told the server's clock, as a new bucket, or before the server's clock stepped back).
   local function holds_time(stored_ts)
-    return caller_now_us ~= nil and not (server_now_us and stored_ts > server_now_us + CALLER_LEAD_LIMIT_US)
+    return caller_now_us ~= nil and not (server_now_us and stored_ts > server_now_us + 10000999 --[[CALLER_LEAD_LIMIT_US]])
   end
 
   -- A clock that reads earlier than the stored ts (stepped back, or a promoted replica behind): the bucket keeps its
@@ -663,7 +665,7 @@ general = function()
   -- except on the caller's clock where the bucket holds a later ts (holds_time). There the reading refills nothing
   -- either way, and its waits count from no earlier than the server's clock read from the keys' expiries, or where
   -- none told it (Redis 6.2), from the ts: a caller whose clock lags is told the wait the bucket imposes, not that
-  -- wait plus its lag (a day's lag made a day's Retry-After).
+  -- wait plus its lag.
   local function counted_now(stored, now_us)
     if stored and now_us < stored.ts and holds_time(stored.ts) then
       if not server_now_us then return stored.ts end
@@ -677,16 +679,16 @@ general = function()
   end
 
   local function ms_until(now_us, at_us)
-    if at_us == I64_MAX then return I64_MAX end
-    return ceil_div(math.max(sat_sub(at_us, now_us), 0), MICROS_PER_MS)
+    if at_us == 9223372036854775808 --[[I64_MAX]] then return 9223372036854775808 --[[I64_MAX]] end
+    return ceil_div(math.max(sat_sub(at_us, now_us), 0), 1000 --[[MICROS_PER_MS]])
   end
 
   local function full_at_us(state, p)
     if state.tokens >= p.burst then return state.ts end
-    local estimate_us = ceil_saturating(seconds_to_refill(state.tokens, p.burst, p) * MICROS_PER_SEC)
+    local estimate_us = ceil_saturating(seconds_to_refill(state.tokens, p.burst, p) * 1000000.0 --[[MICROS_PER_SEC]])
     local at_us = sat_add(state.ts, estimate_us)
-    for _ = 1, MAX_CORRECTIONS do
-      if at_us == I64_MAX or tokens_at(state, at_us, p) >= p.burst then break end
+    for _ = 1, 4 --[[MAX_CORRECTIONS]] do
+      if at_us == 9223372036854775808 --[[I64_MAX]] or tokens_at(state, at_us, p) >= p.burst then break end
       at_us = sat_add(at_us, 1)
     end
     return at_us
@@ -694,19 +696,19 @@ general = function()
 
   -- Whether `current` holds `cost` after waiting `ms` from now.
   local function paid_after(current, now_us, p, cost, ms)
-    local at_us = sat_add(now_us, sat_mul(ms, MICROS_PER_MS))
+    local at_us = sat_add(now_us, sat_mul(ms, 1000 --[[MICROS_PER_MS]]))
     return tokens_at(current, at_us, p) >= cost
   end
 
   local function retry_after_ms(current, now_us, p, cost)
-    local estimate_us = ceil_saturating(seconds_to_refill(current.tokens, cost, p) * MICROS_PER_SEC)
+    local estimate_us = ceil_saturating(seconds_to_refill(current.tokens, cost, p) * 1000000.0 --[[MICROS_PER_SEC]])
     local ready_us = sat_add(current.ts, estimate_us)
     local wait_ms = math.max(ms_until(now_us, ready_us), 1)
-    for _ = 1, MAX_CORRECTIONS do
-      if wait_ms == I64_MAX or paid_after(current, now_us, p, cost, wait_ms) then break end
+    for _ = 1, 4 --[[MAX_CORRECTIONS]] do
+      if wait_ms == 9223372036854775808 --[[I64_MAX]] or paid_after(current, now_us, p, cost, wait_ms) then break end
       wait_ms = sat_add(wait_ms, 1)
     end
-    for _ = 1, MAX_CORRECTIONS do
+    for _ = 1, 4 --[[MAX_CORRECTIONS]] do
       if wait_ms <= 1 or not paid_after(current, now_us, p, cost, wait_ms - 1) then break end
       wait_ms = wait_ms - 1
     end
@@ -715,11 +717,11 @@ general = function()
 
   -- The cap counts from the bucket's time: on the caller's clock a call may count from before the ts it keeps.
   local function write_expiring(state, full_at, now_us, p)
-    local cap_ms = sat_add(floor_div(math.max(now_us, state.ts), MICROS_PER_MS), MAX_TTL_MS)
+    local cap_ms = sat_add(floor_div(math.max(now_us, state.ts), 1000 --[[MICROS_PER_MS]]), (36525 * 24 * 3600 * 1000) --[[MAX_TTL_MS]])
     return {
       state = state,
-      expire_at_ms = math.min(ceil_div(full_at, MICROS_PER_MS), cap_ms),
-      expire_slack_ms = expiry_slack_ms(p.rate, p.burst),
+      expire_at_ms = math.min(ceil_div(full_at, 1000 --[[MICROS_PER_MS]]), cap_ms),
+      p = p,
     }
   end
 
@@ -817,7 +819,7 @@ general = function()
     local d = decide(current, now_us, p, cost)
     -- A debt that does not fit a double (only near its largest value) is refused, as a wait beyond max_wait is.
     local debt = current.tokens - cost
-    if d.outcome ~= DENIED or d.retry_after_ms > max_wait_ms or debt == -HUGE then
+    if d.outcome ~= DENIED or d.retry_after_ms > max_wait_ms or debt == -1e309 --[[HUGE]] then
       return { outcome = d.outcome, wait_ms = d.retry_after_ms, remaining = d.remaining,
                reset_after_ms = d.reset_after_ms, write = d.write or rebased_write(stored, now_us, p) }
     end
@@ -882,7 +884,7 @@ general = function()
   -- What `duration_ms` of refill repays, held at the largest double where the product overflows.
   local function refill_over_ms(duration_ms, p)
     local refill = duration_ms / 1000.0 * p.rate
-    if refill == HUGE then return 1.7976931348623157e308 end
+    if refill == 1e309 --[[HUGE]] then return 1.7976931348623157e308 end
     return refill
   end
 
@@ -909,8 +911,8 @@ general = function()
     local current = refilled(stored, now_us, p)
     if cost == 0 then return charge_answer(current, now_us, p, rebased_write(stored, now_us, p)) end
     local after = { tokens = current.tokens - cost, ts = current.ts }
-    if after.tokens == -HUGE or after.tokens < -refill_over_ms(MAX_WAIT_LIMIT_MS, p) then
-      refuse(ERR_DEBT)
+    if after.tokens == -1e309 --[[HUGE]] or after.tokens < -refill_over_ms((24 * 3600 * 1000) --[[MAX_WAIT_LIMIT_MS]], p) then
+      refuse('ERR charge would put the bucket more than 24 hours of refill into debt' --[[ERR_DEBT]])
     end
     return charged(after, now_us, p)
   end
@@ -1026,7 +1028,8 @@ general = function()
   end
 
   local function write_state(key, write, existed, now)
-    write_bucket(key, write.state.tokens, write.state.ts, write.expire_at_ms, write.expire_slack_ms, existed, now)
+    write_bucket(key, write.state.tokens, write.state.ts, write.expire_at_ms, write.p.rate, write.p.burst, existed,
+      now)
   end
 
   ---------------------------------------------------------------------------------------------------------------
@@ -1047,14 +1050,14 @@ general = function()
     if n <= 16 then
       for i = 2, n do
         for j = 1, i - 1 do
-          if keys[i] == keys[j] then refuse(ERR_DUPLICATE) end
+          if keys[i] == keys[j] then refuse('ERR each key may appear only once' --[[ERR_DUPLICATE]]) end
         end
       end
       return
     end
     local seen = {}
     for i = 1, n do
-      if seen[keys[i]] then refuse(ERR_DUPLICATE) end
+      if seen[keys[i]] then refuse('ERR each key may appear only once' --[[ERR_DUPLICATE]]) end
       seen[keys[i]] = true
     end
   end
@@ -1074,7 +1077,7 @@ general = function()
         many[o + 3] = shared_cost
       else
         many[o + 1], many[o + 2] = parse_rate_burst(args[3 * i - 2], args[3 * i - 1])
-        many[o + 3] = parse_non_negative(args[3 * i], ERR_COST)
+        many[o + 3] = parse_non_negative(args[3 * i], 'ERR cost must be a non-negative number' --[[ERR_COST]])
       end
     end
   end
@@ -1121,9 +1124,9 @@ general = function()
 
   local function acquireall_command(keys, args)
     local n = #keys
-    if n == 0 or #args ~= 1 + 2 * n then arity_error('tb.acquireall') end
-    if n > MAX_BUCKETS then refuse('ERR too many buckets: TB.ACQUIREALL takes at most 1000') end
-    parse_many(n, args, parse_non_negative(args[1], ERR_COST))
+    if n == 0 or #args ~= 1 + 2 * n then refuse(string.format("ERR wrong number of arguments for '%s' command" --[[ERR_ARITY]], 'tb.acquireall')) end
+    if n > 1000 --[[MAX_BUCKETS]] then refuse('ERR too many buckets: TB.ACQUIREALL takes at most 1000') end
+    parse_many(n, args, parse_non_negative(args[1], 'ERR cost must be a non-negative number' --[[ERR_COST]]))
     check_distinct(keys)
     local now, all_taken = read_and_take_many(keys, n)
     if all_taken then
@@ -1152,8 +1155,8 @@ general = function()
 
   local function acquireeach_command(keys, args)
     local n = #keys
-    if n == 0 or #args ~= 3 * n then arity_error('tb.acquireeach') end
-    if n > MAX_BUCKETS then refuse('ERR too many buckets: TB.ACQUIREEACH takes at most 1000') end
+    if n == 0 or #args ~= 3 * n then refuse(string.format("ERR wrong number of arguments for '%s' command" --[[ERR_ARITY]], 'tb.acquireeach')) end
+    if n > 1000 --[[MAX_BUCKETS]] then refuse('ERR too many buckets: TB.ACQUIREEACH takes at most 1000') end
     parse_many(n, args, nil)
     check_distinct(keys)
     local now, all_taken = read_and_take_many(keys, n)
@@ -1179,9 +1182,9 @@ general = function()
   end
 
   local function acquireatmost_command(keys, args)
-    if #keys ~= 1 or #args ~= 3 then arity_error('tb.acquireatmost') end
+    if #keys ~= 1 or #args ~= 3 then refuse(string.format("ERR wrong number of arguments for '%s' command" --[[ERR_ARITY]], 'tb.acquireatmost')) end
     local p = parse_params(args[1], args[2])
-    local max = parse_ranged_integer(args[3], 1, MAX_AT_MOST, ERR_AT_MOST)
+    local max = parse_ranged_integer(args[3], 1, 9007199254740992 --[[MAX_AT_MOST]], 'ERR max must be an integer from 1 to 9007199254740992' --[[ERR_AT_MOST]])
     local stored = read_state(keys[1])
     local now = now_us(keys)
     local partial = acquire_at_most(stored, now, p, max)
@@ -1190,10 +1193,10 @@ general = function()
   end
 
   local function reserve_command(keys, args)
-    if #keys ~= 1 or #args ~= 4 then arity_error('tb.reserve') end
+    if #keys ~= 1 or #args ~= 4 then refuse(string.format("ERR wrong number of arguments for '%s' command" --[[ERR_ARITY]], 'tb.reserve')) end
     local p = parse_params(args[1], args[2])
-    local cost = parse_non_negative(args[3], ERR_COST)
-    local max_wait = parse_ranged_integer(args[4], 0, MAX_WAIT_LIMIT_MS, ERR_MAX_WAIT)
+    local cost = parse_non_negative(args[3], 'ERR cost must be a non-negative number' --[[ERR_COST]])
+    local max_wait = parse_ranged_integer(args[4], 0, (24 * 3600 * 1000) --[[MAX_WAIT_LIMIT_MS]], 'ERR max_wait_ms must be an integer from 0 to 86400000' --[[ERR_MAX_WAIT]])
     local stored = read_state(keys[1])
     local now = now_us(keys)
     local r = reserve(stored, now, p, cost, max_wait)
@@ -1202,9 +1205,9 @@ general = function()
   end
 
   local function refund_command(keys, args)
-    if #keys ~= 1 or #args ~= 3 then arity_error('tb.refund') end
+    if #keys ~= 1 or #args ~= 3 then refuse(string.format("ERR wrong number of arguments for '%s' command" --[[ERR_ARITY]], 'tb.refund')) end
     local p = parse_params(args[1], args[2])
-    local amount = parse_non_negative(args[3], ERR_AMOUNT)
+    local amount = parse_non_negative(args[3], 'ERR amount must be a non-negative number' --[[ERR_AMOUNT]])
     local stored = read_state(keys[1])
     local now = now_us(keys)
     local r = refund(stored, now, p, amount)
@@ -1227,16 +1230,16 @@ general = function()
     return { int(c.remaining), int(c.retry_after_ms), int(c.reset_after_ms) }
   end
 
-  local function charge_cost(text) return parse_non_negative(text, ERR_COST) end
-  local function block_ms(text) return parse_ranged_integer(text, 1, MAX_WAIT_LIMIT_MS, ERR_BLOCK_MS) end
+  local function charge_cost(text) return parse_non_negative(text, 'ERR cost must be a non-negative number' --[[ERR_COST]]) end
+  local function block_ms(text) return parse_ranged_integer(text, 1, (24 * 3600 * 1000) --[[MAX_WAIT_LIMIT_MS]], 'ERR ms must be an integer from 1 to 86400000' --[[ERR_BLOCK_MS]]) end
 
   local function charge_command(keys, args)
-    if #keys ~= 1 or #args ~= 3 then arity_error('tb.charge') end
+    if #keys ~= 1 or #args ~= 3 then refuse(string.format("ERR wrong number of arguments for '%s' command" --[[ERR_ARITY]], 'tb.charge')) end
     return charge_shaped(keys, args, charge_cost, charge)
   end
 
   local function block_command(keys, args)
-    if #keys ~= 1 or #args ~= 3 then arity_error('tb.block') end
+    if #keys ~= 1 or #args ~= 3 then refuse(string.format("ERR wrong number of arguments for '%s' command" --[[ERR_ARITY]], 'tb.block')) end
     return charge_shaped(keys, args, block_ms, block)
   end
 
@@ -1271,10 +1274,10 @@ end
 ---------------------------------------------------------------------------------------------------------------
 
 -- Built on the first CL.THROTTLE call, and defined only where it may come: by the library, and by an EVAL call
--- that names CL.THROTTLE. The EVAL form runs this file on every call, and a closure over this many variables
--- costs every call that leaves the hot path (a denied TB.ACQUIRE) about 3,000 instructions to create.
-if AS_LIBRARY
-  or string.upper(ARGV[(ARGV[1] and string.byte(ARGV[1], 1) == 64) and 2 or 1] or '') == 'CL.THROTTLE' then
+-- that names CL.THROTTLE (its first attempt raised `needs_general` for it). The EVAL form runs this file on every
+-- call, and a closure over this many variables is not free to create: every call that leaves the hot path (a
+-- denied TB.ACQUIRE) would pay for it.
+if AS_LIBRARY or first_failure.command == 'CL.THROTTLE' then
   build_throttle = function()
     local LIMB = 10000000
 
@@ -1461,19 +1464,14 @@ if AS_LIBRARY
       local interval_us = big_f64(big_shift(interval, 3))
       local ratio = next_us / interval_us
       if ratio ~= ratio then return 0 end
-      if ratio >= I64_MAX then return REPLY_MAX end
+      if ratio >= 9223372036854775808 --[[I64_MAX]] then return 9223372036854774784 --[[REPLY_MAX]] end
       return ratio >= 0 and math.floor(ratio) or math.ceil(ratio)
     end
 
     -- The key's TAT: nil when missing; WRONGTYPE for a hash or another type; an error unless decimal i64 text.
     local function read_tat(key)
       local value = redis.pcall('GET', key)
-      if type(value) == 'table' and value.err then
-        if string.sub(value.err, 1, 9) == 'WRONGTYPE' then
-          refuse('WRONGTYPE Operation against a key holding the wrong kind of value')
-        end
-        refuse(value.err)
-      end
+      if type(value) == 'table' and value.err then refuse(value.err) end
       if not value then return nil end
       return parse_exact(value) or refuse(ERR_NOT_THROTTLE)
     end
@@ -1491,8 +1489,8 @@ if AS_LIBRARY
       -- T = trunc(period * 10^9 / count), divided in doubles as the module and redis-cell do.
       local interval_f64 = tonumber(big_digits(period) .. '000000000') / big_f64(count)
       if interval_f64 < 1 then refuse(ERR_INTERVAL) end
-      if interval_f64 >= I64_MAX then refuse(ERR_TOLERANCE) end
-      local interval = interval_f64 < 9007199254740992 and big_small(math.floor(interval_f64))
+      if interval_f64 >= 9223372036854775808 --[[I64_MAX]] then refuse(ERR_TOLERANCE) end
+      local interval = interval_f64 < 9007199254740992 --[[EXACT_LIMIT]] and big_small(math.floor(interval_f64))
         or big(string.format('%.0f', math.floor(interval_f64)))
       local tolerance = big_mul(interval, limit)
       if mag_cmp(tolerance, I64_LIMIT) >= 0 then refuse(ERR_TOLERANCE) end
@@ -1502,7 +1500,7 @@ if AS_LIBRARY
     -- CL.THROTTLE key max_burst count_per_period period [quantity]: arguments checked in the module's order (each
     -- parsed, then the quantity's sign, then the limit), then read, decide, write, reply.
     return function(keys, args)
-      if #keys ~= 1 or #args < 3 or #args > 4 then refuse("ERR wrong number of arguments for 'cl.throttle' command") end
+      if #keys ~= 1 or #args < 3 or #args > 4 then refuse(string.format("ERR wrong number of arguments for '%s' command" --[[ERR_ARITY]], 'cl.throttle')) end
       local limit_text = args[1] .. ' ' .. args[2] .. ' ' .. args[3]
       local known = limits and limits[limit_text]
       local max_burst, count, period
@@ -1519,7 +1517,7 @@ if AS_LIBRARY
       if not known then
         known = limit_of(max_burst, count, period)
         if limits then
-          if limits_kept >= MEMO_LIMIT then limits, limits_kept = {}, 0 end
+          if limits_kept >= 256 --[[MEMO_LIMIT]] then limits, limits_kept = {}, 0 end
           limits[limit_text], limits_kept = known, limits_kept + 1
         end
       end
@@ -1536,7 +1534,7 @@ if AS_LIBRARY
       if stored and caller_now_us then
         local ttl_ms = redis.call('PTTL', key)
         if ttl_ms >= 0 then
-          local lead_us = math.max(10000999 + big_f64(big_shift(tolerance, 3)), (ttl_ms + 2) * 1000)
+          local lead_us = math.max(10000999 --[[CALLER_LEAD_LIMIT_US]] + big_f64(big_shift(tolerance, 3)), (ttl_ms + 2) * 1000)
           local latest = big_add(now, big(string.format('%.0f', lead_us) .. '000'))
           if big_cmp(tat, latest) > 0 then tat = latest end
         end
@@ -1567,28 +1565,24 @@ if AS_LIBRARY
         elseif caller_now_us then
           written = redis.pcall('SET', key, big_text(write_tat), 'PX', string.format('%d', ttl_ms))
         else
-          local now_ms = (server_now_us - server_now_us % 1000) / 1000
+          local now_ms = (server_now_us - server_now_us % 1000 --[[MICROS_PER_MS]]) / 1000 --[[MICROS_PER_MS]]
           written = redis.pcall('SET', key, big_text(write_tat), 'PXAT', string.format('%d', now_ms + ttl_ms))
         end
-        if type(written) == 'table' and written.err then
-          refuse(string.match(written.err, '^@[^:]*: %d+: %-(.*)$') or written.err)
-        end
+        if type(written) == 'table' and written.err then refuse(written.err) end
       end
-      return { limited and 1 or 0, math.min(big_f64(limit), REPLY_MAX),
+      return { limited and 1 or 0, math.min(big_f64(limit), 9223372036854774784 --[[REPLY_MAX]]),
                throttle_remaining(big_sub(tolerance, ttl), interval), retry_s, whole_seconds_up(ttl) }
     end
   end
 end
 
 if AS_LIBRARY then
-  -- The function form: FCALL <LIB>_<command> with [@<µs>] <arguments>.
-  local function function_form(name, keys, argv)
-    return general()[name](keys, rest_of(argv, take_clock(argv, 1)))
-  end
-
-  -- FCALL <LIB>_acquire, the hot one, without the name.
-  local function acquire_form(keys, argv)
-    return acquire_command(keys, argv, take_clock(argv, 1))
+  -- The function form: FCALL <LIB>_<command> with [@<µs>] <arguments>. TB.ACQUIRE's hot path takes them as they
+  -- are, the general part's commands without the clock.
+  local function function_form(command, keys, argv)
+    local first = take_clock(argv, 1)
+    if command == 'TB.ACQUIRE' then return acquire_command(keys, argv, first) end
+    return general()[command](keys, rest_of(argv, first))
   end
 
   -- name, command, flags: the module's TB.REFUND is not deny-oom, every other command is.
@@ -1605,21 +1599,13 @@ if AS_LIBRARY then
   }
   for i = 1, #functions do
     local command = functions[i][2]
-    local callback = function(keys, argv)
-      local ok, result = pcall(function_form, command, keys, argv)
-      if ok then return result end
-      return failure(result)
-    end
-    if command == 'TB.ACQUIRE' then
-      callback = function(keys, argv)
-        local ok, result = pcall(acquire_form, keys, argv)
-        if ok then return result end
-        return failure(result)
-      end
-    end
     redis.register_function {
       function_name = TB_LIBRARY .. '_' .. functions[i][1],
-      callback = callback,
+      callback = function(keys, argv)
+        local ok, result = pcall(function_form, command, keys, argv)
+        if ok then return result end
+        return failure(result)
+      end,
       flags = functions[i][3],
     }
   end
