@@ -24,6 +24,13 @@ ONE FILE, TWO FORMS
   constant (a top-level `local NAME = <literal>`) written as its literal, so that no function captures it. The EVAL
   form runs the whole file on every call, and every top-level local a function captures costs that call an upvalue.
 
+HOW THE FILE RUNS
+
+  Top to bottom: the constants; number parsing; the stored hash and its expiry; the hot path (an allowed
+  TB.ACQUIRE, decided on scalars); the entry's first part (the EVAL form's first attempt); the general part
+  (`general`: the core in full and every other command, built on first need); CL.THROTTLE's part; the entry's
+  second part (the library's functions, the EVAL form's second attempt).
+
 CALLING IT
 
   EVALSHA <sha1> <numkeys> <key> [<key> ...] [@<µs>] <command> <the command's other arguments, keys left out>
@@ -170,6 +177,7 @@ local ERR_AT_MOST = 'ERR max must be an integer from 1 to 9007199254740992'
 local ERR_BLOCK_MS = 'ERR ms must be an integer from 1 to 86400000'
 local ERR_DEBT = 'ERR charge would put the bucket more than 24 hours of refill into debt'
 local ERR_DUPLICATE = 'ERR each key may appear only once'
+local ERR_TOO_MANY = 'ERR too many buckets: %s takes at most %d'
 local ERR_WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
 local ERR_NOT_BUCKET = 'ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)'
 local ERR_CALLER_CLOCK =
@@ -538,8 +546,15 @@ local function eval_form(keys, argv)
   return command(keys, rest_of(argv, at + 1))
 end
 
--- The EVAL form, first attempt: the hot path, before the rest of the script exists. A call that raised is
--- answered below (`failure`, defined after this attempt, which an allowed call then never creates).
+---------------------------------------------------------------------------------------------------------------
+-- The entry, first part: the EVAL form's first attempt. The EVAL form runs this whole file on every call, so it
+-- tries the call here, where only the hot path exists: an allowed TB.ACQUIRE and every refusal end here, and the
+-- rest of the file never runs. A call that needs the rest raises `needs_general` (before any write) and runs again
+-- in the entry's second part, at the end of the file, which also registers the library's functions.
+---------------------------------------------------------------------------------------------------------------
+
+-- `failure`, which answers a call that raised, is defined after this attempt, so that an allowed call never
+-- creates it.
 local first_failed, first_failure = false, nil
 if not AS_LIBRARY then
   local ok, result = pcall(eval_form, KEYS, ARGV)
@@ -1123,7 +1138,7 @@ general = function()
   local function acquireall_command(keys, args)
     local n = #keys
     if n == 0 or #args ~= 1 + 2 * n then refuse(string.format(ERR_ARITY, 'tb.acquireall')) end
-    if n > MAX_BUCKETS then refuse('ERR too many buckets: TB.ACQUIREALL takes at most 1000') end
+    if n > MAX_BUCKETS then refuse(string.format(ERR_TOO_MANY, 'TB.ACQUIREALL', MAX_BUCKETS)) end
     parse_many(n, args, parse_non_negative(args[1], ERR_COST))
     check_distinct(keys)
     local now, all_taken = read_and_take_many(keys, n)
@@ -1154,7 +1169,7 @@ general = function()
   local function acquireeach_command(keys, args)
     local n = #keys
     if n == 0 or #args ~= 3 * n then refuse(string.format(ERR_ARITY, 'tb.acquireeach')) end
-    if n > MAX_BUCKETS then refuse('ERR too many buckets: TB.ACQUIREEACH takes at most 1000') end
+    if n > MAX_BUCKETS then refuse(string.format(ERR_TOO_MANY, 'TB.ACQUIREEACH', MAX_BUCKETS)) end
     parse_many(n, args, nil)
     check_distinct(keys)
     local now, all_taken = read_and_take_many(keys, n)
@@ -1573,6 +1588,11 @@ if AS_LIBRARY or first_failure.command == 'CL.THROTTLE' then
     end
   end
 end
+
+---------------------------------------------------------------------------------------------------------------
+-- The entry, second part: FUNCTION LOAD registers one function per command; the EVAL form runs again the call
+-- whose first attempt needed the general part.
+---------------------------------------------------------------------------------------------------------------
 
 if AS_LIBRARY then
   -- The function form: FCALL <LIB>_<command> with [@<µs>] <arguments>. TB.ACQUIRE's hot path takes them as they
