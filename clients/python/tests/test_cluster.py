@@ -188,6 +188,66 @@ async def test_asgi_limits_of_several_identities_on_a_cluster(
     await client.aclose()
 
 
+def taker(cluster: Cluster) -> dict[str, Any]:
+    """Credentials of an ACL user that may take tokens but never give them back: TB.REFUND is denied, and so is DEL
+    (the script's refund deletes a bucket it fills: the one of the tests below, burst 5, after a request of 1)."""
+    commands = ["+@all", "-del", *(["-tb.refund"] if cluster.nodes[0].module else [])]
+    for node in cluster.nodes:
+        node.client().acl_setuser("taker", enabled=True, passwords=["+pw"], keys=["*"], commands=commands)
+    return {"host": "127.0.0.1", "port": cluster.nodes[0].port, "username": "taker", "password": "pw"}
+
+
+def drain_tenant(cluster: Cluster, prefix: str) -> None:
+    """Empties the tenant bucket from outside the middleware: its in-memory fallback has never seen it, so the fail
+    mode (fail="local") would admit the next request."""
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    assert TokenBucket(client).acquire(f"{prefix}{{acme}}:tenant", 0.001, 2, 2).allowed
+    client.close()
+
+
+def assert_refused_without_refund(
+    cluster: Cluster, prefix: str, status: int, body: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert status == 429, status
+    assert body["limit"] == "tenant"
+    assert "could not give back what a refused request took" in caplog.text
+    # The refund failed: the user bucket keeps the token the refused request took.
+    user_key = f"{prefix}{{u1}}:user"
+    assert round(float(owner(cluster, user_key).client().hget(user_key, "tokens") or 0), 2) == 4
+
+
+def test_wsgi_refusal_stands_when_its_refund_fails(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    """A part refused, then the refund of the allowed part fails (NOPERM): the request is refused with the
+    part's reply and the failure logged, never handed to the fail mode (which would admit it)."""
+    drain_tenant(cluster, "wr:")
+    client = RedisCluster(**taker(cluster))
+    app = Flask(__name__)
+    app.get("/")(lambda: "hello")
+    app.wsgi_app = wsgi.RateLimitMiddleware(  # type: ignore[method-assign]
+        app.wsgi_app, limiter=TokenBucket(client), limits=tenant_limits("wr:"), key=lambda r: "u1", prefix="wr:"
+    )
+    with caplog.at_level(logging.WARNING, logger="redis_tb"):
+        response = app.test_client().get("/")
+        assert_refused_without_refund(cluster, "wr:", response.status_code, response.get_json(), caplog)
+    client.close()
+
+
+async def test_asgi_refusal_stands_when_its_refund_fails(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    drain_tenant(cluster, "ar:")
+    client = AsyncRedisCluster(**taker(cluster))
+    app = FastAPI()
+    app.get("/")(lambda: "hello")
+    limits = tenant_limits("ar:")
+    app.add_middleware(
+        asgi.RateLimitMiddleware, limiter=AsyncTokenBucket(client), limits=limits, key=lambda s: "u1", prefix="ar:"
+    )
+    with caplog.at_level(logging.WARNING, logger="redis_tb"):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            response = await http.get("/")
+    assert_refused_without_refund(cluster, "ar:", response.status_code, response.json(), caplog)
+    await client.aclose()
+
+
 def test_moved_and_crossslot_from_a_cluster_node_answer_with_the_fail_mode(
     cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:

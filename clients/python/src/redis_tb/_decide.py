@@ -314,6 +314,12 @@ class Middleware(Generic[App, Limiter]):
         for charge in charges:
             self.local.charge_failed(charge)
 
+    def refund_failed(self, refund: protocol.Call[Any], error: BaseException) -> None:
+        """A refund of a request refused in part (`Plan.refunds`) failed. The request stays refused, with the reply
+        of the part that refused it: the fail mode never answers it, since Redis did. Logged (`Guard.refund_failed`);
+        the caller still sends the refunds after it."""
+        self.guard.refund_failed(refund.keys[0], error)
+
     def answered(self, plan: Plan, reply: Acquired | AcquiredEach, enforced: bool) -> Verdict:
         """Redis answered: the in-memory buckets of the plan's keys continue from its report. `enforced`: the answer
         is the response's (headers, body); else only whether it allows."""

@@ -130,6 +130,22 @@ class Guard:
             )
         return failure
 
+    def refund_failed(self, key: str, error: BaseException) -> None:
+        """A refund of a request refused in part failed (an error reply, a lost connection, its deadline): the
+        request stays refused, and `key`'s bucket keeps what it took. A warning at most once a minute per row; a
+        timeout or a lost connection closes the gate, as for any call."""
+        failure = classify(error)
+        if self._due(f"refund {failure.row}"):
+            logger.warning(
+                "redis-tb: could not give back what a refused request took from %r (%s: %s); the request stays "
+                "refused and the bucket keeps those tokens (logged at most once a minute)",
+                key,
+                failure.row,
+                error,
+            )
+        if failure.lost_connection:
+            self._closed(failure, error)
+
     def _due(self, row: str) -> bool:
         """Whether a failure of `row` is logged now: at most once per row in `ERROR_LOG_INTERVAL_S`."""
         now = self.clock()

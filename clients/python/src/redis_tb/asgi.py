@@ -12,7 +12,8 @@ import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from . import _decide, _plan
 from ._decide import Body, Decision, ErrorHook, FailMode, client_address, default_body
@@ -20,6 +21,7 @@ from ._guard import MAX_IN_FLIGHT, STALL_FRACTION, NotSent
 from ._local import CAPACITY
 from ._metrics import DEFAULT_REGISTRY
 from ._plan import LimitsSpec, by_path
+from ._protocol import Call
 from .aio import AsyncTokenBucket
 from .errors import DebtLimitExceeded
 from .headers import Standard
@@ -32,6 +34,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+T = TypeVar("T")
 
 __all__ = ["Decision", "RateLimitMiddleware", "by_path", "client_address"]
 
@@ -98,7 +101,7 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
             verdict = self.fallback(plan, enforced)
         else:
             try:
-                reply = await self._ask_within_deadline(plan)
+                reply, refunds = await self._within_deadline(partial(self._ask, plan))
             except NotSent:
                 verdict = self.fallback(plan, enforced)
             except Exception as error:  # every failure is a row of the failure table, none a 500
@@ -106,38 +109,47 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
             else:
                 verdict = self.answered(plan, reply, enforced)
                 answered = True
+                await self._give_back(refunds)
         self.called(started, answered)
         return verdict
 
-    async def _ask_within_deadline(self, plan: _plan.Plan) -> Acquired | AcquiredEach:
-        """`_ask` once one of the `MAX_IN_FLIGHT` slots is free and no call out has waited more than
-        `STALL_FRACTION` of the deadline, cancelled at the deadline (redis-py then closes
-        the connection: nothing more is written to it; a call still waiting for a slot was never written)."""
+    async def _within_deadline(self, send: Callable[[], Awaitable[T]]) -> T:
+        """Runs `send()`, a limiter call, once one of the `MAX_IN_FLIGHT` slots is free and no call out has waited
+        more than `STALL_FRACTION` of the deadline, cancelled at the deadline (redis-py then closes the connection:
+        nothing more is written to it; a call still waiting for a slot was never written)."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         if sys.version_info >= (3, 11):  # no task per call, unlike wait_for before 3.12
             async with asyncio.timeout(self.timeout):
-                return await self._ask_in_slot(plan, self._slots)
-        return await asyncio.wait_for(self._ask_in_slot(plan, self._slots), self.timeout)
+                return await self._in_slot(send, self._slots)
+        return await asyncio.wait_for(self._in_slot(send, self._slots), self.timeout)
 
-    async def _ask_in_slot(self, plan: _plan.Plan, slots: asyncio.Semaphore) -> Acquired | AcquiredEach:
+    async def _in_slot(self, send: Callable[[], Awaitable[T]], slots: asyncio.Semaphore) -> T:
         async with slots:
             while self.stalled() and self.guard.admits:  # the deadline cancels the wait
                 await asyncio.sleep(self.timeout * STALL_FRACTION / 4)
             if not self.guard.admits:  # a call it waited behind missed its deadline
                 raise NotSent
             with self.written():
-                return await self._ask(plan)
+                return await send()
 
-    async def _ask(self, plan: _plan.Plan) -> Acquired | AcquiredEach:
+    async def _ask(self, plan: _plan.Plan) -> tuple[Acquired | AcquiredEach, list[Call[Any]]]:
+        """The plan's reply, and the refunds to send when a part of it (one call per cluster slot) refused."""
         await self._charge_back(plan)
         parts = self.parts(plan)
         if len(parts) == 1:
-            return await self.limiter._run(plan.call())
+            return await self.limiter._run(plan.call()), []
         replies = [await self.limiter._run(part.call()) for part in parts]
-        for refund in plan.refunds(parts, replies):
-            await self.limiter._run(refund)
-        return plan.combined(parts, replies)
+        return plan.combined(parts, replies), plan.refunds(parts, replies)
+
+    async def _give_back(self, refunds: list[Call[Any]]) -> None:
+        """Each refund in a call of its own, within its own deadline; one that fails leaves the request refused
+        (`refund_failed`), and the others are still sent."""
+        for refund in refunds:
+            try:
+                await self._within_deadline(partial(self.limiter._run, refund))
+            except Exception as error:
+                self.refund_failed(refund, error)
 
     async def _charge_back(self, plan: _plan.Plan) -> None:
         """Sends what the in-memory buckets of the plan's keys admitted, before the plan's call; a charge-back that

@@ -9,19 +9,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 from . import _decide, _plan
 from ._decide import Decision, client_address
 from ._guard import MAX_IN_FLIGHT, STALL_FRACTION, NotSent
 from ._plan import by_path
+from ._protocol import Call
 from .client import TokenBucket
 from .errors import DebtLimitExceeded
 from .replies import Acquired, AcquiredEach
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+T = TypeVar("T")
 
 __all__ = ["Decision", "RateLimitMiddleware", "by_path", "client_address"]
 
@@ -60,7 +63,7 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
             verdict = self.fallback(plan, enforced)
         else:
             try:
-                reply = self._ask(plan)
+                reply, refunds = self._within_deadline(partial(self._ask, plan))
             except NotSent:
                 verdict = self.fallback(plan, enforced)
             except Exception as error:  # every failure is a row of the failure table, none a 500
@@ -68,12 +71,14 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
             else:
                 verdict = self.answered(plan, reply, enforced)
                 answered = True
+                self._give_back(refunds)
         self.called(started, answered)
         return verdict
 
-    def _ask(self, plan: _plan.Plan) -> Acquired | AcquiredEach:
-        """The plan's calls, once one of the `MAX_IN_FLIGHT` slots is free and no call out has waited more than
-        `STALL_FRACTION` of the deadline (waiting up to the deadline); the fail mode's if the gate closes meanwhile."""
+    def _within_deadline(self, send: Callable[[], T]) -> T:
+        """Runs `send()`, a limiter call, once one of the `MAX_IN_FLIGHT` slots is free and no call out has waited
+        more than `STALL_FRACTION` of the deadline (waiting up to the deadline); the fail mode's if the gate closes
+        meanwhile."""
         deadline = time.monotonic() + self.timeout
         if not self.thread_slots.acquire(timeout=self.timeout):
             raise TimeoutError(f"{MAX_IN_FLIGHT} limiter calls are out: none ended within the deadline")
@@ -85,19 +90,27 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
             if not self.guard.admits:  # a call it waited behind missed its deadline
                 raise NotSent
             with self.written():
-                return self._ask_in_slot(plan)
+                return send()
         finally:
             self.thread_slots.release()
 
-    def _ask_in_slot(self, plan: _plan.Plan) -> Acquired | AcquiredEach:
+    def _ask(self, plan: _plan.Plan) -> tuple[Acquired | AcquiredEach, list[Call[Any]]]:
+        """The plan's reply, and the refunds to send when a part of it (one call per cluster slot) refused."""
         self._charge_back(plan)
         parts = self.parts(plan)
         if len(parts) == 1:
-            return self.limiter._run(plan.call())
+            return self.limiter._run(plan.call()), []
         replies = [self.limiter._run(part.call()) for part in parts]
-        for refund in plan.refunds(parts, replies):
-            self.limiter._run(refund)
-        return plan.combined(parts, replies)
+        return plan.combined(parts, replies), plan.refunds(parts, replies)
+
+    def _give_back(self, refunds: list[Call[Any]]) -> None:
+        """Each refund in a call of its own, within its own deadline; one that fails leaves the request refused
+        (`refund_failed`), and the others are still sent."""
+        for refund in refunds:
+            try:
+                self._within_deadline(partial(self.limiter._run, refund))
+            except Exception as error:
+                self.refund_failed(refund, error)
 
     def _charge_back(self, plan: _plan.Plan) -> None:
         """Sends what the in-memory buckets of the plan's keys admitted, before the plan's call; a charge-back that
