@@ -127,18 +127,9 @@ if not AS_LIBRARY and redis.replicate_commands then
   redis.replicate_commands()
 end
 
--- The caller's clock for the call under way (µs), or nil: the server's (TIME). Set on each call's entry.
-local caller_now_us
-
--- Builds the rest of the script on first need (defined below).
-local general
-
--- The rest of the script. Where the file has not defined `general` yet (the EVAL form's first attempt, see
--- "Everything else" below), raises { needs_general = true, command = <the command's name, where known> }.
-local function need_general(command)
-  if general == nil then error({ needs_general = true, command = command }) end
-  return general()
-end
+---------------------------------------------------------------------------------------------------------------
+-- Constants, named once (lua/tb.lua has each use written as its literal: see ONE FILE, TWO FORMS).
+---------------------------------------------------------------------------------------------------------------
 
 -- The stored hash's fields (src/codec.rs): the bucket's tokens and its time in µs.
 local FIELD_TOKENS = 'tokens'
@@ -149,11 +140,14 @@ local MICROS_PER_MS = 1000
 local EXACT_LIMIT = 9007199254740992
 -- How long a bucket may be kept: 100 years of 365.25 days.
 local MAX_TTL_MS = 36525 * 24 * 3600 * 1000
+-- The longest wait a call may accept or impose (TB.RESERVE's max_wait_ms, TB.BLOCK's ms, TB.CHARGE's debt): a day.
 local MAX_WAIT_LIMIT_MS = 24 * 3600 * 1000
 -- How many 1 µs (or 1 ms) steps correct an estimated instant that a double's rounding put off by a few.
 local MAX_CORRECTIONS = 4
+-- The bounds of how long a key may outlive its bucket's moment of full (see write_bucket).
 local MIN_EXPIRY_SLACK_MS = 1000
 local MAX_EXPIRY_SLACK_MS = 86400000
+-- The most keys TB.ACQUIREALL and TB.ACQUIREEACH take; the largest `max` TB.ACQUIREATMOST takes.
 local MAX_BUCKETS = 1000
 local MAX_AT_MOST = EXACT_LIMIT
 -- How far past the server's millisecond (as the keys' expiries tell it) the caller's clock may read: 10 s, to the
@@ -182,6 +176,19 @@ local ERR_WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind 
 local ERR_NOT_BUCKET = 'ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)'
 local ERR_CALLER_CLOCK =
   'ERR the caller clock must be @ then integer microseconds since the epoch, up to 9007199254740992'
+
+-- The caller's clock for the call under way (µs), or nil: the server's (TIME). Set on each call's entry.
+local caller_now_us
+
+-- Builds the rest of the script on first need (defined below).
+local general
+
+-- The rest of the script. Where the file has not defined `general` yet (the EVAL form's first attempt, see
+-- "Everything else" below), raises { needs_general = true, command = <the command's name, where known> }.
+local function need_general(command)
+  if general == nil then error({ needs_general = true, command = command }) end
+  return general()
+end
 
 -- A refusal travels as a Lua error carrying this table, and leaves as the error reply (`failure`); nothing is
 -- written before every check has passed, as in the module. A server's error (a failed read or write) is refused
