@@ -11,7 +11,7 @@ const { callsFor } = require("./lane.cjs");
 const { headersFor, waitMs, FORMATS } = require("./headers.cjs");
 const { checkShadow, limitList } = require("./limit.cjs");
 const { metricsFor } = require("./metrics.cjs");
-const { acquireEachBySlot } = require("./slots.cjs");
+const { acquireEachBySlot, giveBack } = require("./slots.cjs");
 const { LocalBuckets, CAPACITY, checkCapacity } = require("./local.cjs");
 const { SKIP, DEFAULT_IPV6_SUBNET, bucketKey, checkIpv6Subnet, ipIdentity, isAnonymous } = require("./identity.cjs");
 
@@ -54,12 +54,14 @@ const SHADOW_LOG_INTERVAL_MS = 1000;
  * What the limiter logs about Redis failures (docs/clients.md, "When Redis fails"): a warning when a fault
  * begins (then nothing until Redis has answered again, and for the same row at most once a minute, since a fault
  * of one shard or of some calls alternates with answers), and configuration errors (auth, ACL, a key of another
- * type, any unexpected error reply) at error level whatever the fail mode, at most once a minute per row.
+ * type, any unexpected error reply) at error level whatever the fail mode, at most once a minute per row. A refund
+ * of a request refused in part that failed (slots.cjs) is a warning, at most once a minute per row.
  */
 function failureLog(logger, fail) {
   let faulty = false;
   const lastWarningMs = new Map();
   const lastErrorMs = new Map();
+  const lastRefundMs = new Map();
   const due = (times, row) => {
     const now = performance.now();
     const last = times.get(row);
@@ -82,6 +84,13 @@ function failureLog(logger, fail) {
     },
     answered() {
       faulty = false;
+    },
+    refundFailed(error, failure, key) {
+      if (!due(lastRefundMs, failure.row)) return;
+      logger.warn(
+        `redis-tb: could not give back what a refused request took from ${JSON.stringify(key)} (${failure.row}: ` +
+          `${error?.message ?? error}); the request stays refused and the bucket keeps those tokens (logged at most once a minute)`,
+      );
     },
   };
 }
@@ -166,20 +175,22 @@ function createHttpLimiter(options) {
 
   /**
    * One call to Redis for `buckets` through `redis`: TB.ACQUIRE for one, TB.ACQUIREEACH for several (on a Cluster,
-   * one per slot, slots.cjs).
+   * one per slot, slots.cjs). { decision, refunds }: `refunds`, for giveBack, when a part of several refused.
    */
   async function decide(redis, buckets) {
     if (buckets.length === 1) {
       const [bucket] = buckets;
       const reply = await redis.acquire(bucket.key, bucket.rate, bucket.burst, bucket.cost);
-      return { allowed: reply.allowed, limitingIndex: 0, buckets: [{ ...bucket, ...reply, key: bucket.key, fits: reply.allowed }] };
+      const decision = { allowed: reply.allowed, limitingIndex: 0, buckets: [{ ...bucket, ...reply, key: bucket.key, fits: reply.allowed }] };
+      return { decision, refunds: [] };
     }
-    const reply = await acquireEachBySlot(redis, buckets);
-    return {
+    const { reply, refunds } = await acquireEachBySlot(redis, buckets);
+    const decision = {
       allowed: reply.allowed,
       limitingIndex: reply.limitingIndex,
       buckets: buckets.map((bucket, index) => ({ ...bucket, ...reply.buckets[index] })),
     };
+    return { decision, refunds };
   }
 
   /**
@@ -189,10 +200,12 @@ function createHttpLimiter(options) {
   async function limiterCall(req, buckets) {
     const started = metrics === undefined ? 0 : performance.now();
     let source;
+    let refunds = [];
     const call = async (redis) => {
-      const decision = await decide(redis, buckets);
+      const decided = await decide(redis, buckets);
       source = redis.backendInUse ?? "module"; // set once a call has answered
-      return decision;
+      refunds = decided.refunds;
+      return decided.decision;
     };
     let outcome;
     if (local !== undefined) {
@@ -208,6 +221,8 @@ function createHttpLimiter(options) {
     }
     if (outcome.error === undefined) {
       failures.answered();
+      // Redis refused the request: it stays refused, whatever happens to the refunds (slots.cjs).
+      await giveBack(run, refunds, (error, bucket) => failures.refundFailed(error, classifyFailure(error), bucket.key));
       metrics?.call(source, undefined, (performance.now() - started) / 1000);
       return outcome;
     }

@@ -21,16 +21,16 @@ export async function connect(kind, server, options = {}) {
   return { redis, close: () => redis.destroy() };
 }
 
-/** A connected cluster client of `kind` for `cluster`. */
-export async function connectCluster(kind, cluster) {
+/** A connected cluster client of `kind` for `cluster`; `credentials`: { username, password } of an ACL user. */
+export async function connectCluster(kind, cluster, credentials = {}) {
   const [first] = cluster.nodes;
   if (kind === "ioredis") {
-    const redis = new IoCluster([{ host: "127.0.0.1", port: first.port }], { lazyConnect: true });
+    const redis = new IoCluster([{ host: "127.0.0.1", port: first.port }], { lazyConnect: true, redisOptions: credentials });
     redis.on("error", () => {});
     await redis.connect();
     return { redis, close: () => redis.disconnect() };
   }
-  const redis = createCluster({ rootNodes: [{ url: first.url }] });
+  const redis = createCluster({ rootNodes: [{ url: first.url }], defaults: credentials });
   redis.on("error", () => {});
   await redis.connect();
   return { redis, close: () => redis.destroy() };

@@ -95,6 +95,42 @@ for (const backend of [{ name: "module", module: true }, { name: WITHOUT_MODULE,
         }
       });
 
+      test(`${kind}: a request one part refused stays refused when a refund fails, never the fail mode's`, async () => {
+        // An ACL user that may take tokens but never give them back: TB.REFUND is denied, and so is DEL (the
+        // script's refund deletes a bucket it fills: the user bucket below, burst 5, after a request of 1).
+        const rules = ["+@all", "-del", ...(backend.module ? ["-tb.refund"] : [])].join(" ");
+        for (const node of cluster.nodes) assert.equal(await rawCommand(node.port, `ACL SETUSER taker on >pw ~* ${rules}`), "+OK\r\n");
+        const admin = await connectCluster(kind, cluster);
+        const conn = await connectCluster(kind, cluster, { username: "taker", password: "pw" });
+        const warnings = [];
+        const errors = [];
+        const logger = { warn: (message) => warnings.push(message), error: (message) => errors.push(message) };
+        const prefix = `${freshKey("refund")}:`;
+        const userKey = `${prefix}{u1}:user`;
+        const limits = [{ name: "user", rate: 0.001, burst: 5 }, { name: "tenant", rate: 0.001, burst: 2, key: () => "acme" }];
+        const app = express();
+        app.use(rateLimit({ client: conn.redis, prefix, limits, key: () => "u1", logger })); // fail "local"
+        app.get("/", (req, res) => res.send("ok"));
+        const server = http.createServer(app);
+        const base = await listen(server);
+        try {
+          // The tenant bucket emptied from outside the middleware: fail "local" has never seen it, and would admit.
+          assert.equal((await new TbClient(admin.redis).acquire(`${prefix}{acme}:tenant`, 0.001, 2, 2)).allowed, true);
+          const response = await fetch(base);
+          assert.equal(response.status, 429);
+          assert.equal((await response.json()).limit, "tenant");
+          const refundWarnings = warnings.filter((message) => message.includes("could not give back what a refused request took"));
+          assert.equal(refundWarnings.length, 1, warnings.join("\n"));
+          assert.deepEqual(errors, []);
+          // The refund failed: the user bucket keeps the token the refused request took (a refund of 0 reads it).
+          assert.equal((await new TbClient(admin.redis).refund(userKey, 0.001, 5, 0)).remaining, 4);
+        } finally {
+          await closeServer(server);
+          await conn.close();
+          await admin.close();
+        }
+      });
+
       test(`${kind}: several limits for identities like {}, }x, }{ or none stay in one slot (no CROSSSLOT)`, async () => {
         const conn = await connectCluster(kind, cluster);
         const errors = [];

@@ -2,7 +2,8 @@
 //! with the module on every node, and without it (the Functions library on Redis 7.0+, the script on 6.2).
 //! Keys in each primary's slot range, limits that hold (the burst granted, then refused), a call over several
 //! slots refused unsent, a moved slot (MOVED) and a slot being migrated (ASK) followed without charging twice,
-//! and the layer's limits of several identities (several slots) all or nothing.
+//! and the layer's limits of several identities (several slots) all or nothing, a refusal standing when a refund
+//! fails.
 //!
 //! `$REDIS_SERVER`, `$REDIS_CLI` and `$TB_MODULE` as for the other suites.
 
@@ -11,6 +12,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -432,6 +434,109 @@ async fn the_layer_splits_limits_of_several_slots_and_a_refusal_takes_nothing() 
         dee.remaining, 2,
         "refused by the tenant: the user's token went back"
     );
+}
+
+/// What the test's tracing subscriber writes, for a test to read.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("the logs")).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("the logs").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A part refused, then the refund of the allowed part fails (NOPERM): the request is refused with the part's
+/// reply and the failure logged, never handed to the fail mode (local, which has never seen the tenant's bucket
+/// and would admit it). The Python and npm middlewares have the same test.
+async fn a_refusal_stands_when_its_refund_fails(with_module: bool) {
+    let cluster = Cluster::start(with_module);
+    // A user that may take tokens but never give them back: TB.REFUND is denied, and so is DEL (the library's
+    // and the script's refund delete a bucket it fills: the user's below, burst 5, after a request of 1).
+    for node in &cluster.nodes {
+        let mut rules = vec!["taker", "on", ">pw", "~*", "+@all", "-del"];
+        if with_module {
+            rules.push("-tb.refund");
+        }
+        let reply: String = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(&rules)
+            .query(&mut node.conn())
+            .expect("ACL SETUSER");
+        assert_eq!(reply, "OK");
+    }
+    let admin = cluster.client();
+    let tags = tags_in_every_range();
+    let (tenant, user) = (tags[0].clone(), tags[1].clone());
+    let tenant_key = format!("ratelimit:{{{tenant}}}:tenant");
+    let drained = admin
+        .acquire(&tenant_key, 0.001, 2.0, 2.0)
+        .await
+        .expect("the tenant's bucket emptied from outside the layer");
+    assert!(drained.allowed);
+    let urls = cluster
+        .nodes
+        .iter()
+        .map(|node| format!("redis://taker:pw@127.0.0.1:{}/", node.port))
+        .collect::<Vec<_>>();
+    let taker = Client::cluster_builder(urls)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("a cluster client");
+    let layer = RateLimitLayer::new(taker, tenant_and_user_limits(2.0, 5.0)).expect("a layer"); // fail mode: local
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(layer);
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let request = Request::builder()
+        .uri("/")
+        .header("x-tenant", &tenant)
+        .header("x-user", &user)
+        .body(Body::empty())
+        .expect("a request");
+    let refused = app.oneshot(request).await.expect("a response");
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        logs.text()
+            .contains("could not give back the tokens of a refused request"),
+        "{}",
+        logs.text()
+    );
+    let kept = admin
+        .acquire(&format!("ratelimit:{{{user}}}:user"), 0.001, 5.0, 0.0)
+        .await
+        .expect("a look at the user's bucket");
+    assert_eq!(
+        kept.remaining, 4,
+        "the refund failed: the user's bucket keeps the token"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_module_a_refusal_stands_when_its_refund_fails() {
+    a_refusal_stands_when_its_refund_fails(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_module_a_refusal_stands_when_its_refund_fails() {
+    a_refusal_stands_when_its_refund_fails(false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
