@@ -17,6 +17,11 @@
 //! (tower_governor with `use_headers`) and allow every request (limits far above the request rate), so both
 //! take the path most requests take. `make bench` runs it and prints both ratios of the two own times;
 //! `cargo test --all-targets` runs each case once.
+//!
+//! Times on a shared machine move by more than the own times are; instructions do not. With
+//! `LAYER_BENCH_ONLY=<case>:<requests>` the bench runs that many requests of one case inside `counted` (after as
+//! many uncounted, which set up what later ones reuse) and exits, for valgrind's callgrind to count:
+//! scripts/layer_instructions.sh gives each case's instructions per request and the same two own figures.
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -138,6 +143,12 @@ fn estimate_ns(directory: &Path, id: &str) -> Option<f64> {
         .or_else(|| value["mean"]["point_estimate"].as_f64())
 }
 
+/// Runs `requests` to the end: what callgrind counts with `--toggle-collect=*counted*`.
+#[inline(never)]
+fn counted(runtime: &tokio::runtime::Runtime, requests: impl std::future::Future<Output = ()>) {
+    runtime.block_on(requests);
+}
+
 fn main() {
     let server = Server::start_with(Options {
         module: Some(module()),
@@ -178,6 +189,33 @@ fn main() {
     });
     assert_eq!(client.backend_in_use(), Backend::Module);
 
+    // LAYER_BENCH_ONLY=<case>:<requests>: that many requests of one case (none, tower_governor, redis_tb,
+    // bare_acquire) inside `counted`, after as many uncounted, then exit (see the top of this file).
+    if let Ok(only) = std::env::var("LAYER_BENCH_ONLY") {
+        let (case, count) = only
+            .split_once(':')
+            .expect("LAYER_BENCH_ONLY=<case>:<requests>");
+        let count: u64 = count.parse().expect("a number of requests");
+        let requests = async |count: u64| match case {
+            "none" => drop(drive(&plain, count).await),
+            "tower_governor" => drop(drive(&governed, count).await),
+            "redis_tb" => drop(drive(&limited, count).await),
+            "bare_acquire" => {
+                for _ in 0..count {
+                    let reply = client
+                        .acquire(&key, RATE, RATE, 1.0)
+                        .await
+                        .expect("TB.ACQUIRE");
+                    assert!(reply.allowed);
+                }
+            }
+            other => panic!("LAYER_BENCH_ONLY: no case {other:?}"),
+        };
+        // The first requests of a case set up what later ones reuse (tower_governor's clock, allocator pools).
+        runtime.block_on(requests(count));
+        counted(&runtime, requests(count));
+        return;
+    }
     let directory = output_directory();
     let mut criterion = Criterion::default()
         .output_directory(&directory)

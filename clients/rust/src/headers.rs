@@ -11,7 +11,9 @@
 //!   -1 (the cost exceeds the burst: waiting never helps).
 #![forbid(unsafe_code)]
 
-use crate::replies::AcquiredEach;
+use std::fmt::{self, Write};
+
+use crate::replies::{AcquiredEach, BucketResult};
 
 /// Which header fields to send.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,28 +64,101 @@ fn seconds_up(ms: i64) -> i64 {
     }
 }
 
-/// An RFC 8941 sf-string: quoted, with `\` and `"` escaped.
-fn sf_string(text: &str) -> String {
-    let mut quoted = String::with_capacity(text.len() + 2);
-    quoted.push('"');
+/// An RFC 8941 sf-string: quoted, with `\` and `"` escaped, written at the end of `out`.
+fn push_sf_string(out: &mut impl Write, text: &str) -> fmt::Result {
+    out.write_char('"')?;
     for c in text.chars() {
         if c == '\\' || c == '"' {
-            quoted.push('\\');
+            out.write_char('\\')?;
         }
-        quoted.push(c);
+        out.write_char(c)?;
     }
-    quoted.push('"');
-    quoted
+    out.write_char('"')
 }
 
-/// Whole requests the burst allows (the draft's `q` is an integer).
-fn quota(burst: f64) -> i64 {
+/// Whole requests the burst allows (the draft's `q` is an integer); also `RateLimit-Limit`.
+pub fn quota(burst: f64) -> i64 {
     clamp_f64(burst.floor())
 }
 
 /// The window: seconds to fill from empty, rounded up, at least 1.
 fn window(policy: &Policy<'_>) -> i64 {
     clamp_f64((policy.burst / policy.rate).ceil()).max(1)
+}
+
+/// The `RateLimit-Policy` value: one item per policy, in order. It depends on the policies alone, so a caller
+/// with a fixed list of limits makes it once.
+pub fn policy_field(policies: &[Policy<'_>]) -> String {
+    let mut field = String::with_capacity(policies.len() * 24);
+    for (index, policy) in policies.iter().enumerate() {
+        if index > 0 {
+            field.push_str(", ");
+        }
+        // Writing to a String cannot fail.
+        let _ = push_sf_string(&mut field, policy.name);
+        let _ = write!(field, ";q={};w={}", quota(policy.burst), window(policy));
+    }
+    field
+}
+
+/// The `RateLimit` value: one item per bucket of `reply`, named after its policy (`names`, in the same order),
+/// in call order.
+pub fn current_field<'a>(names: impl IntoIterator<Item = &'a str>, reply: &AcquiredEach) -> String {
+    let mut field = String::with_capacity(reply.buckets.len() * 24);
+    // Writing to a String cannot fail.
+    let _ = write_current_field(&mut field, names, reply);
+    field
+}
+
+/// [`current_field`] written at the end of `out` (a byte buffer a header value can keep, say).
+pub fn write_current_field<'a>(
+    out: &mut impl Write,
+    names: impl IntoIterator<Item = &'a str>,
+    reply: &AcquiredEach,
+) -> fmt::Result {
+    for (index, (name, bucket)) in names.into_iter().zip(&reply.buckets).enumerate() {
+        if index > 0 {
+            out.write_str(", ")?;
+        }
+        push_sf_string(out, name)?;
+        write!(out, ";r={};t={}", remaining(bucket), reset_seconds(bucket))?;
+    }
+    Ok(())
+}
+
+/// The bucket the legacy fields describe: the reply's limiting one (the first when that index is out of range).
+pub fn legacy_index(policy_count: usize, reply: &AcquiredEach) -> usize {
+    if reply.limiting_index < policy_count {
+        reply.limiting_index
+    } else {
+        0
+    }
+}
+
+/// `RateLimit-Remaining` of a bucket, and its `r`.
+pub fn remaining(bucket: &BucketResult) -> i64 {
+    clamp(bucket.remaining)
+}
+
+/// `RateLimit-Reset` of a bucket, and its `t`: seconds until it is full, rounded up.
+pub fn reset_seconds(bucket: &BucketResult) -> i64 {
+    seconds_up(bucket.reset_after_ms)
+}
+
+/// `Retry-After` of a decision: on a refusal that waiting can end, its wait in whole seconds rounded up.
+pub fn retry_after_seconds(reply: &AcquiredEach) -> Option<i64> {
+    let retry_after_ms = reply.retry_after_ms();
+    (!reply.allowed && retry_after_ms >= 0).then(|| seconds_up(retry_after_ms))
+}
+
+/// Whether `standard` sends the draft's fields (`RateLimit-Policy`, `RateLimit`).
+pub fn sends_draft(standard: Standard) -> bool {
+    matches!(standard, Standard::Draft | Standard::Both)
+}
+
+/// Whether `standard` sends the legacy fields (`RateLimit-Limit`, `-Remaining`, `-Reset`).
+pub fn sends_legacy(standard: Standard) -> bool {
+    matches!(standard, Standard::Legacy | Standard::Both)
 }
 
 /// The header fields (name, value) for a decision over `policies`, one per bucket of `reply` in call order.
@@ -96,44 +171,23 @@ pub fn rate_limit_headers(
     if policies.is_empty() {
         return headers;
     }
-    if matches!(standard, Standard::Draft | Standard::Both) {
-        let policy: Vec<String> = policies
-            .iter()
-            .map(|p| format!("{};q={};w={}", sf_string(p.name), quota(p.burst), window(p)))
-            .collect();
-        let current: Vec<String> = policies
-            .iter()
-            .zip(&reply.buckets)
-            .map(|(p, b)| {
-                format!(
-                    "{};r={};t={}",
-                    sf_string(p.name),
-                    clamp(b.remaining),
-                    seconds_up(b.reset_after_ms)
-                )
-            })
-            .collect();
-        headers.push(("RateLimit-Policy", policy.join(", ")));
-        headers.push(("RateLimit", current.join(", ")));
+    if sends_draft(standard) {
+        headers.push(("RateLimit-Policy", policy_field(policies)));
+        headers.push((
+            "RateLimit",
+            current_field(policies.iter().map(|policy| policy.name), reply),
+        ));
     }
-    if matches!(standard, Standard::Legacy | Standard::Both) {
-        let index = if reply.limiting_index < policies.len() {
-            reply.limiting_index
-        } else {
-            0
-        };
+    if sends_legacy(standard) {
+        let index = legacy_index(policies.len(), reply);
         if let (Some(policy), Some(bucket)) = (policies.get(index), reply.buckets.get(index)) {
             headers.push(("RateLimit-Limit", quota(policy.burst).to_string()));
-            headers.push(("RateLimit-Remaining", clamp(bucket.remaining).to_string()));
-            headers.push((
-                "RateLimit-Reset",
-                seconds_up(bucket.reset_after_ms).to_string(),
-            ));
+            headers.push(("RateLimit-Remaining", remaining(bucket).to_string()));
+            headers.push(("RateLimit-Reset", reset_seconds(bucket).to_string()));
         }
     }
-    let retry_after_ms = reply.retry_after_ms();
-    if !reply.allowed && retry_after_ms >= 0 {
-        headers.push(("Retry-After", seconds_up(retry_after_ms).to_string()));
+    if let Some(seconds) = retry_after_seconds(reply) {
+        headers.push(("Retry-After", seconds.to_string()));
     }
     headers
 }
@@ -141,7 +195,6 @@ pub fn rate_limit_headers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replies::BucketResult;
 
     fn bucket(remaining: i64, retry_after_ms: i64, reset_after_ms: i64) -> BucketResult {
         BucketResult {

@@ -11,7 +11,7 @@
 #![forbid(unsafe_code)]
 
 use std::fmt::Write as _;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::error::ConfigError;
 
@@ -68,17 +68,41 @@ pub fn ip_identity(address: Option<&str>, subnet: Ipv6Subnet) -> Option<String> 
 
 /// The identity of a peer address (what axum's `ConnectInfo<SocketAddr>` holds), as [`ip_identity`] says.
 pub fn addr_identity(address: IpAddr, subnet: Ipv6Subnet) -> String {
+    let mut identity = String::with_capacity(24);
+    push_addr_identity(&mut identity, address, subnet);
+    identity
+}
+
+/// [`addr_identity`] written at the end of `out`.
+fn push_addr_identity(out: &mut String, address: IpAddr, subnet: Ipv6Subnet) {
     match address {
-        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V4(v4) => push_ipv4(out, v4),
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => v4.to_string(),
+            Some(v4) => push_ipv4(out, v4),
             None => {
                 let bits = u32::from(subnet.bits());
                 let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
                 let network = Ipv6Addr::from(u128::from(v6) & mask);
-                format!("{network}/{bits}")
+                // Writing to a String cannot fail.
+                let _ = write!(out, "{network}/{bits}");
             }
         },
+    }
+}
+
+/// `a.b.c.d`, as `Ipv4Addr`'s `Display` writes it, without the formatting machinery (the usual key's cost).
+fn push_ipv4(out: &mut String, address: Ipv4Addr) {
+    for (index, octet) in address.octets().into_iter().enumerate() {
+        if index > 0 {
+            out.push('.');
+        }
+        if octet >= 100 {
+            out.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            out.push(char::from(b'0' + octet / 10 % 10));
+        }
+        out.push(char::from(b'0' + octet % 10));
     }
 }
 
@@ -92,15 +116,20 @@ fn is_kept(byte: u8) -> bool {
 /// `%XX` (uppercase hex). Injective, never empty for a non-empty identity, never holds a brace.
 pub fn escape(identity: &str) -> String {
     let mut tag = String::with_capacity(identity.len());
+    push_escaped(&mut tag, identity);
+    tag
+}
+
+/// [`escape`] written at the end of `out`.
+fn push_escaped(out: &mut String, identity: &str) {
     for &byte in identity.as_bytes() {
         if is_kept(byte) {
-            tag.push(char::from(byte));
+            out.push(char::from(byte));
         } else {
             // Writing to a String cannot fail.
-            let _ = write!(tag, "%{byte:02X}");
+            let _ = write!(out, "%{byte:02X}");
         }
     }
-    tag
 }
 
 /// The hash tag for an identity, the anonymous one for `None` or `""`.
@@ -113,12 +142,52 @@ pub fn tag_of(identity: Option<&str>) -> String {
 
 /// `<prefix>{<tag>}:<limit name>`, the key of `limit_name`'s bucket for `identity`.
 pub fn bucket_key(prefix: &str, identity: Option<&str>, limit_name: &str) -> String {
-    tagged_key(prefix, &tag_of(identity), limit_name)
+    let identity = identity.unwrap_or("");
+    let mut key = start_key(prefix, identity.len(), limit_name);
+    if identity.is_empty() {
+        key.push_str(ANONYMOUS_TAG);
+    } else {
+        push_escaped(&mut key, identity);
+    }
+    end_key(key, limit_name)
+}
+
+/// [`bucket_key`] for the identity of the peer `address` ([`addr_identity`]), made in place: one allocation.
+pub fn peer_key(prefix: &str, address: IpAddr, subnet: Ipv6Subnet, limit_name: &str) -> String {
+    let mut key = start_key(prefix, 24, limit_name);
+    let tag_start = key.len();
+    push_addr_identity(&mut key, address, subnet);
+    // An address's identity is all kept bytes, its own tag; escaped all the same should that ever change.
+    if let Some(identity) = key.get(tag_start..) {
+        if !identity.bytes().all(is_kept) {
+            let identity = identity.to_owned();
+            key.truncate(tag_start);
+            push_escaped(&mut key, &identity);
+        }
+    }
+    end_key(key, limit_name)
 }
 
 /// The key of a bucket whose identity's tag is `tag`.
 pub fn tagged_key(prefix: &str, tag: &str, limit_name: &str) -> String {
-    format!("{prefix}{{{tag}}}:{limit_name}")
+    let mut key = start_key(prefix, tag.len(), limit_name);
+    key.push_str(tag);
+    end_key(key, limit_name)
+}
+
+/// `<prefix>{`, with room for a tag of about `tag_len` bytes and the rest.
+fn start_key(prefix: &str, tag_len: usize, limit_name: &str) -> String {
+    let mut key = String::with_capacity(prefix.len() + tag_len + limit_name.len() + 3);
+    key.push_str(prefix);
+    key.push('{');
+    key
+}
+
+/// `}:<limit name>` after the tag.
+fn end_key(mut key: String, limit_name: &str) -> String {
+    key.push_str("}:");
+    key.push_str(limit_name);
+    key
 }
 
 /// `prefix` unless it would empty the keys' hash tag (its first `{` directly followed by `}`), which would
@@ -147,6 +216,44 @@ mod tests {
         );
         let one = Ipv6Subnet::new(1).expect("1 is allowed");
         assert_eq!(addr_identity(address, one), "::/1");
+    }
+
+    #[test]
+    fn an_ipv4_address_is_written_as_display_writes_it() {
+        for octets in [
+            [0, 0, 0, 0],
+            [1, 9, 10, 99],
+            [100, 199, 200, 255],
+            [127, 0, 0, 1],
+        ] {
+            let address = Ipv4Addr::from(octets);
+            let mut text = String::new();
+            push_ipv4(&mut text, address);
+            assert_eq!(text, address.to_string());
+        }
+    }
+
+    /// The key made in place is the key of the address's identity.
+    #[test]
+    fn a_peer_key_is_the_bucket_key_of_its_identity() {
+        for text in [
+            "192.0.2.1",
+            "::ffff:192.0.2.1",
+            "2001:db8:1:2ff:aaaa::1",
+            "::1",
+        ] {
+            let address: IpAddr = text.parse().expect("an address");
+            for bits in [1, 56, 64] {
+                let subnet = Ipv6Subnet::new(bits).expect("a subnet");
+                assert_eq!(
+                    peer_key("app:", address, subnet, "api"),
+                    bucket_key("app:", Some(&addr_identity(address, subnet)), "api")
+                );
+            }
+        }
+        assert_eq!(bucket_key("p:", None, "x"), "p:{%anonymous}:x");
+        assert_eq!(bucket_key("p:", Some(""), "x"), "p:{%anonymous}:x");
+        assert_eq!(bucket_key("p:", Some("a{b}"), "x"), "p:{a%7Bb%7D}:x");
     }
 
     #[test]

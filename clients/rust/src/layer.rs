@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use bytes::{Bytes, BytesMut};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use tower_layer::Layer;
@@ -44,7 +44,7 @@ use crate::cluster::key_slot;
 use crate::command::BucketWithCost;
 use crate::error::{ConfigError, Error};
 use crate::failure::Failure;
-use crate::headers::{rate_limit_headers, Policy, Standard};
+use crate::headers::{self, Policy, Standard};
 use crate::keys::{self, addr_identity, Ipv6Subnet};
 use crate::limit::{Identity, KeyFn, Limit};
 use crate::local::{limiting_index, LocalBucket, LocalBuckets, DEFAULT_CAPACITY};
@@ -85,16 +85,41 @@ struct Shared {
     shadow: bool,
     #[cfg(feature = "prometheus")]
     metrics: Option<crate::metrics::Metrics>,
+    /// What the header fields need that depends on the limits alone, made once with them.
+    made: MadeFields,
     local: Mutex<LocalBuckets>,
     epoch: Instant,
+    /// A fault is under way: its warning was logged; cleared by the next call that answers.
+    in_fault: AtomicBool,
     log: Mutex<LogState>,
     anonymous_warned: AtomicBool,
 }
 
+/// The parts of the RateLimit fields that depend on the limits alone, so that a request formats only what its
+/// reply changes.
+#[derive(Clone)]
+struct MadeFields {
+    /// `RateLimit-Policy` of a request that every limit applies to, enforced (the usual request).
+    policy: Option<HeaderValue>,
+    /// `RateLimit-Limit` of each limit, in the order of the layer's limits.
+    quotas: Vec<HeaderValue>,
+}
+
+impl MadeFields {
+    fn new(limits: &[Limit]) -> MadeFields {
+        let policies: Vec<Policy<'_>> = limits.iter().map(Limit::policy).collect();
+        MadeFields {
+            policy: HeaderValue::from_str(&headers::policy_field(&policies)).ok(),
+            quotas: limits
+                .iter()
+                .map(|limit| HeaderValue::from(headers::quota(limit.burst)))
+                .collect(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct LogState {
-    /// A fault is under way: its warning was logged; cleared by the next call that answers.
-    in_fault: bool,
     error_logged_at: HashMap<&'static str, Instant>,
     /// When each shadow limit's refusal was last logged.
     shadow_logged_at: HashMap<String, Instant>,
@@ -188,6 +213,7 @@ impl RateLimitLayer {
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 client,
+                made: MadeFields::new(&limits),
                 limits,
                 key: None,
                 ipv6_subnet: Ipv6Subnet::DEFAULT,
@@ -202,6 +228,7 @@ impl RateLimitLayer {
                 metrics: None,
                 local: Mutex::new(LocalBuckets::new(DEFAULT_CAPACITY)),
                 epoch: Instant::now(),
+                in_fault: AtomicBool::new(false),
                 log: Mutex::new(LogState::default()),
                 anonymous_warned: AtomicBool::new(false),
             }),
@@ -214,6 +241,7 @@ impl RateLimitLayer {
             Err(shared) => Shared {
                 client: shared.client.clone(),
                 limits: shared.limits.clone(),
+                made: shared.made.clone(),
                 key: shared.key.clone(),
                 ipv6_subnet: shared.ipv6_subnet,
                 prefix: shared.prefix.clone(),
@@ -227,6 +255,7 @@ impl RateLimitLayer {
                 metrics: shared.metrics.clone(),
                 local: Mutex::new(LocalBuckets::new(DEFAULT_CAPACITY)),
                 epoch: shared.epoch,
+                in_fault: AtomicBool::new(false),
                 log: Mutex::new(LogState::default()),
                 anonymous_warned: AtomicBool::new(false),
             },
@@ -340,22 +369,100 @@ pub struct RateLimit<S> {
     shared: Arc<Shared>,
 }
 
-/// The limits that apply to one request, each with its bucket key.
-struct Plan {
-    limits: Vec<Limit>,
-    keys: Vec<String>,
+/// One limit that applies to a request, with its place among the layer's limits and its bucket key.
+struct Planned<'a> {
+    index: usize,
+    limit: &'a Limit,
+    key: String,
 }
 
-/// The enforced limits of a request, decided first, and its shadow limits, decided when they allow.
-struct Plans {
-    enforced: Plan,
-    shadow: Plan,
+impl Planned<'_> {
+    fn bucket(&self) -> LocalBucket<'_> {
+        LocalBucket {
+            key: &self.key,
+            limit: &self.limit.name,
+            rate: self.limit.rate,
+            burst: self.limit.burst,
+            cost: self.limit.cost,
+        }
+    }
 }
+
+/// The enforced limits of a request, decided first, and its shadow limits, decided when they allow; each in the
+/// order of the layer's limits.
+struct Plans<'a> {
+    enforced: PlanList<'a>,
+    shadow: PlanList<'a>,
+}
+
+/// The limits of one group of a request: one needs no list made (the usual request).
+#[derive(Default)]
+enum PlanList<'a> {
+    #[default]
+    Empty,
+    One(Planned<'a>),
+    Several(Vec<Planned<'a>>),
+}
+
+impl<'a> PlanList<'a> {
+    fn push(&mut self, planned: Planned<'a>) {
+        *self = match std::mem::take(self) {
+            PlanList::Empty => PlanList::One(planned),
+            PlanList::One(first) => PlanList::Several(vec![first, planned]),
+            PlanList::Several(mut list) => {
+                list.push(planned);
+                PlanList::Several(list)
+            }
+        };
+    }
+
+    fn as_slice(&self) -> &[Planned<'a>] {
+        match self {
+            PlanList::Empty => &[],
+            PlanList::One(planned) => std::slice::from_ref(planned),
+            PlanList::Several(list) => list,
+        }
+    }
+}
+
+/// The RateLimit fields of a response, each set or not, appended in this order.
+#[derive(Default)]
+struct Fields {
+    policy: Option<HeaderValue>,
+    current: Option<HeaderValue>,
+    limit: Option<HeaderValue>,
+    remaining: Option<HeaderValue>,
+    reset: Option<HeaderValue>,
+    retry_after: Option<HeaderValue>,
+}
+
+impl Fields {
+    /// Appends the fields that are set to `headers`, in the order of docs/headers.md.
+    fn append_to(self, headers: &mut HeaderMap) {
+        let mut append = |name: HeaderName, value: Option<HeaderValue>| {
+            if let Some(value) = value {
+                headers.append(name, value);
+            }
+        };
+        append(RATELIMIT_POLICY, self.policy);
+        append(RATELIMIT, self.current);
+        append(RATELIMIT_LIMIT, self.limit);
+        append(RATELIMIT_REMAINING, self.remaining);
+        append(RATELIMIT_RESET, self.reset);
+        append(RETRY_AFTER, self.retry_after);
+    }
+}
+
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 
 /// What to answer.
 enum Verdict {
-    /// Go on to the inner service, adding these headers.
-    Pass(Vec<(&'static str, String)>),
+    /// Go on to the inner service, adding these fields.
+    Pass(Fields),
     /// Answer this instead (a shadow plan's: an empty response); the names of the limits whose bucket did not
     /// fit (none for a fail mode's refusal).
     Refuse(Response<Body>, Vec<String>),
@@ -384,13 +491,13 @@ where
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let (parts, body) = request.into_parts();
-            let headers = match shared.plan(&parts) {
+            let fields = match shared.plan(&parts) {
                 None => {
                     shared.count_request("skipped", &[]);
-                    Vec::new()
+                    Fields::default()
                 }
                 Some(plans) => match shared.limit(&plans, &parts).await {
-                    Ok(headers) => headers,
+                    Ok(fields) => fields,
                     Err(response) => return Ok(response),
                 },
             };
@@ -398,106 +505,86 @@ where
             std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
             let response = inner.call(request).await?;
             let mut response = response.map(Body::new);
-            append(&mut response, headers);
+            fields.append_to(response.headers_mut());
             Ok(response)
         })
     }
 }
 
-fn append(response: &mut Response<Body>, headers: Vec<(&'static str, String)>) {
-    for (name, value) in headers {
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            response
-                .headers_mut()
-                .append(HeaderName::from_static(lower(name)), value);
-        }
-    }
-}
-
-/// The header names of [`rate_limit_headers`] in the lowercase `HeaderName::from_static` wants.
-fn lower(name: &'static str) -> &'static str {
-    match name {
-        "RateLimit-Policy" => "ratelimit-policy",
-        "RateLimit" => "ratelimit",
-        "RateLimit-Limit" => "ratelimit-limit",
-        "RateLimit-Remaining" => "ratelimit-remaining",
-        "RateLimit-Reset" => "ratelimit-reset",
-        _ => "retry-after",
-    }
-}
-
 impl Shared {
     /// The limits for a request and their keys, enforced and shadow apart; `None` when every limit skips it.
-    fn plan(&self, parts: &Parts) -> Option<Plans> {
+    fn plan(&self, parts: &Parts) -> Option<Plans<'_>> {
         let mut plans = Plans {
-            enforced: Plan {
-                limits: Vec::new(),
-                keys: Vec::new(),
-            },
-            shadow: Plan {
-                limits: Vec::new(),
-                keys: Vec::new(),
-            },
+            enforced: PlanList::Empty,
+            shadow: PlanList::Empty,
         };
-        for limit in &self.limits {
-            let identity = match limit.key.as_ref().or(self.key.as_ref()) {
-                Some(key) => key(parts),
-                None => peer_identity(parts, self.ipv6_subnet),
-            };
-            let tag = match identity {
-                Identity::Skip => continue,
-                Identity::Key(text) if !text.is_empty() => keys::tag_of(Some(&text)),
-                Identity::Key(_) | Identity::Anonymous => {
-                    self.warn_anonymous(limit);
-                    keys::tag_of(None)
-                }
+        for (index, limit) in self.limits.iter().enumerate() {
+            let key = match limit.key.as_ref().or(self.key.as_ref()) {
+                Some(key) => match key(parts) {
+                    Identity::Skip => continue,
+                    Identity::Key(text) if !text.is_empty() => {
+                        keys::bucket_key(&self.prefix, Some(&text), &limit.name)
+                    }
+                    Identity::Key(_) | Identity::Anonymous => self.anonymous_key(limit),
+                },
+                // The default key, peer_identity's, made in place.
+                None => match parts.extensions.get::<ConnectInfo<SocketAddr>>() {
+                    Some(ConnectInfo(address)) => {
+                        keys::peer_key(&self.prefix, address.ip(), self.ipv6_subnet, &limit.name)
+                    }
+                    None => self.anonymous_key(limit),
+                },
             };
             let plan = if self.shadow || limit.shadow {
                 &mut plans.shadow
             } else {
                 &mut plans.enforced
             };
-            plan.keys
-                .push(keys::tagged_key(&self.prefix, &tag, &limit.name));
-            plan.limits.push(limit.clone());
+            plan.push(Planned { index, limit, key });
         }
-        let applies = !(plans.enforced.limits.is_empty() && plans.shadow.limits.is_empty());
+        let applies = !(plans.enforced.as_slice().is_empty() && plans.shadow.as_slice().is_empty());
         applies.then_some(plans)
     }
 
+    /// The key of `limit`'s bucket for requests without an identity, warned about once.
+    fn anonymous_key(&self, limit: &Limit) -> String {
+        self.warn_anonymous(limit);
+        keys::bucket_key(&self.prefix, None, &limit.name)
+    }
+
     /// The enforced limits, all or nothing; when they allow, the shadow limits, all or nothing among themselves,
-    /// whose refusal is logged and serves the request. The headers (of the enforced limits only), or the refusal.
-    async fn limit(
-        &self,
-        plans: &Plans,
-        parts: &Parts,
-    ) -> Result<Vec<(&'static str, String)>, Response<Body>> {
-        let mut headers = Vec::new();
-        if !plans.enforced.limits.is_empty() {
-            match self.decide(&plans.enforced, parts, true).await {
-                Verdict::Pass(found) => headers = found,
+    /// whose refusal is logged and serves the request. The fields (of the enforced limits only), or the refusal.
+    async fn limit(&self, plans: &Plans<'_>, parts: &Parts) -> Result<Fields, Response<Body>> {
+        let mut fields = Fields::default();
+        let (enforced, shadow) = (plans.enforced.as_slice(), plans.shadow.as_slice());
+        if !enforced.is_empty() {
+            match self.decide(enforced, parts, true).await {
+                Verdict::Pass(found) => fields = found,
                 Verdict::Refuse(response, refused) => {
                     self.count_request("refused", &refused);
                     return Err(response);
                 }
             }
         }
-        if !plans.shadow.limits.is_empty() {
-            if let Verdict::Refuse(_, refused) = self.decide(&plans.shadow, parts, false).await {
+        if !shadow.is_empty() {
+            if let Verdict::Refuse(_, refused) = self.decide(shadow, parts, false).await {
                 self.count_request("shadow_refused", &refused);
-                self.shadow_refused(&plans.shadow, refused);
-                return Ok(headers);
+                self.shadow_refused(shadow, refused);
+                return Ok(fields);
             }
         }
         self.count_request("allowed", &[]);
-        Ok(headers)
+        Ok(fields)
     }
 
     /// Shadow limits refused a request that is served: logged at most once a second per limit. A fail mode's
     /// refusal names no bucket: every shadow limit of the call would have refused.
-    fn shadow_refused(&self, plan: &Plan, mut refused: Vec<String>) {
+    fn shadow_refused(&self, plan: &[Planned<'_>], mut refused: Vec<String>) {
         if refused.is_empty() {
-            refused = plan.limits.iter().map(|limit| limit.name.clone()).collect();
+            refused = plan
+                .iter()
+                .map(|planned| planned.limit.name.clone())
+                .collect();
         }
         let now = Instant::now();
         for name in refused {
@@ -543,28 +630,29 @@ impl Shared {
 
     /// Asks Redis (after the charge-backs the local buckets owe), or the fail mode when that fails. `enforced`:
     /// the verdict is the response's (headers, body); else only whether it allows and which limits refused.
-    async fn decide(&self, plan: &Plan, parts: &Parts, enforced: bool) -> Verdict {
-        let started = Instant::now();
-        let buckets: Vec<LocalBucket<'_>> = plan
-            .limits
-            .iter()
-            .zip(&plan.keys)
-            .map(|(limit, key)| LocalBucket {
-                key,
-                limit: &limit.name,
-                rate: limit.rate,
-                burst: limit.burst,
-                cost: limit.cost,
-            })
-            .collect();
-        match self.ask(&buckets).await {
+    async fn decide(&self, plan: &[Planned<'_>], parts: &Parts, enforced: bool) -> Verdict {
+        let started = self.call_started();
+        // One limit, the usual case, needs no list made.
+        let one: [LocalBucket<'_>; 1];
+        let several: Vec<LocalBucket<'_>>;
+        let buckets: &[LocalBucket<'_>] = match plan {
+            [planned] => {
+                one = [planned.bucket()];
+                &one
+            }
+            _ => {
+                several = plan.iter().map(Planned::bucket).collect();
+                &several
+            }
+        };
+        match self.ask(buckets).await {
             Ok(reply) => {
-                self.count_decided(self.client.backend_in_use().as_str(), started);
+                self.count_decided(|| self.client.backend_in_use().as_str(), started);
                 self.answered();
                 if self.fail == FailMode::Local {
                     let now_ms = self.now_ms();
                     if let Ok(mut local) = self.local.lock() {
-                        local.answered(&buckets, &reply.buckets, now_ms);
+                        local.answered(buckets, &reply.buckets, now_ms);
                     }
                 }
                 self.verdict(plan, &reply, enforced)
@@ -581,12 +669,12 @@ impl Shared {
                     }
                 }
                 let (source, verdict) = match self.fail {
-                    FailMode::Open => ("open", Verdict::Pass(Vec::new())),
+                    FailMode::Open => ("open", Verdict::Pass(Fields::default())),
                     FailMode::Closed => ("closed", Verdict::Refuse(unavailable(), Vec::new())),
                     FailMode::Local => {
                         let now_ms = self.now_ms();
                         let reply = match self.local.lock() {
-                            Ok(mut local) => Some(local.acquire_each(&buckets, now_ms)),
+                            Ok(mut local) => Some(local.acquire_each(buckets, now_ms)),
                             // A panic elsewhere poisoned the table: refuse rather than let everything through.
                             Err(_) => None,
                         };
@@ -598,7 +686,7 @@ impl Shared {
                     }
                 };
                 // The call's duration ends with the fail mode's answer.
-                self.count_decided(source, started);
+                self.count_decided(|| source, started);
                 verdict
             }
         }
@@ -727,42 +815,36 @@ impl Shared {
         }
     }
 
-    fn verdict(&self, plan: &Plan, reply: &AcquiredEach, enforced: bool) -> Verdict {
+    fn verdict(&self, plan: &[Planned<'_>], reply: &AcquiredEach, enforced: bool) -> Verdict {
         if reply.allowed && !enforced {
-            return Verdict::Pass(Vec::new());
+            return Verdict::Pass(Fields::default());
         }
         let refused: Vec<String> = plan
-            .limits
             .iter()
             .zip(&reply.buckets)
             .filter(|(_, bucket)| !bucket.fits)
-            .map(|(limit, _)| limit.name.clone())
+            .map(|(planned, _)| planned.limit.name.clone())
             .collect();
         if !enforced {
             return Verdict::Refuse(Response::new(Body::empty()), refused);
         }
-        let policies: Vec<Policy<'_>> = plan
-            .limits
-            .iter()
-            .map(|limit| Policy {
-                name: &limit.name,
-                rate: limit.rate,
-                burst: limit.burst,
-            })
-            .collect();
-        let headers = rate_limit_headers(&policies, reply, self.standard);
+        let fields = self.fields(plan, reply);
         if reply.allowed {
-            return Verdict::Pass(headers);
+            return Verdict::Pass(fields);
         }
-        let body = match plan
-            .limits
-            .get(reply.limiting_index)
-            .or(plan.limits.first())
-        {
-            Some(limit) => self.refusal_body(&Decision {
-                limit,
+        // Every limit applies in the usual request: the layer's list is the request's.
+        let listed: Vec<Limit>;
+        let limits: &[Limit] = if plan.len() == self.limits.len() {
+            &self.limits
+        } else {
+            listed = plan.iter().map(|planned| planned.limit.clone()).collect();
+            &listed
+        };
+        let body = match plan.get(reply.limiting_index).or(plan.first()) {
+            Some(planned) => self.refusal_body(&Decision {
+                limit: planned.limit,
                 retry_after_ms: reply.retry_after_ms(),
-                limits: &plan.limits,
+                limits,
                 reply,
             }),
             None => serde_json::json!({"error": "rate limit exceeded"}),
@@ -772,8 +854,50 @@ impl Shared {
         response
             .headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        append(&mut response, headers);
+        fields.append_to(response.headers_mut());
         Verdict::Refuse(response, refused)
+    }
+
+    /// The RateLimit fields of a decision over the enforced limits `plan`: docs/headers.md's mapping, as
+    /// [`headers::rate_limit_headers`] gives it, with the parts that depend on the limits alone made beforehand.
+    fn fields(&self, plan: &[Planned<'_>], reply: &AcquiredEach) -> Fields {
+        let mut fields = Fields::default();
+        if plan.is_empty() {
+            return fields;
+        }
+        if headers::sends_draft(self.standard) {
+            // A plan is in the order of the layer's limits: as long as their list, it is their list.
+            let made = self
+                .made
+                .policy
+                .clone()
+                .filter(|_| plan.len() == self.limits.len());
+            fields.policy = made.or_else(|| {
+                let policies: Vec<Policy<'_>> =
+                    plan.iter().map(|planned| planned.limit.policy()).collect();
+                HeaderValue::from_str(&headers::policy_field(&policies)).ok()
+            });
+            // Written where the value keeps it: no copy.
+            let mut current = BytesMut::with_capacity(plan.len() * 24);
+            let written = headers::write_current_field(
+                &mut current,
+                plan.iter().map(|planned| planned.limit.name.as_str()),
+                reply,
+            );
+            fields.current = written
+                .ok()
+                .and_then(|()| HeaderValue::from_maybe_shared(current.freeze()).ok());
+        }
+        if headers::sends_legacy(self.standard) {
+            let index = headers::legacy_index(plan.len(), reply);
+            if let (Some(planned), Some(bucket)) = (plan.get(index), reply.buckets.get(index)) {
+                fields.limit = self.made.quotas.get(planned.index).cloned();
+                fields.remaining = Some(HeaderValue::from(headers::remaining(bucket)));
+                fields.reset = Some(HeaderValue::from(headers::reset_seconds(bucket)));
+            }
+        }
+        fields.retry_after = headers::retry_after_seconds(reply).map(HeaderValue::from);
+        fields
     }
 
     /// A request's outcome and the limits that refused it, counted when the layer has metrics.
@@ -784,11 +908,20 @@ impl Shared {
         }
     }
 
-    /// A limiter call begun at `_started` was decided by `_source`.
-    fn count_decided(&self, _source: &'static str, _started: Instant) {
+    /// When a limiter call begins, for its duration: read only when the layer has metrics.
+    fn call_started(&self) -> Option<Instant> {
         #[cfg(feature = "prometheus")]
-        if let Some(metrics) = &self.metrics {
-            metrics.decided(_source, _started.elapsed());
+        if self.metrics.is_some() {
+            return Some(Instant::now());
+        }
+        None
+    }
+
+    /// A limiter call begun at `_started` was decided by `_source`.
+    fn count_decided(&self, _source: impl FnOnce() -> &'static str, _started: Option<Instant>) {
+        #[cfg(feature = "prometheus")]
+        if let (Some(metrics), Some(started)) = (&self.metrics, _started) {
+            metrics.decided(_source(), started.elapsed());
         }
     }
 
@@ -822,12 +955,8 @@ impl Shared {
 
     /// A call answered: a fault under way ends.
     fn answered(&self) {
-        let ended = self
-            .log
-            .lock()
-            .map(|mut log| std::mem::replace(&mut log.in_fault, false))
-            .unwrap_or(false);
-        if ended {
+        // A load first: the usual call, with no fault under way, writes nothing shared.
+        if self.in_fault.load(Ordering::Acquire) && self.in_fault.swap(false, Ordering::AcqRel) {
             tracing::info!("redis-tb: Redis answers again; limiter calls go to it");
         }
     }
@@ -836,11 +965,11 @@ impl Shared {
     /// error level, at most once a minute per row).
     fn failed(&self, err: &Error) {
         let failure: Failure = err.failure();
-        let Ok(mut log) = self.log.lock() else {
-            return;
-        };
-        let starts = !std::mem::replace(&mut log.in_fault, true);
+        let starts = !self.in_fault.swap(true, Ordering::AcqRel);
         if failure.is_config_error() {
+            let Ok(mut log) = self.log.lock() else {
+                return;
+            };
             let now = Instant::now();
             let due = log
                 .error_logged_at
@@ -857,7 +986,6 @@ impl Shared {
                 );
             }
         } else if starts {
-            drop(log);
             tracing::warn!(
                 row = failure.row,
                 "redis-tb: Redis unavailable ({err}); fail={:?} answers until it answers again",
@@ -918,6 +1046,97 @@ const _: fn() = || {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replies::BucketResult;
+
+    fn bucket(remaining: i64, retry_after_ms: i64, reset_after_ms: i64) -> BucketResult {
+        BucketResult {
+            fits: retry_after_ms == 0,
+            remaining,
+            retry_after_ms,
+            reset_after_ms,
+        }
+    }
+
+    /// The fields the layer appends, with what depends on the limits alone made beforehand, are
+    /// `rate_limit_headers`'s (docs/headers.md's mapping), for every standard, for all the layer's limits and for
+    /// some of them, allowed and refused.
+    #[test]
+    fn the_layer_s_fields_are_the_header_mapping_s() {
+        let client = Client::new("redis://127.0.0.1:1/").expect("a client");
+        let limits = [
+            Limit::new("per-user", 10.0, 20.0).expect("a limit"),
+            Limit::new("ten\"ant", 100.0, 1000.5).expect("a limit"),
+            Limit::new("day", 0.001, 1e21).expect("a limit"),
+        ];
+        let replies = [
+            AcquiredEach {
+                allowed: true,
+                limiting_index: 0,
+                buckets: vec![bucket(19, 0, 100), bucket(999, 0, 10), bucket(5, 0, 0)],
+            },
+            AcquiredEach {
+                allowed: false,
+                limiting_index: 1,
+                buckets: vec![
+                    bucket(0, 100, 2000),
+                    bucket(980, 2500, 200),
+                    bucket(0, -1, 9),
+                ],
+            },
+            AcquiredEach {
+                allowed: false,
+                limiting_index: 2,
+                buckets: vec![bucket(3, 0, 1), bucket(4, 0, 1), bucket(0, -1, i64::MAX)],
+            },
+        ];
+        for standard in [
+            Standard::Draft,
+            Standard::Legacy,
+            Standard::Both,
+            Standard::None,
+        ] {
+            let layer = RateLimitLayer::new(client.clone(), limits.clone())
+                .expect("a layer")
+                .standard(standard);
+            let shared = &layer.shared;
+            for chosen in [vec![0, 1, 2], vec![1], vec![0, 2]] {
+                let plan: Vec<Planned<'_>> = chosen
+                    .iter()
+                    .map(|&index| Planned {
+                        index,
+                        limit: &shared.limits[index],
+                        key: String::new(),
+                    })
+                    .collect();
+                let policies: Vec<Policy<'_>> =
+                    plan.iter().map(|planned| planned.limit.policy()).collect();
+                for full in &replies {
+                    let reply = AcquiredEach {
+                        allowed: full.allowed,
+                        limiting_index: full.limiting_index.min(plan.len() - 1),
+                        buckets: chosen.iter().map(|&index| full.buckets[index]).collect(),
+                    };
+                    let mut response = Response::new(());
+                    shared
+                        .fields(&plan, &reply)
+                        .append_to(response.headers_mut());
+                    let made: Vec<(String, String)> = response
+                        .headers()
+                        .iter()
+                        .map(|(name, value)| {
+                            (name.to_string(), value.to_str().expect("text").to_owned())
+                        })
+                        .collect();
+                    let mapped: Vec<(String, String)> =
+                        headers::rate_limit_headers(&policies, &reply, standard)
+                            .into_iter()
+                            .map(|(name, value)| (name.to_ascii_lowercase(), value))
+                            .collect();
+                    assert_eq!(made, mapped, "{standard:?}, limits {chosen:?}, {reply:?}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn a_shadow_limit_s_refusals_are_logged_at_most_once_a_second_each() {

@@ -113,6 +113,15 @@ impl Limit {
         self
     }
 
+    /// The limit as the RateLimit fields describe it.
+    pub(crate) fn policy(&self) -> crate::headers::Policy<'_> {
+        crate::headers::Policy {
+            name: &self.name,
+            rate: self.rate,
+            burst: self.burst,
+        }
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -86,6 +86,8 @@ pub struct LocalBuckets {
     /// Recency: use counter -> key, least recent first.
     order: BTreeMap<u64, String>,
     next_use: u64,
+    /// How many entries owe a charge-back (`owed > 0`): with none, a call needs no look-up for them.
+    owing: usize,
     /// One per limit name, for keys that found no place.
     overflow: HashMap<String, Held>,
 }
@@ -104,6 +106,7 @@ impl LocalBuckets {
             table: HashMap::new(),
             order: BTreeMap::new(),
             next_use: 0,
+            owing: 0,
             overflow: HashMap::new(),
         }
     }
@@ -119,6 +122,9 @@ impl LocalBuckets {
 
     /// The charge-backs to send before a call for `buckets` reaches Redis, in call order.
     pub fn owed(&self, buckets: &[LocalBucket<'_>]) -> Vec<ChargeBack> {
+        if self.owing == 0 {
+            return Vec::new();
+        }
         buckets
             .iter()
             .filter_map(|bucket| {
@@ -136,6 +142,9 @@ impl LocalBuckets {
     /// Redis took (or refused for good) the charge-back of `key`: nothing is owed for it any more.
     pub fn settled(&mut self, key: &str) {
         if let Some(entry) = self.table.get_mut(key) {
+            if entry.owed > 0.0 {
+                self.owing = self.owing.saturating_sub(1);
+            }
             entry.owed = 0.0;
         }
     }
@@ -155,7 +164,8 @@ impl LocalBuckets {
                 entry.rate = bucket.rate;
                 entry.burst = bucket.burst;
                 entry.held = held;
-                self.touch(bucket.key);
+                self.next_use = self.next_use.saturating_add(1);
+                reorder(&mut self.order, entry, self.next_use, bucket.key);
             } else if self.make_room(now_ms, buckets) {
                 self.insert(bucket, held);
             }
@@ -190,6 +200,9 @@ impl LocalBuckets {
                     if let Some(entry) = self.table.get_mut(key) {
                         entry.held = stored;
                         if allowed {
+                            if entry.owed <= 0.0 && bucket.cost > 0.0 {
+                                self.owing = self.owing.saturating_add(1);
+                            }
                             entry.owed += bucket.cost;
                         }
                     }
@@ -279,9 +292,7 @@ impl LocalBuckets {
     fn touch(&mut self, key: &str) {
         let used = self.bump();
         if let Some(entry) = self.table.get_mut(key) {
-            self.order.remove(&entry.used);
-            entry.used = used;
-            self.order.insert(used, key.to_owned());
+            reorder(&mut self.order, entry, used, key);
         }
     }
 
@@ -289,6 +300,13 @@ impl LocalBuckets {
         self.next_use = self.next_use.saturating_add(1);
         self.next_use
     }
+}
+
+/// Moves `entry` (of `key`) to `used` in the recency order, keeping the key's text it already holds there.
+fn reorder(order: &mut BTreeMap<u64, String>, entry: &mut Entry, used: u64, key: &str) {
+    let text = order.remove(&entry.used).unwrap_or_else(|| key.to_owned());
+    entry.used = used;
+    order.insert(used, text);
 }
 
 /// Milliseconds, rounded up, saturating (a double beyond i64 becomes its bound).
