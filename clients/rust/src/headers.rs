@@ -67,12 +67,18 @@ fn seconds_up(ms: i64) -> i64 {
 /// An RFC 8941 sf-string: quoted, with `\` and `"` escaped, written at the end of `out`.
 fn push_sf_string(out: &mut impl Write, text: &str) -> fmt::Result {
     out.write_char('"')?;
-    for c in text.chars() {
-        if c == '\\' || c == '"' {
-            out.write_char('\\')?;
+    let mut rest = text;
+    while let Some(at) = rest.find(['\\', '"']) {
+        let (plain, escaped) = rest.split_at(at);
+        out.write_str(plain)?;
+        out.write_char('\\')?;
+        let mut chars = escaped.chars();
+        if let Some(c) = chars.next() {
+            out.write_char(c)?;
         }
-        out.write_char(c)?;
+        rest = chars.as_str();
     }
+    out.write_str(rest)?;
     out.write_char('"')
 }
 
@@ -121,7 +127,12 @@ pub fn write_current_field<'a>(
             out.write_str(", ")?;
         }
         push_sf_string(out, name)?;
-        write!(out, ";r={};t={}", remaining(bucket), reset_seconds(bucket))?;
+        // itoa: the integers without the formatting machinery, on every response.
+        let mut digits = itoa::Buffer::new();
+        out.write_str(";r=")?;
+        out.write_str(digits.format(remaining(bucket)))?;
+        out.write_str(";t=")?;
+        out.write_str(digits.format(reset_seconds(bucket)))?;
     }
     Ok(())
 }
