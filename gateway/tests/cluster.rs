@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -67,6 +68,13 @@ impl Cluster {
         Cluster { nodes }
     }
 
+    /// tb-rls in cluster mode against these nodes, with `config` and `extra` flags.
+    fn service(&self, config: &Path, extra: &[&str], dir: &Path) -> Service {
+        let mut args = vec!["--redis-type", "cluster"];
+        args.extend_from_slice(extra);
+        Service::start(config, &self.urls(), &args, dir)
+    }
+
     fn urls(&self) -> String {
         self.nodes
             .iter()
@@ -90,30 +98,34 @@ impl Cluster {
     }
 }
 
+/// A directory of configuration files, `dir/config`, one a domain: `config(domain)` is its text.
+fn domain_files<D: AsRef<str>>(
+    dir: &Path,
+    domains: impl IntoIterator<Item = D>,
+    config: impl Fn(&str) -> String,
+) -> PathBuf {
+    let config_dir = dir.join("config");
+    std::fs::create_dir_all(&config_dir).expect("config dir");
+    for domain in domains {
+        let domain = domain.as_ref();
+        std::fs::write(config_dir.join(format!("{domain}.yaml")), config(domain))
+            .expect("write a domain file");
+    }
+    config_dir
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_keeps_each_request_in_one_slot_and_spreads_domains() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let cluster = Cluster::start();
     let dir = fresh_dir();
-    // A directory of configuration files: one domain each.
-    let config_dir = dir.join("config");
-    std::fs::create_dir_all(&config_dir).expect("config dir");
     let domains = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
-    for domain in domains {
-        std::fs::write(
-            config_dir.join(format!("{domain}.yaml")),
-            format!(
-                "domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: second, requests_per_unit: 1, burst: 2 }}\n  - key: generic_key\n    value: global\n    rate_limit: {{ unit: minute, requests_per_unit: 100 }}\n"
-            ),
+    let config_dir = domain_files(&dir, domains, |domain| {
+        format!(
+            "domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: second, requests_per_unit: 1, burst: 2 }}\n  - key: generic_key\n    value: global\n    rate_limit: {{ unit: minute, requests_per_unit: 100 }}\n"
         )
-        .expect("write a domain file");
-    }
-    let service = Service::start(
-        &config_dir,
-        &cluster.urls(),
-        &["--redis-type", "cluster"],
-        &dir,
-    );
+    });
+    let service = cluster.service(&config_dir, &[], &dir);
     let mut client = service.client().await;
     for domain in domains {
         let mut codes = Vec::new();
@@ -153,10 +165,9 @@ async fn envoy_with_a_cluster_stays_within_every_bucket() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let cluster = Cluster::start();
     let dir = fresh_dir();
-    let service = Service::start(
+    let service = cluster.service(
         &fixture("envoy/ratelimit.yaml"),
-        &cluster.urls(),
-        &["--redis-type", "cluster", "--response-headers", "draft"],
+        &["--response-headers", "draft"],
         &dir,
     );
     let edge = Edge::start(service.grpc_port, &dir);
@@ -200,12 +211,7 @@ async fn a_paused_cluster_is_no_reconnect_storm_and_nothing_is_charged_late() {
         "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 1, burst: 50 }\n",
     )
     .expect("write the config");
-    let service = Service::start(
-        &config,
-        &cluster.urls(),
-        &["--redis-type", "cluster", "--redis-timeout", "100ms"],
-        &dir,
-    );
+    let service = cluster.service(&config, &["--redis-timeout", "100ms"], &dir);
     assert_eq!(tokens(&service, "api", "ann").await, 50);
     let connects_before = metric(&service, "tb_rls_redis_connects_total");
     // Every primary pauses writes, as a failover pauses the one it demotes.
@@ -250,21 +256,10 @@ async fn a_moved_slot_is_followed_and_each_request_charged_once() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let cluster = Cluster::start();
     let dir = fresh_dir();
-    let config_dir = dir.join("config");
-    std::fs::create_dir_all(&config_dir).expect("config dir");
-    for domain in ["alpha", "bravo"] {
-        std::fs::write(
-            config_dir.join(format!("{domain}.yaml")),
-            format!("domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: minute, requests_per_unit: 1, burst: 2 }}\n"),
-        )
-        .expect("write a domain file");
-    }
-    let service = Service::start(
-        &config_dir,
-        &cluster.urls(),
-        &["--redis-type", "cluster"],
-        &dir,
-    );
+    let config_dir = domain_files(&dir, ["alpha", "bravo"], |domain| {
+        format!("domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: minute, requests_per_unit: 1, burst: 2 }}\n")
+    });
+    let service = cluster.service(&config_dir, &[], &dir);
     let mut client = service.client().await;
     let ask = |domain: &str| request(domain, &[(&[("user", "kim")], None)]);
     // A first decision elsewhere: tb-rls now holds the slot map.
@@ -358,15 +353,9 @@ async fn moved_from_a_node_outside_the_slot_is_unavailable_and_not_serving() {
         .expect("a domain another node serves");
 
     let dir = fresh_dir();
-    let config_dir = dir.join("config");
-    std::fs::create_dir_all(&config_dir).expect("config dir");
-    for domain in [local, foreign] {
-        std::fs::write(
-            config_dir.join(format!("{domain}.yaml")),
-            format!("domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: second, requests_per_unit: 10 }}\n"),
-        )
-        .expect("write a domain file");
-    }
+    let config_dir = domain_files(&dir, [local, foreign], |domain| {
+        format!("domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: second, requests_per_unit: 10 }}\n")
+    });
     let service = Service::start(&config_dir, &node.url(), &[], &dir);
     let mut client = service.client().await;
     let ask = |domain: &str| request(domain, &[(&[("user", "kim")], None)]);

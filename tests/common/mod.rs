@@ -23,11 +23,19 @@ const STARTUP_ATTEMPTS: u32 = 5;
 
 static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
 
+/// `$TB_MODULE`, else the build `make test` makes first: `target/release/libredis_tb.so` at the workspace's root,
+/// the nearest directory holding `Cargo.lock` from the package that includes this harness (the module's own, or
+/// `clients/rust` below it).
 pub fn module_path() -> PathBuf {
-    match std::env::var_os("TB_MODULE") {
-        Some(path) => PathBuf::from(path),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_tb.so"),
+    if let Some(path) = std::env::var_os("TB_MODULE") {
+        return PathBuf::from(path);
     }
+    let package = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let workspace = package
+        .ancestors()
+        .find(|dir| dir.join("Cargo.lock").is_file())
+        .unwrap_or(package);
+    workspace.join("target/release/libredis_tb.so")
 }
 
 /// Debian's `redis-server` (what `scripts/deps.sh` installs), unless `$REDIS_SERVER` names another.

@@ -37,7 +37,7 @@ use axum::extract::ConnectInfo;
 use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use axum::Router;
-use common::{Options, Server};
+use common::Server;
 use criterion::Criterion;
 use redis_tb_client::keys::{addr_identity, bucket_key, Ipv6Subnet, DEFAULT_PREFIX};
 use redis_tb_client::{Backend, Client, Limit, RateLimitLayer};
@@ -48,18 +48,6 @@ use tower_governor::GovernorLayer;
 /// Far above any rate this bench reaches: every request is allowed, by both layers.
 const RATE: f64 = 1e9;
 const PEER: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 40_000);
-
-fn module() -> PathBuf {
-    std::env::var_os("TB_MODULE").map_or_else(
-        || {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../target/release/libredis_tb.so"
-            ))
-        },
-        PathBuf::from,
-    )
-}
 
 fn app() -> Router {
     Router::new().route("/", get(|| async { "hello\n" }))
@@ -150,10 +138,7 @@ fn counted(runtime: &tokio::runtime::Runtime, requests: impl std::future::Future
 }
 
 fn main() {
-    let server = Server::start_with(Options {
-        module: Some(module()),
-        ..Options::default()
-    });
+    let server = Server::start();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -10,7 +10,6 @@
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,18 +24,6 @@ use redis_tb_client::{
     Backend, Bucket, BucketWithCost, Client, FailMode, Identity, Limit, RateLimitLayer,
 };
 use tower::ServiceExt;
-
-fn module() -> PathBuf {
-    std::env::var_os("TB_MODULE").map_or_else(
-        || {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../target/release/libredis_tb.so"
-            ))
-        },
-        PathBuf::from,
-    )
-}
 
 /// Three primaries, no replicas, slots split as `redis-cli --cluster create` splits them.
 struct Cluster {
@@ -56,7 +43,6 @@ impl Cluster {
                     ],
                     cluster_bus: true,
                     without_module: !with_module,
-                    module: with_module.then(module),
                     ..Options::default()
                 })
             })
@@ -302,21 +288,51 @@ async fn a_call_over_several_slots_is_refused_before_it_is_sent() {
     }
 }
 
+/// What a test that moves a slot starts from: a cluster with the module, a client that has learned the slot map
+/// (a first call on a key of another range), and a key of the first range with its slot, its owner and the node
+/// after it.
+struct SlotToMove {
+    cluster: Cluster,
+    client: Client,
+    key: String,
+    slot: String,
+    from: usize,
+    to: usize,
+}
+
+impl SlotToMove {
+    async fn start() -> SlotToMove {
+        let cluster = Cluster::start(true);
+        let client = cluster.client();
+        let tags = tags_in_every_range();
+        let key = format!("ratelimit:{{{}}}:api", tags[0]);
+        let other = format!("ratelimit:{{{}}}:api", tags[1]);
+        client
+            .acquire(&other, 1.0, 5.0, 1.0)
+            .await
+            .expect("a first call");
+        let from = cluster.owner(&key);
+        SlotToMove {
+            slot: key_slot(&tags[0]).to_string(),
+            to: (from + 1) % 3,
+            from,
+            key,
+            client,
+            cluster,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_for_a_moved_slot_follows_moved_and_is_charged_once() {
-    let cluster = Cluster::start(true);
-    let client = cluster.client();
-    let tag = &tags_in_every_range()[0];
-    let key = format!("ratelimit:{{{tag}}}:api");
-    // The client learns the slot map with a first call elsewhere.
-    let other = format!("ratelimit:{{{}}}:api", tags_in_every_range()[1]);
-    client
-        .acquire(&other, 1.0, 5.0, 1.0)
-        .await
-        .expect("a first call");
-    let from = cluster.owner(&key);
-    let to = (from + 1) % 3;
-    let slot = key_slot(tag).to_string();
+    let SlotToMove {
+        cluster,
+        client,
+        key,
+        slot,
+        to,
+        ..
+    } = SlotToMove::start().await;
     let target = cluster.node_id(to);
     // The slot is empty: hand it over on every node, so the old owner answers MOVED.
     for node in &cluster.nodes {
@@ -541,18 +557,14 @@ async fn without_the_module_a_refusal_stands_when_its_refund_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_for_a_slot_being_migrated_follows_ask_and_is_charged_once() {
-    let cluster = Cluster::start(true);
-    let client = cluster.client();
-    let tags = tags_in_every_range();
-    let key = format!("ratelimit:{{{}}}:api", tags[0]);
-    let other = format!("ratelimit:{{{}}}:api", tags[1]);
-    client
-        .acquire(&other, 1.0, 5.0, 1.0)
-        .await
-        .expect("a first call");
-    let from = cluster.owner(&key);
-    let to = (from + 1) % 3;
-    let slot = key_slot(&tags[0]).to_string();
+    let SlotToMove {
+        cluster,
+        client,
+        key,
+        slot,
+        from,
+        to,
+    } = SlotToMove::start().await;
     let (from_id, to_id) = (cluster.node_id(from), cluster.node_id(to));
     // Migration under way: the old owner answers ASK for keys it does not hold, the new one serves them after
     // ASKING.

@@ -7,32 +7,19 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
-use common::{Options, Server};
+use common::Server;
 use http::StatusCode;
 use redis_tb_client::{Client, FailMode, Identity, Limit, RateLimitLayer, RefusalBody};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn with_module() -> Server {
-    let module = std::env::var_os("TB_MODULE").map_or_else(
-        || {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../target/release/libredis_tb.so"
-            ))
-        },
-        PathBuf::from,
-    );
-    Server::start_with(Options {
-        module: Some(module),
-        ..Options::default()
-    })
+    Server::start()
 }
 
 /// Serves `layer` around a one-route app on a free loopback port, with the peer address for the key.

@@ -8,29 +8,13 @@
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::{Options, Server};
 use redis_tb_client::{Backend, Bucket, BucketWithCost, Client, Error};
 
-fn module() -> PathBuf {
-    std::env::var_os("TB_MODULE").map_or_else(
-        || {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../target/release/libredis_tb.so"
-            ))
-        },
-        PathBuf::from,
-    )
-}
-
 fn with_module() -> Server {
-    Server::start_with(Options {
-        module: Some(module()),
-        ..Options::default()
-    })
+    Server::start()
 }
 
 fn without_module() -> Server {
