@@ -866,3 +866,128 @@ fn release_artifacts_tb_rls_deb_installs_serves_as_its_user_and_purges_cleanly()
     assert!(deb.exists(), "make deb made {}", deb.display());
     test_deb("test-deb-rls", &deb);
 }
+
+/// The Rust crate from `make dist`, alone: it carries the Lua fallback as a file (lua/tb.lua is a symbolic link in
+/// the repository), and docs/rust.md's "A project from nothing" builds against the unpacked `.crate` and no clone:
+/// `cargo new`, the page's `[dependencies]` with the crate's `path` pointed at the unpacked folder, the page's
+/// `src/main.rs`, built with `--offline` from the crates the workspace's own builds downloaded (the crate's example
+/// is that `main.rs`, so its dev-dependencies cover the page's) into the workspace's target/, whose builds of the
+/// same dependencies it reuses. Run against a server with the module, the app answers the page's first curl line
+/// with 200 and the RateLimit fields it shows, and a request past the burst with 429 and `Retry-After`.
+#[test]
+fn release_artifacts_rust_crate_builds_the_docs_project_from_the_file_alone() {
+    make_dist();
+    let name = format!("redis-tb-client-{VERSION}");
+    let scratch = unpack(&root().join("dist").join(format!("{name}.crate")));
+    let unpacked = scratch.join(&name);
+    let script = unpacked.join("lua/tb.lua");
+    assert!(
+        script.is_file() && !script.is_symlink(),
+        "the crate holds lua/tb.lua as a file"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&script).expect("read the crate's lua/tb.lua"),
+        std::fs::read_to_string(root().join("lua/tb.lua")).expect("read lua/tb.lua"),
+        "the crate's script is the repository's"
+    );
+
+    let docs = std::fs::read_to_string(root().join("docs/rust.md")).expect("read docs/rust.md");
+    let section = "## A project from nothing";
+    let commands = block_after(&docs, section, "sh");
+    let project_name = commands
+        .split_whitespace()
+        .skip_while(|word| *word != "new")
+        .nth(1)
+        .expect("the block runs cargo new <name>");
+    let clone_path = "\"../redis-tb/clients/rust\"";
+    let dependencies = block_after(&docs, section, "toml");
+    assert!(
+        dependencies.starts_with("[dependencies]\n") && dependencies.contains(clone_path),
+        "docs/rust.md's [dependencies] name the crate by its path in a clone:\n{dependencies}"
+    );
+    let dependencies =
+        dependencies.replace(clone_path, &format!("{:?}", unpacked.display().to_string()));
+    let main_rs = block_after(
+        &docs,
+        "<!-- tested: clients/rust/examples/axum.rs -->",
+        "rust",
+    );
+
+    run(Command::new("cargo")
+        .args(["new", "--vcs", "none", "--quiet", project_name])
+        .current_dir(&scratch));
+    let project = scratch.join(project_name);
+    let manifest = std::fs::read_to_string(project.join("Cargo.toml")).expect("read Cargo.toml");
+    let (package, _) = manifest
+        .split_once("[dependencies]")
+        .expect("cargo new writes a [dependencies] table");
+    std::fs::write(
+        project.join("Cargo.toml"),
+        format!("{package}{dependencies}"),
+    )
+    .expect("write Cargo.toml");
+    std::fs::write(project.join("src/main.rs"), main_rs).expect("write src/main.rs");
+    let target = root().join("target");
+    run(Command::new("cargo")
+        .args(["build", "--offline", "--quiet"])
+        .env("CARGO_TARGET_DIR", &target)
+        .current_dir(&project));
+
+    let server = Server::start();
+    let port = common::free_port();
+    let _app = Child(
+        Command::new(target.join("debug").join(project_name))
+            .env("REDIS_URL", server.url())
+            .env("BIND", format!("127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the project's binary"),
+    );
+    assert!(
+        common::wait_until(Duration::from_secs(20), || common::port_answers(port)),
+        "the app listens on BIND"
+    );
+    let output = block_after(&docs, "and from another terminal", "");
+    let lines: Vec<String> = output
+        .lines()
+        .filter_map(|line| line.strip_prefix("$ "))
+        .map(|line| line.replace("127.0.0.1:3000", &format!("127.0.0.1:{port}")))
+        .collect();
+    assert_eq!(lines.len(), 2, "two curl lines:\n{output}");
+    let first = run(Command::new("bash").args(["-c", &lines[0]])).replace('\r', "");
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    for header in [
+        "ratelimit-policy: \"api\";q=20;w=2",
+        "ratelimit: \"api\";r=19;t=1",
+        "ratelimit-remaining: 19",
+    ] {
+        assert!(
+            first.contains(header),
+            "the first response has {header}:\n{first}"
+        );
+    }
+    // 30 requests on one connection, then one more: the bucket held 19 tokens and refills one every 100 ms.
+    let burst = run(Command::new("bash").args(["-c", &lines[1]]));
+    let codes = burst.lines().next().unwrap_or_default();
+    assert!(
+        codes.starts_with("200 ") && codes.contains(" 429"),
+        "30 requests at once: 200s, then 429s: {codes}"
+    );
+    // A request past the burst, whatever the refill since: one 429 with its fields and body comes.
+    let url = format!("http://127.0.0.1:{port}/");
+    let mut refusal = String::new();
+    let refused = common::wait_until(Duration::from_secs(20), || {
+        refusal = run(Command::new("curl").args(["-si", &url])).replace('\r', "");
+        refusal.starts_with("HTTP/1.1 429")
+    });
+    assert!(refused, "a request past the burst answers 429:\n{refusal}");
+    for part in [
+        "retry-after: ",
+        "ratelimit-remaining: 0",
+        "\"error\":\"rate limit exceeded\"",
+    ] {
+        assert!(refusal.contains(part), "the 429 has {part}:\n{refusal}");
+    }
+    let _ = std::fs::remove_dir_all(scratch);
+}
