@@ -4,10 +4,7 @@
 
 mod common;
 
-use std::process::Command;
-use std::time::Duration;
-
-use common::{cli_binary, error_text, info_field, wait_until, Options, Server};
+use common::{cluster_node, error_text, info_field, Server};
 
 /// A 3-primary cluster of module-loaded servers, no replicas.
 struct Cluster {
@@ -16,43 +13,9 @@ struct Cluster {
 
 impl Cluster {
     fn start() -> Cluster {
-        let nodes: Vec<Server> = (0..3)
-            .map(|_| {
-                Server::start_with(Options {
-                    args: vec![
-                        "--cluster-enabled".into(),
-                        "yes".into(),
-                        "--cluster-config-file".into(),
-                        "nodes.conf".into(),
-                    ],
-                    cluster_bus: true,
-                    ..Options::default()
-                })
-            })
-            .collect();
-        let addresses: Vec<String> = nodes
-            .iter()
-            .map(|node| format!("127.0.0.1:{}", node.port))
-            .collect();
-        let output = Command::new(cli_binary())
-            .arg("--cluster")
-            .arg("create")
-            .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-            .expect("run redis-cli --cluster create");
-        assert!(
-            output.status.success(),
-            "redis-cli --cluster create failed:\n{}",
-            String::from_utf8_lossy(&output.stdout)
-        );
-        for node in &nodes {
-            let mut conn = node.conn();
-            let ok = wait_until(Duration::from_secs(10), || {
-                info_cluster(&mut conn, "cluster_state").as_deref() == Some("ok")
-            });
-            assert!(ok, "node {} never reached cluster_state:ok", node.port);
-        }
+        let nodes: Vec<Server> = (0..3).map(|_| Server::start_with(cluster_node())).collect();
+        let ports: Vec<u16> = nodes.iter().map(|node| node.port).collect();
+        tb_test_support::create_cluster(&ports);
         Cluster { nodes }
     }
 
@@ -85,18 +48,6 @@ fn owner(direct: &mut [redis::Connection], key: &str) -> usize {
         }
     }
     owner.unwrap_or_else(|| panic!("no node owns {key}"))
-}
-
-/// One field of `CLUSTER INFO`.
-fn info_cluster(conn: &mut redis::Connection, name: &str) -> Option<String> {
-    let info: String = redis::cmd("CLUSTER")
-        .arg("INFO")
-        .query(conn)
-        .expect("CLUSTER INFO");
-    let prefix = format!("{name}:");
-    info.lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()))
-        .map(|value| value.trim().to_string())
 }
 
 fn keyslot(conn: &mut redis::Connection, key: &str) -> i64 {

@@ -7,14 +7,14 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_within_buckets, fixture, free_port_with_bus, fresh_dir, hammer, metric, redis_cli,
-    request, should_rate_limit, tokens, wait_for_recovery, wait_until, Edge, Redis, Service,
+    assert_within_buckets, fixture, fresh_dir, hammer, metric, request, should_rate_limit, tokens,
+    wait_for_recovery, Edge, Redis, Service,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tb_test_support::free_port_with_bus;
 
 /// The two tests take turns: two clusters, two tb-rls and an Envoy under load at once would starve each other.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -40,31 +40,8 @@ impl Cluster {
                 )
             })
             .collect();
-        let addresses: Vec<String> = nodes
-            .iter()
-            .map(|node| format!("127.0.0.1:{}", node.port))
-            .collect();
-        let output = Command::new(redis_cli())
-            .args(["--cluster", "create"])
-            .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-            .expect("run redis-cli --cluster create");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stdout)
-        );
-        for node in &nodes {
-            let ok = wait_until(Duration::from_secs(20), || {
-                let info: String = redis::cmd("CLUSTER")
-                    .arg("INFO")
-                    .query(&mut node.conn())
-                    .unwrap_or_default();
-                info.contains("cluster_state:ok")
-            });
-            assert!(ok, "node {} never reached cluster_state:ok", node.port);
-        }
+        let ports: Vec<u16> = nodes.iter().map(|node| node.port).collect();
+        tb_test_support::create_cluster(&ports);
         Cluster { nodes }
     }
 

@@ -9,12 +9,14 @@
 //! server gets its own scratch directory.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use tb_test_support::free_port_with_bus;
+pub use tb_test_support::{free_port, wait_until};
 
 /// How long a server may take to answer its first PING.
 const STARTUP_DEADLINE: Duration = Duration::from_secs(20);
@@ -175,28 +177,6 @@ fn log_path(dir: &Path, port: u16) -> PathBuf {
     dir.join(format!("server-{port}.log"))
 }
 
-/// A port the OS just gave us, released for the server to take.
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local address").port()
-}
-
-/// Offset of a cluster node's bus port from its client port.
-const CLUSTER_BUS_OFFSET: u16 = 10_000;
-
-/// A free port whose cluster bus port (port + 10000) is free as well.
-fn free_port_with_bus() -> u16 {
-    for _ in 0..1_000 {
-        let port = free_port();
-        if let Some(bus) = port.checked_add(CLUSTER_BUS_OFFSET) {
-            if TcpListener::bind(("127.0.0.1", bus)).is_ok() {
-                return port;
-            }
-        }
-    }
-    panic!("no free port with a free cluster bus port");
-}
-
 fn spawn(port: u16, dir: &Path, options: &Options) -> Child {
     let binary = options.binary.clone().unwrap_or_else(server_binary);
     let mut command = Command::new(&binary);
@@ -268,20 +248,6 @@ impl Stopwatch {
     /// `value - ms()..=value`: the wait `value` (at the first call) less the time that may have passed since.
     pub fn since(&self, value: i64) -> std::ops::RangeInclusive<i64> {
         value.saturating_sub(self.ms())..=value
-    }
-}
-
-/// Polls `condition` every few milliseconds until it holds or `deadline` passes; returns whether it held.
-pub fn wait_until(deadline: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    loop {
-        if condition() {
-            return true;
-        }
-        if start.elapsed() >= deadline {
-            return false;
-        }
-        thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -472,6 +438,20 @@ impl Server {
             self.log()
         );
         self.into_dir()
+    }
+}
+
+/// Options for an empty cluster node with the module, to join with `tb_test_support::create_cluster`.
+pub fn cluster_node() -> Options {
+    Options {
+        args: vec![
+            "--cluster-enabled".into(),
+            "yes".into(),
+            "--cluster-config-file".into(),
+            "nodes.conf".into(),
+        ],
+        cluster_bus: true,
+        ..Options::default()
     }
 }
 

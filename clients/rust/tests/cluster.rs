@@ -10,14 +10,13 @@
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
-use common::{cli_binary, wait_until, Options, Server};
+use common::{cluster_node, Options, Server};
 use http::{Request, StatusCode};
 use redis_tb_client::cluster::key_slot;
 use redis_tb_client::{
@@ -35,50 +34,13 @@ impl Cluster {
         let nodes: Vec<Server> = (0..3)
             .map(|_| {
                 Server::start_with(Options {
-                    args: vec![
-                        "--cluster-enabled".into(),
-                        "yes".into(),
-                        "--cluster-config-file".into(),
-                        "nodes.conf".into(),
-                    ],
-                    cluster_bus: true,
                     without_module: !with_module,
-                    ..Options::default()
+                    ..cluster_node()
                 })
             })
             .collect();
-        let addresses: Vec<String> = nodes
-            .iter()
-            .map(|node| format!("127.0.0.1:{}", node.port))
-            .collect();
-        let output = Command::new(cli_binary())
-            .args(["--cluster", "create"])
-            .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-            .expect("run redis-cli --cluster create");
-        assert!(
-            output.status.success(),
-            "redis-cli --cluster create failed:\n{}",
-            String::from_utf8_lossy(&output.stdout)
-        );
-        // Every node must see the whole cluster (all slots served, every node known) before a client asks it
-        // for the slot map.
-        for node in &nodes {
-            let mut conn = node.conn();
-            let ok = wait_until(Duration::from_secs(20), || {
-                let info: String = redis::cmd("CLUSTER")
-                    .arg("INFO")
-                    .query(&mut conn)
-                    .unwrap_or_default();
-                let known: String = redis::cmd("CLUSTER")
-                    .arg("NODES")
-                    .query(&mut conn)
-                    .unwrap_or_default();
-                info.contains("cluster_state:ok") && known.lines().count() == nodes.len()
-            });
-            assert!(ok, "node {} never saw the whole cluster", node.port);
-        }
+        let ports: Vec<u16> = nodes.iter().map(|node| node.port).collect();
+        tb_test_support::create_cluster(&ports);
         Cluster { nodes }
     }
 

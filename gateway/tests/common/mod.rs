@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -22,6 +22,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
+pub use tb_test_support::{free_port, wait_until};
 
 static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
 
@@ -81,39 +82,6 @@ pub fn fresh_dir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tb-rls-test-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("create a scratch directory");
     dir
-}
-
-/// A port the OS just gave us, released for a server to take.
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local address").port()
-}
-
-/// A free port whose cluster bus port (port + 10000) is free as well.
-pub fn free_port_with_bus() -> u16 {
-    for _ in 0..1_000 {
-        let port = free_port();
-        if let Some(bus) = port.checked_add(10_000) {
-            if TcpListener::bind(("127.0.0.1", bus)).is_ok() {
-                return port;
-            }
-        }
-    }
-    panic!("no free port with a free cluster bus port");
-}
-
-/// Polls `condition` until it holds or `deadline` passes; returns whether it held.
-pub fn wait_until(deadline: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    loop {
-        if condition() {
-            return true;
-        }
-        if start.elapsed() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A child process killed (SIGKILL) and waited for when dropped; its output goes to `log`.
