@@ -867,8 +867,8 @@ fn release_artifacts_tb_rls_deb_installs_serves_as_its_user_and_purges_cleanly()
     test_deb("test-deb-rls", &deb);
 }
 
-/// The Rust crate from `make dist`, alone: it carries the Lua fallback as a file (lua/tb.lua is a symbolic link in
-/// the repository), and docs/rust.md's "A project from nothing" builds against the unpacked `.crate` and no clone:
+/// The Rust crate from `make dist`, alone: it carries the Lua fallback and the licence as files (lua/tb.lua and
+/// LICENSE are symbolic links in the repository), and docs/rust.md's "A project from nothing" builds against the unpacked `.crate` and no clone:
 /// `cargo new`, the page's `[dependencies]` with the crate's `path` pointed at the unpacked folder, the page's
 /// `src/main.rs`, built with `--offline` from the crates the workspace's own builds downloaded (the crate's example
 /// is that `main.rs`, so its dev-dependencies cover the page's) into the workspace's target/, whose builds of the
@@ -889,6 +889,16 @@ fn release_artifacts_rust_crate_builds_the_docs_project_from_the_file_alone() {
         std::fs::read_to_string(&script).expect("read the crate's lua/tb.lua"),
         std::fs::read_to_string(root().join("lua/tb.lua")).expect("read lua/tb.lua"),
         "the crate's script is the repository's"
+    );
+    let license = unpacked.join("LICENSE");
+    assert!(
+        license.is_file() && !license.is_symlink(),
+        "the crate holds the licence as a file"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&license).expect("read the crate's LICENSE"),
+        std::fs::read_to_string(root().join("LICENSE")).expect("read LICENSE"),
+        "the crate's licence is the repository's"
     );
 
     let docs = std::fs::read_to_string(root().join("docs/rust.md")).expect("read docs/rust.md");
