@@ -288,13 +288,23 @@ async fn peek(client: &Client, key: &str) -> i64 {
         .remaining
 }
 
-/// A server with the module and a client with `deadline` whose first call took a token of `key` (burst 100).
+/// A server with the module and a client with `deadline` whose first call took a token of `key` (burst 100). The
+/// client's connection is made and its backend found first, by peeks repeated until one answers: on a loaded
+/// machine the first call's connection and backend probe can outlast a short deadline.
 async fn used_once(deadline: Duration, key: &str) -> (Server, Client) {
     let server = with_module();
     let client = Client::builder(&server.url())
         .timeout(deadline)
         .build()
         .expect("a client");
+    let connecting = Instant::now();
+    while let Err(err) = client.acquire(key, 0.001, 100.0, 0.0).await {
+        assert!(
+            connecting.elapsed() < Duration::from_secs(10),
+            "the client never reached the server: {err}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let reply = client
         .acquire(key, 0.001, 100.0, 1.0)
         .await
