@@ -449,7 +449,9 @@ impl Client {
                 "waiting for redis to answer a probe".to_owned(),
             ));
         }
-        match connect(&self.inner).await {
+        // Boxed: the connect path runs once per connection, and unboxed it would make every call's future as large
+        // as a connection handshake's, moved at each await on the way down.
+        match Box::pin(connect(&self.inner)).await {
             Ok(connection) => Ok(install(&self.inner, connection)),
             Err(err) => {
                 self.inner.down.store(true, Ordering::Release);

@@ -865,6 +865,10 @@ impl Shared {
         if plan.is_empty() {
             return fields;
         }
+        // The varying values are written one after another into one buffer that their header values then share:
+        // one allocation for all of them, where a value each would take two (its bytes and their shared count).
+        let mut written = BytesMut::with_capacity(plan.len() * 24 + 24);
+        let mut current_len = None;
         if headers::sends_draft(self.standard) {
             // A plan is in the order of the layer's limits: as long as their list, it is their list.
             let made = self
@@ -877,24 +881,39 @@ impl Shared {
                     plan.iter().map(|planned| planned.limit.policy()).collect();
                 HeaderValue::from_str(&headers::policy_field(&policies)).ok()
             });
-            // Written where the value keeps it: no copy.
-            let mut current = BytesMut::with_capacity(plan.len() * 24);
-            let written = headers::write_current_field(
-                &mut current,
+            current_len = headers::write_current_field(
+                &mut written,
                 plan.iter().map(|planned| planned.limit.name.as_str()),
                 reply,
-            );
-            fields.current = written
-                .ok()
-                .and_then(|()| HeaderValue::from_maybe_shared(current.freeze()).ok());
+            )
+            .ok()
+            .map(|()| written.len());
         }
+        let mut legacy = None;
         if headers::sends_legacy(self.standard) {
             let index = headers::legacy_index(plan.len(), reply);
             if let (Some(planned), Some(bucket)) = (plan.get(index), reply.buckets.get(index)) {
                 fields.limit = self.made.quotas.get(planned.index).cloned();
-                fields.remaining = Some(HeaderValue::from(headers::remaining(bucket)));
-                fields.reset = Some(HeaderValue::from(headers::reset_seconds(bucket)));
+                let start = written.len();
+                let mut digits = itoa::Buffer::new();
+                written.extend_from_slice(digits.format(headers::remaining(bucket)).as_bytes());
+                let middle = written.len();
+                written.extend_from_slice(digits.format(headers::reset_seconds(bucket)).as_bytes());
+                legacy = Some((start, middle));
             }
+        }
+        let written = written.freeze();
+        let value = |range: std::ops::Range<usize>| {
+            written
+                .get(range.clone())
+                .and_then(|_| HeaderValue::from_maybe_shared(written.slice(range)).ok())
+        };
+        if let Some(end) = current_len {
+            fields.current = value(0..end);
+        }
+        if let Some((start, middle)) = legacy {
+            fields.remaining = value(start..middle);
+            fields.reset = value(middle..written.len());
         }
         fields.retry_after = headers::retry_after_seconds(reply).map(HeaderValue::from);
         fields
