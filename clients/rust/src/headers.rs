@@ -122,7 +122,17 @@ pub fn write_current_field<'a>(
     names: impl IntoIterator<Item = &'a str>,
     reply: &AcquiredEach,
 ) -> fmt::Result {
-    for (index, (name, bucket)) in names.into_iter().zip(&reply.buckets).enumerate() {
+    write_current_items(out, names, &reply.buckets)
+}
+
+/// [`write_current_field`] of the buckets of a reply, in call order: for a caller that holds them without an
+/// [`AcquiredEach`] (the tower layer's one-limit call).
+pub(crate) fn write_current_items<'a>(
+    out: &mut impl Write,
+    names: impl IntoIterator<Item = &'a str>,
+    buckets: &[BucketResult],
+) -> fmt::Result {
+    for (index, (name, bucket)) in names.into_iter().zip(buckets).enumerate() {
         if index > 0 {
             out.write_str(", ")?;
         }
@@ -139,8 +149,13 @@ pub fn write_current_field<'a>(
 
 /// The bucket the legacy fields describe: the reply's limiting one (the first when that index is out of range).
 pub fn legacy_index(policy_count: usize, reply: &AcquiredEach) -> usize {
-    if reply.limiting_index < policy_count {
-        reply.limiting_index
+    legacy_index_of(policy_count, reply.limiting_index)
+}
+
+/// [`legacy_index`] of a reply's limiting index.
+pub(crate) fn legacy_index_of(policy_count: usize, limiting_index: usize) -> usize {
+    if limiting_index < policy_count {
+        limiting_index
     } else {
         0
     }

@@ -459,6 +459,33 @@ const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
 const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
 const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 
+/// A limiter call's reply: one bucket's needs no list made (the usual request).
+enum Reply {
+    One(BucketResult),
+    Each(AcquiredEach),
+}
+
+impl Reply {
+    fn buckets(&self) -> &[BucketResult] {
+        match self {
+            Reply::One(bucket) => std::slice::from_ref(bucket),
+            Reply::Each(each) => &each.buckets,
+        }
+    }
+
+    /// The reply in `TB.ACQUIREEACH`'s shape, as `TB.ACQUIRE`'s one bucket is in it.
+    fn into_each(self) -> AcquiredEach {
+        match self {
+            Reply::One(bucket) => AcquiredEach {
+                allowed: bucket.fits,
+                limiting_index: 0,
+                buckets: vec![bucket],
+            },
+            Reply::Each(each) => each,
+        }
+    }
+}
+
 /// What to answer.
 enum Verdict {
     /// Go on to the inner service, adding these fields.
@@ -652,10 +679,10 @@ impl Shared {
                 if self.fail == FailMode::Local {
                     let now_ms = self.now_ms();
                     if let Ok(mut local) = self.local.lock() {
-                        local.answered(buckets, &reply.buckets, now_ms);
+                        local.answered(buckets, reply.buckets(), now_ms);
                     }
                 }
-                self.verdict(plan, &reply, enforced)
+                self.verdict(plan, reply, enforced)
             }
             Err(err) => {
                 self.failed(&err);
@@ -679,7 +706,7 @@ impl Shared {
                             Err(_) => None,
                         };
                         let verdict = match reply {
-                            Some(reply) => self.verdict(plan, &reply, enforced),
+                            Some(reply) => self.verdict(plan, Reply::Each(reply), enforced),
                             None => Verdict::Refuse(unavailable(), Vec::new()),
                         };
                         ("local", verdict)
@@ -694,7 +721,7 @@ impl Shared {
 
     /// The charge-backs, then the call: TB.ACQUIRE for one limit, TB.ACQUIREEACH for several; on a cluster, one
     /// call per slot of the buckets.
-    async fn ask(&self, buckets: &[LocalBucket<'_>]) -> Result<AcquiredEach, Error> {
+    async fn ask(&self, buckets: &[LocalBucket<'_>]) -> Result<Reply, Error> {
         if self.fail == FailMode::Local {
             let owed = match self.local.lock() {
                 Ok(local) => local.owed(buckets),
@@ -735,7 +762,7 @@ impl Shared {
                 .iter()
                 .filter_map(|&index| buckets.get(index).copied())
                 .collect();
-            replies.push(self.acquire(&chosen).await?);
+            replies.push(self.acquire(&chosen).await?.into_each());
         }
         let allowed = replies.iter().all(|reply| reply.allowed);
         if !allowed {
@@ -772,30 +799,26 @@ impl Shared {
                 "a reply of one part held fewer buckets than the part".to_owned(),
             ));
         }
-        Ok(AcquiredEach {
+        Ok(Reply::Each(AcquiredEach {
             allowed,
             limiting_index: limiting_index(&results, allowed),
             buckets: results,
-        })
+        }))
     }
 
     /// One call for `buckets` (one slot): TB.ACQUIRE for one, TB.ACQUIREEACH for several.
-    async fn acquire(&self, buckets: &[LocalBucket<'_>]) -> Result<AcquiredEach, Error> {
+    async fn acquire(&self, buckets: &[LocalBucket<'_>]) -> Result<Reply, Error> {
         if let [bucket] = buckets {
             let reply = self
                 .client
                 .acquire(bucket.key, bucket.rate, bucket.burst, bucket.cost)
                 .await?;
-            return Ok(AcquiredEach {
-                allowed: reply.allowed,
-                limiting_index: 0,
-                buckets: vec![BucketResult {
-                    fits: reply.allowed,
-                    remaining: reply.remaining,
-                    retry_after_ms: reply.retry_after_ms,
-                    reset_after_ms: reply.reset_after_ms,
-                }],
-            });
+            return Ok(Reply::One(BucketResult {
+                fits: reply.allowed,
+                remaining: reply.remaining,
+                retry_after_ms: reply.retry_after_ms,
+                reset_after_ms: reply.reset_after_ms,
+            }));
         }
         let each: Vec<BucketWithCost<'_>> = buckets
             .iter()
@@ -806,7 +829,7 @@ impl Shared {
                 cost: bucket.cost,
             })
             .collect();
-        self.client.acquire_each(&each).await
+        self.client.acquire_each(&each).await.map(Reply::Each)
     }
 
     fn settle(&self, key: &str) {
@@ -815,7 +838,19 @@ impl Shared {
         }
     }
 
-    fn verdict(&self, plan: &[Planned<'_>], reply: &AcquiredEach, enforced: bool) -> Verdict {
+    fn verdict(&self, plan: &[Planned<'_>], reply: Reply, enforced: bool) -> Verdict {
+        let reply = match reply {
+            // One bucket allowed (the usual request): its fields need no list made.
+            Reply::One(bucket) if bucket.fits => {
+                if !enforced {
+                    return Verdict::Pass(Fields::default());
+                }
+                let buckets = std::slice::from_ref(&bucket);
+                return Verdict::Pass(self.fields_of(plan, buckets, 0, None));
+            }
+            reply => reply.into_each(),
+        };
+        let reply = &reply;
         if reply.allowed && !enforced {
             return Verdict::Pass(Fields::default());
         }
@@ -861,6 +896,18 @@ impl Shared {
     /// The RateLimit fields of a decision over the enforced limits `plan`: docs/headers.md's mapping, as
     /// [`headers::rate_limit_headers`] gives it, with the parts that depend on the limits alone made beforehand.
     fn fields(&self, plan: &[Planned<'_>], reply: &AcquiredEach) -> Fields {
+        let retry_after = headers::retry_after_seconds(reply);
+        self.fields_of(plan, &reply.buckets, reply.limiting_index, retry_after)
+    }
+
+    /// [`Shared::fields`] of a reply's buckets, limiting index and `Retry-After` seconds.
+    fn fields_of(
+        &self,
+        plan: &[Planned<'_>],
+        buckets: &[BucketResult],
+        limiting_index: usize,
+        retry_after: Option<i64>,
+    ) -> Fields {
         let mut fields = Fields::default();
         if plan.is_empty() {
             return fields;
@@ -881,18 +928,18 @@ impl Shared {
                     plan.iter().map(|planned| planned.limit.policy()).collect();
                 HeaderValue::from_str(&headers::policy_field(&policies)).ok()
             });
-            current_len = headers::write_current_field(
+            current_len = headers::write_current_items(
                 &mut written,
                 plan.iter().map(|planned| planned.limit.name.as_str()),
-                reply,
+                buckets,
             )
             .ok()
             .map(|()| written.len());
         }
         let mut legacy = None;
         if headers::sends_legacy(self.standard) {
-            let index = headers::legacy_index(plan.len(), reply);
-            if let (Some(planned), Some(bucket)) = (plan.get(index), reply.buckets.get(index)) {
+            let index = headers::legacy_index_of(plan.len(), limiting_index);
+            if let (Some(planned), Some(bucket)) = (plan.get(index), buckets.get(index)) {
                 fields.limit = self.made.quotas.get(planned.index).cloned();
                 let start = written.len();
                 let mut digits = itoa::Buffer::new();
@@ -915,7 +962,7 @@ impl Shared {
             fields.remaining = value(start..middle);
             fields.reset = value(middle..written.len());
         }
-        fields.retry_after = headers::retry_after_seconds(reply).map(HeaderValue::from);
+        fields.retry_after = retry_after.map(HeaderValue::from);
         fields
     }
 
@@ -1155,6 +1202,60 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_one_bucket_reply_gives_the_verdict_of_its_acquire_each_shape() {
+        let client = Client::new("redis://127.0.0.1:1/").expect("a client");
+        let layer = RateLimitLayer::new(client, [Limit::new("api", 10.0, 20.0).expect("a limit")])
+            .expect("a layer");
+        let shared = &layer.shared;
+        let plan = [Planned {
+            index: 0,
+            limit: &shared.limits[0],
+            key: String::new(),
+        }];
+        let allowed = bucket(19, 0, 100);
+        let refused = bucket(0, 2500, 2000);
+        // A verdict's status (none for an allowed request: the inner service answers), headers and refused limits.
+        let seen = |verdict: Verdict| -> (Option<StatusCode>, Vec<(String, String)>, Vec<String>) {
+            let (status, headers, refused) = match verdict {
+                Verdict::Pass(fields) => {
+                    let mut response = Response::new(());
+                    fields.append_to(response.headers_mut());
+                    (None, response.headers().clone(), Vec::new())
+                }
+                Verdict::Refuse(response, refused) => {
+                    (Some(response.status()), response.headers().clone(), refused)
+                }
+            };
+            let headers = headers
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_str().expect("text").to_owned()))
+                .collect();
+            (status, headers, refused)
+        };
+        for result in [allowed, refused] {
+            for enforced in [true, false] {
+                let one = seen(shared.verdict(&plan, Reply::One(result), enforced));
+                let each = Reply::Each(Reply::One(result).into_each());
+                assert_eq!(
+                    one,
+                    seen(shared.verdict(&plan, each, enforced)),
+                    "{result:?}, {enforced}"
+                );
+            }
+        }
+        let (_, headers, _) = seen(shared.verdict(&plan, Reply::One(allowed), true));
+        let expected = [
+            ("ratelimit-policy", "\"api\";q=20;w=2"),
+            ("ratelimit", "\"api\";r=19;t=1"),
+            ("ratelimit-limit", "20"),
+            ("ratelimit-remaining", "19"),
+            ("ratelimit-reset", "1"),
+        ]
+        .map(|(name, value)| (name.to_owned(), value.to_owned()));
+        assert_eq!(headers, expected);
     }
 
     #[test]
