@@ -249,11 +249,10 @@ fn release_artifacts_dist_tarball_verifies_and_loads_on_every_server() {
     let functions =
         std::fs::read_to_string(unpacked.join("lua/tb-functions.lua")).expect("read the library");
     let lib = format!("tb_{}", VERSION.replace('.', "_"));
+    let script = std::fs::read_to_string(root().join("lua/tb.lua")).expect("read lua/tb.lua");
     assert!(
-        functions.starts_with(&format!(
-            "#!lua name={lib}\nlocal TB_LIBRARY = '{lib}'\n--[["
-        )),
-        "the library's header"
+        functions == format!("#!lua name={lib}\nlocal TB_LIBRARY = '{lib}'\n{script}"),
+        "the library is the script after its two-line header"
     );
     let plain = Server::start_with(Options {
         without_module: true,
