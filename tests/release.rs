@@ -738,6 +738,31 @@ fn block_after<'a>(text: &'a str, from: &str, lang: &str) -> &'a str {
     &body[..body.find("```").expect("a closing fence")]
 }
 
+/// The two `$ ` lines of the output block shown after `marker` in a page (its curl commands), pointed at the app's
+/// `port` instead of the page's 127.0.0.1:3000.
+fn curl_lines(docs: &str, marker: &str, port: u16) -> Vec<String> {
+    let output = block_after(docs, marker, "");
+    let lines: Vec<String> = output
+        .lines()
+        .filter_map(|line| line.strip_prefix("$ "))
+        .map(|line| line.replace("127.0.0.1:3000", &format!("127.0.0.1:{port}")))
+        .collect();
+    assert_eq!(lines.len(), 2, "two curl lines:\n{output}");
+    lines
+}
+
+/// Runs a page's first curl line (`curl -i`) and asserts a 200 carrying each of `fields`.
+fn first_answer_has(line: &str, fields: &[&str]) {
+    let first = run(Command::new("bash").args(["-c", line])).replace('\r', "");
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    for field in fields {
+        assert!(
+            first.contains(field),
+            "the first response has {field}:\n{first}"
+        );
+    }
+}
+
 /// The npm tarball: LICENSE, README and the script inside; `npm publish --dry-run` accepts it; docs/node.md's
 /// "A project from nothing" runs as shown, with the tarball beside the project (no clone: a scratch directory): its
 /// commands, its `server.js` (also the npm README's), and its curl lines, which show a 200 with the headers and
@@ -826,25 +851,15 @@ fn release_artifacts_npm_tarball_installs_into_a_project_from_nothing_as_docs_sh
         common::wait_until(Duration::from_secs(20), || common::port_answers(port)),
         "node server.js listens"
     );
-    let output = block_after(&docs, "Start it with `node server.js`", "");
-    let lines: Vec<String> = output
-        .lines()
-        .filter_map(|line| line.strip_prefix("$ "))
-        .map(|line| line.replace("127.0.0.1:3000", &format!("127.0.0.1:{port}")))
-        .collect();
-    assert_eq!(lines.len(), 2, "two curl lines:\n{output}");
-    let first = run(Command::new("bash").args(["-c", &lines[0]])).replace('\r', "");
-    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
-    for header in [
-        "RateLimit-Policy: \"api\";q=20;w=2",
-        "RateLimit: \"api\";r=19;t=1",
-        "RateLimit-Remaining: 19",
-    ] {
-        assert!(
-            first.contains(header),
-            "the first response has {header}:\n{first}"
-        );
-    }
+    let lines = curl_lines(&docs, "Start it with `node server.js`", port);
+    first_answer_has(
+        &lines[0],
+        &[
+            "RateLimit-Policy: \"api\";q=20;w=2",
+            "RateLimit: \"api\";r=19;t=1",
+            "RateLimit-Remaining: 19",
+        ],
+    );
     let burst = run(Command::new("bash").args(["-c", &lines[1]]));
     assert!(
         burst.starts_with("200 ") && burst.contains(" 429"),
@@ -867,8 +882,8 @@ fn release_artifacts_tb_rls_deb_installs_serves_as_its_user_and_purges_cleanly()
 }
 
 /// The Rust crate from `make dist`, alone: it carries the Lua fallback and the licence as files (lua/tb.lua and
-/// LICENSE are symbolic links in the repository), and docs/rust.md's "A project from nothing" builds against the unpacked `.crate` and no clone:
-/// `cargo new`, the page's `[dependencies]` with the crate's `path` pointed at the unpacked folder, the page's
+/// LICENSE are symbolic links in the repository), and docs/rust.md's "A project from nothing" builds against the
+/// unpacked `.crate` and no clone: `cargo new`, the page's `[dependencies]` with the crate's `path` pointed at the unpacked folder, the page's
 /// `src/main.rs`, built with `--offline` from the crates the workspace's own builds downloaded (the crate's example
 /// is that `main.rs`, so its dev-dependencies cover the page's) into the workspace's target/, whose builds of the
 /// same dependencies it reuses. Run against a server with the module, the app answers the page's first curl line
@@ -957,25 +972,15 @@ fn release_artifacts_rust_crate_builds_the_docs_project_from_the_file_alone() {
         common::wait_until(Duration::from_secs(20), || common::port_answers(port)),
         "the app listens on BIND"
     );
-    let output = block_after(&docs, "and from another terminal", "");
-    let lines: Vec<String> = output
-        .lines()
-        .filter_map(|line| line.strip_prefix("$ "))
-        .map(|line| line.replace("127.0.0.1:3000", &format!("127.0.0.1:{port}")))
-        .collect();
-    assert_eq!(lines.len(), 2, "two curl lines:\n{output}");
-    let first = run(Command::new("bash").args(["-c", &lines[0]])).replace('\r', "");
-    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
-    for header in [
-        "ratelimit-policy: \"api\";q=20;w=2",
-        "ratelimit: \"api\";r=19;t=1",
-        "ratelimit-remaining: 19",
-    ] {
-        assert!(
-            first.contains(header),
-            "the first response has {header}:\n{first}"
-        );
-    }
+    let lines = curl_lines(&docs, "and from another terminal", port);
+    first_answer_has(
+        &lines[0],
+        &[
+            "ratelimit-policy: \"api\";q=20;w=2",
+            "ratelimit: \"api\";r=19;t=1",
+            "ratelimit-remaining: 19",
+        ],
+    );
     // 30 requests on one connection, then one more: the bucket held 19 tokens and refills one every 100 ms.
     let burst = run(Command::new("bash").args(["-c", &lines[1]]));
     let codes = burst.lines().next().unwrap_or_default();

@@ -219,10 +219,11 @@ pub fn rate_limit_headers(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn bucket(remaining: i64, retry_after_ms: i64, reset_after_ms: i64) -> BucketResult {
+    /// A bucket's reply: allowed where `retry_after_ms` is 0.
+    pub(crate) fn bucket(remaining: i64, retry_after_ms: i64, reset_after_ms: i64) -> BucketResult {
         BucketResult {
             fits: retry_after_ms == 0,
             remaining,

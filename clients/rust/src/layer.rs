@@ -1112,16 +1112,7 @@ const _: fn() = || {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replies::BucketResult;
-
-    fn bucket(remaining: i64, retry_after_ms: i64, reset_after_ms: i64) -> BucketResult {
-        BucketResult {
-            fits: retry_after_ms == 0,
-            remaining,
-            retry_after_ms,
-            reset_after_ms,
-        }
-    }
+    use crate::headers::tests::bucket;
 
     /// The fields the layer appends, with what depends on the limits alone made beforehand, are
     /// `rate_limit_headers`'s (docs/headers.md's mapping), for every standard, for all the layer's limits and for
