@@ -7,7 +7,7 @@
 mod common;
 
 use common::{
-    acquire, acquire_all, acquire_at_most, acquire_each, command_error, hgetall, info_int,
+    acquire, acquire_all, acquire_at_most, acquire_each, command_error, flat, hgetall, info_int,
     pexpiretime, ping, EachReply, Expiry, Server,
 };
 use redis::Value;
@@ -411,31 +411,6 @@ fn writes_fire_the_native_keyspace_events_and_refusals_none() {
         .query(&mut conn)
         .expect("SET");
     assert_eq!(next_event(), event("marker", "set"));
-}
-
-/// Flattens a reply into its leaf strings and integers, for containment checks.
-fn leaves(value: &Value, out: &mut Vec<String>) {
-    match value {
-        Value::Array(items) | Value::Set(items) => items.iter().for_each(|item| leaves(item, out)),
-        Value::Map(pairs) => pairs.iter().for_each(|(k, v)| {
-            leaves(k, out);
-            leaves(v, out);
-        }),
-        Value::BulkString(bytes) => out.push(String::from_utf8_lossy(bytes).into_owned()),
-        Value::SimpleString(text) => out.push(text.clone()),
-        Value::Int(n) => out.push(n.to_string()),
-        _ => {}
-    }
-}
-
-fn flat(conn: &mut redis::Connection, args: &[&str]) -> Vec<String> {
-    let value: Value = redis::cmd(args[0])
-        .arg(&args[1..])
-        .query(conn)
-        .expect("command");
-    let mut out = Vec::new();
-    leaves(&value, &mut out);
-    out
 }
 
 #[test]

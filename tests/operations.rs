@@ -5,33 +5,8 @@ mod common;
 use std::path::Path;
 
 use common::Server;
-use common::{acquire, acquire_error, block, charge, command_error, error_text};
+use common::{acquire, acquire_error, block, charge, command_error, error_text, flat};
 use redis::Value;
-
-/// Flattens a RESP reply into its leaf strings and integers, in order, for simple containment checks.
-fn leaves(value: &Value, out: &mut Vec<String>) {
-    match value {
-        Value::Array(items) | Value::Set(items) => items.iter().for_each(|item| leaves(item, out)),
-        Value::Map(pairs) => pairs.iter().for_each(|(k, v)| {
-            leaves(k, out);
-            leaves(v, out);
-        }),
-        Value::BulkString(bytes) => out.push(String::from_utf8_lossy(bytes).into_owned()),
-        Value::SimpleString(text) => out.push(text.clone()),
-        Value::Int(n) => out.push(n.to_string()),
-        _ => {}
-    }
-}
-
-fn flat(conn: &mut redis::Connection, args: &[&str]) -> Vec<String> {
-    let value: Value = redis::cmd(args[0])
-        .arg(&args[1..])
-        .query(conn)
-        .expect("command");
-    let mut out = Vec::new();
-    leaves(&value, &mut out);
-    out
-}
 
 /// The value that follows `name` in a flattened reply.
 fn after<'a>(items: &'a [String], name: &str) -> &'a str {

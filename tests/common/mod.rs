@@ -1198,3 +1198,31 @@ impl KeyspaceEvents {
         }
     }
 }
+
+/// Flattens a RESP reply into its leaf strings and integers, in order, for simple containment checks.
+fn leaves(value: &redis::Value, out: &mut Vec<String>) {
+    match value {
+        redis::Value::Array(items) | redis::Value::Set(items) => {
+            items.iter().for_each(|item| leaves(item, out))
+        }
+        redis::Value::Map(pairs) => pairs.iter().for_each(|(k, v)| {
+            leaves(k, out);
+            leaves(v, out);
+        }),
+        redis::Value::BulkString(bytes) => out.push(String::from_utf8_lossy(bytes).into_owned()),
+        redis::Value::SimpleString(text) => out.push(text.clone()),
+        redis::Value::Int(n) => out.push(n.to_string()),
+        _ => {}
+    }
+}
+
+/// A command's reply, flattened (see `leaves`).
+pub fn flat(conn: &mut redis::Connection, args: &[&str]) -> Vec<String> {
+    let value: redis::Value = redis::cmd(args[0])
+        .arg(&args[1..])
+        .query(conn)
+        .expect("command");
+    let mut out = Vec::new();
+    leaves(&value, &mut out);
+    out
+}
