@@ -30,7 +30,7 @@ PY_OLDEST_TESTS := tests/test_cluster.py tests/test_failures.py tests/test_local
 # changes nothing).
 export PATH := $(CURDIR)/$(VENV)/node-bin:$(PATH)
 
-.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway bench-node-metrics py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-lua bench-all clean lua
+.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway bench-node-metrics py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-cell bench-lua bench-all clean lua
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -148,6 +148,14 @@ bench: build py-deps node-deps envoy-venv compat-venv ## Criterion, every case b
 	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/express.mjs
 	$(MAKE) --no-print-directory bench-gateway
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) cargo bench -p redis-tb-client --bench layer -- --warm-up-time 1 --measurement-time 5
+
+# redis-cell is not on any package registry in a current version, so the repository neither builds nor ships it:
+# REDIS_CELL_MODULE names a libredis_cell.so built from a checkout of brandur/redis-cell (`cargo build --release`).
+# `make bench` compares against it too when it is set.
+bench-cell: module ## CL.THROTTLE against redis-cell's, each on its own servers, bare and with AOF + a replica, 3 rounds (REDIS_CELL_MODULE=path to libredis_cell.so; ~2 min)
+	@test -n "$(REDIS_CELL_MODULE)" || { echo "bench-cell: set REDIS_CELL_MODULE to a redis-cell build (libredis_cell.so)"; exit 2; }
+	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) REDIS_CELL_MODULE=$(REDIS_CELL_MODULE) \
+		python3 scripts/bench.py --no-criterion --only '^CL\.THROTTLE'
 
 bench-node-metrics: build node-deps ## What the npm middleware's metrics and shadow mode add per request: instructions (callgrind) and time, against metrics: false (~10 min)
 	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/metrics.mjs

@@ -19,7 +19,10 @@ What it does, in order:
      flushes the data set, runs the case's setup, waits until the replica has acknowledged everything (`WAIT`),
      in production rewrites the AOF (BGREWRITEAOF of the empty data set) and waits for that to finish, and resets
      INFO commandstats; it samples INFO cpu, replication and persistence right before and after redis-benchmark.
-     Among the cases, CL.THROTTLE (redis-cell's command, every call allowed) runs beside HSET and TB.ACQUIRE, and
+     Among the cases, CL.THROTTLE (redis-cell's command, allowed and denied) runs beside HSET and TB.ACQUIRE;
+     with --cell (or REDIS_CELL_MODULE) naming a redis-cell build, the same CL.THROTTLE and HSET cases also run,
+     in the same rounds, on two more servers (bare, production) with redis-cell loaded instead (its replica loads
+     it too: redis-cell replicates the command itself), for the goal of 1.2x redis-cell's throughput; and
      TB.ACQUIREEACH runs against TB.ACQUIREALL over the same 1, 3 and 10 buckets (cost 1 each),
      for the goal that its throughput stays within 10% of TB.ACQUIREALL's;
   4. after each production run, checks that the replica holds what the master holds: `WAIT 1 5000`, then the
@@ -129,6 +132,11 @@ CONFIG_TEXT = {
     "bare": "bare: no persistence, no replica",
     "production": "production: appendonly yes, appendfsync everysec, one replica without the module",
 }
+# With --cell (a redis-cell build), the same two configurations of a server with redis-cell loaded instead; its
+# replica loads redis-cell too, since redis-cell replicates the command itself.
+CELL_CONFIGS = {"bare": "cell bare", "production": "cell production"}
+# Goal: CL.THROTTLE at least 1.2x redis-cell's throughput on a hot key, allowed and denied, in both configurations.
+GOAL_CL_X_CELL = 1.2
 
 # Goals of issue #13 (medians, ratios within one configuration of one run).
 GOAL_PROD_CPU_X_HSET = 1.75
@@ -333,17 +341,18 @@ class Server:
 class Setup:
     """One configuration of one server binary: the server with the module, and for production its replica."""
 
-    def __init__(self, config, binary, module, cpu):
+    def __init__(self, config, binary, module, cpu, replica_module=None):
         self.config = config
+        self.production = config.endswith("production")
         self.replica = None
         self.replica_conn = None
         extra = ["--appendonly", "yes", "--appendfsync", "everysec",
-                 "--repl-diskless-sync-delay", "0"] if config == "production" else []
-        self.server = Server(binary, module, cpu, extra, name=config)
+                 "--repl-diskless-sync-delay", "0"] if self.production else []
+        self.server = Server(binary, module, cpu, extra, name=config.replace(" ", "-"))
         try:
             self.conn = Conn(self.server.port)
-            if config == "production":
-                self.replica = Server(binary, None, cpu, ["--replicaof", "127.0.0.1", self.server.port],
+            if self.production:
+                self.replica = Server(binary, replica_module, cpu, ["--replicaof", "127.0.0.1", self.server.port],
                                       name="replica")
                 self.replica_conn = Conn(self.replica.port)
                 self.wait_replica_up()
@@ -381,7 +390,7 @@ class Setup:
         """Production: rewrites the AOF of the (just flushed) data set and waits for it, so every case starts from
         a small AOF. Redis rewrites when the AOF has doubled since the last rewrite and exceeds 64 MB, so each case's
         rewrite count then depends on its own stream alone, not on what earlier cases left in the file."""
-        if self.config == "production":
+        if self.production:
             self.wait_no_rewrite()
             self.conn.call("BGREWRITEAOF")
         self.wait_no_rewrite()
@@ -430,7 +439,8 @@ class Case:
     setup: list = field(default_factory=list)  # commands run after FLUSHALL, before CONFIG RESETSTAT
     check: object = None  # fn(conn, requests) -> None, raises AssertionError if the case did not do what it claims
     sample_key: str = None  # compared on master and replica after a production run; a random key if random_keys
-    runs: dict = field(default_factory=lambda: {config: [] for config in CONFIGS})
+    configs: tuple = CONFIGS  # where it runs: the module's servers, or redis-cell's (CELL_CONFIGS)
+    runs: dict = field(default_factory=dict)
 
 
 def expect_reply(command, allowed):
@@ -447,7 +457,26 @@ def expect_many_keys(conn, requests):
     assert keys > 0.9 * expected, f"only {keys} keys after {requests} calls on {KEYSPACE} keys"
 
 
-def make_cases(scale, lua_sha, lua_all_sha, client_now_ms):
+def cl_cases(n, configs=CONFIGS, sample=True):
+    """CL.THROTTLE on a hot key, allowed and denied, with HSET beside it on redis-cell's servers. On those no key is
+    compared with the replica: redis-cell's replica runs the command again on its own clock."""
+    # One a second with a burst of 10^9, so every call is allowed and writes, and the TAT runs ahead of the clock by
+    # a second per call (the key outlives the run, for the replica check).
+    allowed = ["CL.THROTTLE", "bench:cl", "1000000000", "1", "1"]
+    # No burst, one per 10^6 s: the setup's call is allowed, every later one limited and writes nothing.
+    denied = ["CL.THROTTLE", "bench:cl:deny", "0", "1", "1000000"]
+    cases = [] if configs == CONFIGS else [
+        Case("HSET hot key", ["HSET", "bench:h", "f", "v"], PIPELINE, "hset", n(800_000), configs=configs)]
+    # The reply's first element is `limited`: 0 when allowed.
+    return cases + [
+        Case("CL.THROTTLE hot, allowed", allowed, PIPELINE, "cl.throttle", n(400_000),
+             check=expect_reply(allowed, 0), sample_key="bench:cl" if sample else None, configs=configs),
+        Case("CL.THROTTLE hot, denied", denied, PIPELINE, "cl.throttle", n(500_000), setup=[denied],
+             check=expect_reply(denied, 1), sample_key="bench:cl:deny" if sample else None, configs=configs),
+    ]
+
+
+def make_cases(scale, lua_sha, lua_all_sha, client_now_ms, cell):
     def n(count):
         return max(1_000, int(count * scale))
 
@@ -455,9 +484,6 @@ def make_cases(scale, lua_sha, lua_all_sha, client_now_ms):
     tb_room = ["TB.ACQUIRE", "bench:room", HEADROOM_RATE, HEADROOM_BURST]
     tb_deny = ["TB.ACQUIRE", "bench:deny", TINY, "1", "1"]
     tb_keys = ["TB.ACQUIRE", "bench:tb:__rand_int__", ALLOW_RATE, ALLOW_BURST]
-    # redis-cell's command: one a second with a burst of 10^9, so every call is allowed and writes, and the TAT runs
-    # ahead of the clock by a second per call (the key outlives the run, for the replica check).
-    cl_hot = ["CL.THROTTLE", "bench:cl", "1000000000", "1", "1"]
     lua_client = ["EVALSHA", lua_sha, "1", "bench:lua", ALLOW_RATE, ALLOW_BURST, "1", str(client_now_ms)]
     lua_server = ["EVALSHA", lua_sha, "1", "bench:lua", ALLOW_RATE, ALLOW_BURST, "1"]
     hset = ["HSET", "bench:h", "f", "v"]
@@ -496,9 +522,8 @@ def make_cases(scale, lua_sha, lua_all_sha, client_now_ms):
              setup=[tb_deny], check=expect_reply(tb_deny, 0), sample_key="bench:deny"),
         Case("TB.ACQUIRE 100k keys", tb_keys, PIPELINE, "tb.acquire", n(300_000), random_keys=True,
              check=expect_many_keys),
-        # The reply's first element is `limited`: 0 when allowed.
-        Case("CL.THROTTLE hot, allowed", cl_hot, PIPELINE, "cl.throttle", n(400_000),
-             check=expect_reply(cl_hot, 0), sample_key="bench:cl"),
+        *cl_cases(n),
+        *(cl_cases(n, tuple(CELL_CONFIGS.values()), sample=False) if cell else []),
         Case("Lua bucket, client ts", lua_client, PIPELINE, "evalsha", n(100_000),
              check=expect_reply(lua_client, 1)),
         Case("Lua bucket, server TIME", lua_server, PIPELINE, "evalsha", n(100_000),
@@ -597,7 +622,7 @@ def run_case(case, setup, benchmark, mismatches):
             difference = setup.compare(key)
             if difference:
                 mismatches.append(f"{case.label} (pipeline {case.pipeline}): {difference}")
-    case.runs[setup.config].append({
+    case.runs.setdefault(setup.config, []).append({
         "rps": rps, "us": usec / calls, "cpu_us": (cpu_after - cpu_before) * 1e6 / calls,
         "repl_bytes": (offset_after - offset_before) / calls, "rewrites": rewrites_after - rewrites_before,
         "p99": p99_ms, "busy": busy, "queued": queued, "compared": compared})
@@ -770,7 +795,8 @@ class ServerResult:
 
 
 def bench_server(binary, module, options, server_cpu):
-    """Runs every case in both configurations on one server binary; returns a ServerResult."""
+    """Runs every case in both configurations on one server binary (and redis-cell's cases on its own servers, with
+    --cell); returns a ServerResult."""
     started, load_before = time.monotonic(), os.getloadavg()[0]
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stdout.strip()
     print(f"\n== {binary}: {version}", flush=True)
@@ -778,20 +804,25 @@ def bench_server(binary, module, options, server_cpu):
     try:
         for config in CONFIGS:
             setups[config] = Setup(config, binary, module, server_cpu)
+        if options.cell:
+            for config in CELL_CONFIGS.values():
+                setups[config] = Setup(config, binary, options.cell, server_cpu, replica_module=options.cell)
         shas = {}
-        for config, setup in setups.items():
-            shas[config] = (setup.conn.call("SCRIPT", "LOAD", LUA_SCRIPT.read_text()),
-                            setup.conn.call("SCRIPT", "LOAD", LUA_ALL_SCRIPT.read_text()))
+        for config in CONFIGS:
+            shas[config] = (setups[config].conn.call("SCRIPT", "LOAD", LUA_SCRIPT.read_text()),
+                            setups[config].conn.call("SCRIPT", "LOAD", LUA_ALL_SCRIPT.read_text()))
         if len(set(shas.values())) != 1:
             raise RuntimeError("the Lua scripts hashed differently on the two servers")
         lua_sha, lua_all_sha = shas["bare"]
-        cases = make_cases(options.scale, lua_sha, lua_all_sha, int(time.time() * 1000))
+        cases = make_cases(options.scale, lua_sha, lua_all_sha, int(time.time() * 1000), options.cell)
+        if options.only:
+            cases = [case for case in cases if case.label == "HSET hot key" or re.search(options.only, case.label)]
         source = cpu_source(setups["bare"].conn)
         mismatches = []
         live = sys.stdout.isatty()
         for round_index in range(options.rounds):
             for case in cases:
-                for config in CONFIGS:
+                for config in case.configs:
                     if live:
                         print(f"\rround {round_index + 1}/{options.rounds}: {case.label}, pipeline "
                               f"{case.pipeline}, {config}".ljust(78), end="", flush=True)
@@ -801,6 +832,9 @@ def bench_server(binary, module, options, server_cpu):
                       f"({time.monotonic() - started:.0f} s)", flush=True)
         if live:
             print("\r".ljust(79), end="\r")
+        if options.only:
+            return ServerResult(binary, version, source, cases, None, None, None, mismatches, 0,
+                                time.monotonic() - started, (load_before, os.getloadavg()[0]))
 
         many = {}
         for config in CONFIGS:
@@ -832,8 +866,9 @@ def report(result, rounds):
           f"anything above 2 competes with the pinned server and load). cpu µs/call: {result.cpu_source}. "
           f"rewrites: summed over all rounds.")
 
-    def find(label, pipeline=PIPELINE):
-        return next(case for case in cases if case.label == label and case.pipeline == pipeline)
+    def find(label, pipeline=PIPELINE, configs=CONFIGS):
+        return next(case for case in cases
+                    if case.label == label and case.pipeline == pipeline and case.configs == configs)
 
     def ratios(case, other, config):
         return [a["rps"] / b["rps"] for a, b in zip(case.runs[config], other.runs[config])]
@@ -856,7 +891,7 @@ def report(result, rounds):
     def fig(case, config, name):
         return median([run[name] for run in case.runs[config]])
 
-    baseline = {case.pipeline: case for case in cases if case.label == "HSET hot key"}
+    baseline = {case.pipeline: case for case in cases if case.label == "HSET hot key" and case.configs == CONFIGS}
     for config in CONFIGS:
         print()
         print(f"### {CONFIG_TEXT[config]}")
@@ -864,7 +899,7 @@ def report(result, rounds):
         print("| case | pipeline | calls/s | x HSET | x HSET by CPU | µs/call | cpu µs/call | repl B/call | rewrites "
               "| busy | queued | p99 ms |")
         print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
-        for case in cases:
+        for case in (case for case in cases if case.configs == CONFIGS):
             rewrites = sum(run["rewrites"] for run in case.runs[config])
             print(f"| {case.label} | {case.pipeline} | {fig(case, config, 'rps'):,.0f} "
                   f"| {ratio(case, baseline[case.pipeline], config):.2f} "
@@ -872,6 +907,12 @@ def report(result, rounds):
                   f"| {fig(case, config, 'cpu_us'):.2f} | {fig(case, config, 'repl_bytes'):.0f} | {rewrites} "
                   f"| {fig(case, config, 'busy'):.0%} | {fig(case, config, 'queued'):.0%} "
                   f"| {fig(case, config, 'p99'):.3f} |")
+    if result.many is None:  # --only: the cases' tables, and CL.THROTTLE against redis-cell when both ran
+        if any(case.configs != CONFIGS for case in cases) and any(case.label.startswith("CL.") for case in cases):
+            report_cell(cases, find)
+        for mismatch in result.mismatches:
+            print(f"REPLICA OUT OF SYNC: {mismatch}")
+        return
 
     hset = find("HSET hot key")
     allowed, room, denied = find("TB.ACQUIRE hot, allowed"), find("TB.ACQUIRE hot, headroom"), \
@@ -922,6 +963,8 @@ def report(result, rounds):
         print(f"- {config}: CL.THROTTLE hot, allowed: {throughput(throttle, hset, config)} HSET, "
               f"{throughput(throttle, allowed, config)} TB.ACQUIRE hot, allowed; "
               f"{fig(throttle, config, 'repl_bytes'):.0f} repl B/call.")
+    if any(case.configs != CONFIGS for case in cases):
+        report_cell(cases, find)
     keys, multi, lua_multi = find("TB.ACQUIRE 100k keys"), find("TB.ACQUIREALL 3 buckets"), \
         find("Lua 3 buckets, all/none")
     for config in CONFIGS:
@@ -981,6 +1024,47 @@ def report(result, rounds):
               f"{' and PEXPIRETIME' if version_tuple(result.version.split('v=')[-1]) >= (7, 0) else ''}).")
 
 
+def report_cell(cases, find):
+    """CL.THROTTLE against redis-cell's, each on its own servers (same binary, same configuration), round by round."""
+    cell_configs = tuple(CELL_CONFIGS.values())
+
+    def paired(case, other, config, name):
+        return [a[name] / b[name] for a, b in zip(case.runs[config], other.runs[CELL_CONFIGS[config]])]
+
+    def fig(case, config, name):
+        return median([run[name] for run in case.runs[config]])
+
+    print()
+    print(f"CL.THROTTLE: redis-tb against redis-cell (--cell), each on its own servers, pipeline {PIPELINE}; goal: "
+          f"throughput >= {GOAL_CL_X_CELL}x redis-cell's. \"x redis-cell\" is the median of the per-round calls/s "
+          "ratios; \"by CPU\" the same from main-thread CPU per call; \"HSET-normed\" divides each by its own "
+          "server's HSET in that round (drift between the two servers cancels). redis-cell replicates the command, "
+          "so its replica loads redis-cell and runs every call again.")
+    print()
+    print("| configuration | case | redis-tb calls/s | redis-cell calls/s | x redis-cell | HSET-normed | µs/call "
+          "tb / cell | cpu µs/call tb / cell | repl B/call tb / cell | result |")
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|---|")
+    hset, cell_hset = find("HSET hot key"), find("HSET hot key", configs=cell_configs)
+    for config in CONFIGS:
+        cell_config = CELL_CONFIGS[config]
+        for label in ("CL.THROTTLE hot, allowed", "CL.THROTTLE hot, denied"):
+            ours, theirs = find(label), find(label, configs=cell_configs)
+            rps = paired(ours, theirs, config, "rps")
+            by_cpu = median([1 / x for x in paired(ours, theirs, config, "cpu_us")])
+            normed = median([x / h for x, h in zip(rps, paired(hset, cell_hset, config, "rps"))])
+            met, met_by_cpu = median(rps) >= GOAL_CL_X_CELL, by_cpu >= GOAL_CL_X_CELL
+            verdict = "met" if met else "**missed**"
+            if met_by_cpu != met:
+                verdict += f" (by CPU: {'met' if met_by_cpu else 'missed'}; noisy)"
+            spread = f" (rounds {min(rps):.2f}–{max(rps):.2f}; by CPU {by_cpu:.2f}x)"
+            print(f"| {config} | {label.removeprefix('CL.THROTTLE ')} | {fig(ours, config, 'rps'):,.0f} "
+                  f"| {fig(theirs, cell_config, 'rps'):,.0f} | {median(rps):.2f}x{spread} | {normed:.2f}x "
+                  f"| {fig(ours, config, 'us'):.2f} / {fig(theirs, cell_config, 'us'):.2f} "
+                  f"| {fig(ours, config, 'cpu_us'):.2f} / {fig(theirs, cell_config, 'cpu_us'):.2f} "
+                  f"| {fig(ours, config, 'repl_bytes'):.0f} / {fig(theirs, cell_config, 'repl_bytes'):.0f} "
+                  f"| {verdict} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--module", default=os.environ.get("TB_MODULE", str(DEFAULT_MODULE)))
@@ -991,6 +1075,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="runs of every case; medians are reported")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every case's request count")
     parser.add_argument("--no-criterion", action="store_true", help="skip the criterion benches")
+    parser.add_argument("--only", metavar="REGEX",
+                        help="run only the cases whose label matches (HSET hot key always runs, as the baseline) "
+                             "and print their tables; skips the goals, the many-bucket, memory and over-grant checks")
+    parser.add_argument("--cell", default=os.environ.get("REDIS_CELL_MODULE") or None,
+                        help="a redis-cell build (libredis_cell.so) to run CL.THROTTLE against, side by side; "
+                             "default: $REDIS_CELL_MODULE")
     options = parser.parse_args()
     # A SIGTERM (a timeout, a kill) unwinds through the finally blocks that stop the servers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -1003,11 +1093,14 @@ def main():
     binaries = [resolve_binary(name) for name in servers]
     options.benchmark = resolve_binary(options.benchmark)
     module = Path(options.module).resolve()
+    if options.cell:
+        options.cell = Path(options.cell).resolve()
 
     model, cpus, load = machine()
     print(f"machine:   {model}, {cpus} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"date:      {time.strftime('%Y-%m-%d %H:%M %Z')}")
     print(f"module:    {module}")
+    print(f"redis-cell: {options.cell or 'not compared (set REDIS_CELL_MODULE to a libredis_cell.so)'}")
     print(f"servers:   {', '.join(str(binary) for binary in binaries)}")
     bench_version = subprocess.run([str(options.benchmark), "--version"], capture_output=True, text=True)
     print(f"load:      {options.benchmark} ({bench_version.stdout.strip()})")
