@@ -42,6 +42,14 @@ pub(crate) struct Call<T> {
 /// A number as the server parses it: `10`, `0.5`, `0.00001` (never an exponent). Non-finite values go out as
 /// `inf`/`NaN`, which the server refuses with the argument's name.
 pub(crate) fn number(value: f64) -> String {
+    // Whole numbers below 2^53 (the usual rate, burst and cost) as integers, without the float formatter: the
+    // same text (`10`, `-3`, `0`), about a tenth of the work. `-0` keeps its sign through the formatter.
+    if value.fract() == 0.0
+        && value.abs() < 9_007_199_254_740_992.0
+        && value.to_bits() != (-0.0f64).to_bits()
+    {
+        return itoa::Buffer::new().format(value as i64).to_owned();
+    }
     format!("{value}")
 }
 
@@ -169,4 +177,36 @@ pub(crate) fn charge(key: &str, rate: f64, burst: f64, cost: f64) -> Call<replie
 pub(crate) fn block(key: &str, rate: f64, burst: f64, ms: u64) -> Call<replies::Charged> {
     let args = vec![number(rate), number(burst), ms.to_string()];
     one_key("TB.BLOCK", key, args, replies::charged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::number;
+
+    #[test]
+    fn number_is_the_float_formatters_text() {
+        let values = [
+            0.0,
+            -0.0,
+            1.0,
+            -5.0,
+            10.0,
+            1e9,
+            9_007_199_254_740_991.0,
+            9_007_199_254_740_992.0,
+            -9_007_199_254_740_993.0,
+            1e21,
+            0.5,
+            0.001,
+            1e-300,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ];
+        for value in values {
+            assert_eq!(number(value), format!("{value}"), "{value:e}");
+        }
+    }
 }

@@ -164,8 +164,11 @@ impl LocalBuckets {
                 entry.rate = bucket.rate;
                 entry.burst = bucket.burst;
                 entry.held = held;
-                self.next_use = self.next_use.saturating_add(1);
-                reorder(&mut self.order, entry, self.next_use, bucket.key);
+                // The most recently used key (a hot key) keeps its place: nothing to move.
+                if entry.used != self.next_use {
+                    self.next_use = self.next_use.saturating_add(1);
+                    reorder(&mut self.order, entry, self.next_use, bucket.key);
+                }
             } else if self.make_room(now_ms, buckets) {
                 self.insert(bucket, held);
             }
@@ -290,9 +293,13 @@ impl LocalBuckets {
     }
 
     fn touch(&mut self, key: &str) {
-        let used = self.bump();
+        let latest = self.next_use;
         if let Some(entry) = self.table.get_mut(key) {
-            reorder(&mut self.order, entry, used, key);
+            if entry.used != latest {
+                let used = latest.saturating_add(1);
+                self.next_use = used;
+                reorder(&mut self.order, entry, used, key);
+            }
         }
     }
 
