@@ -146,8 +146,8 @@ for (const kind of CLIENT_KINDS) {
       const { lines, logger } = recorder();
       const tb = new TbClient(conn.redis, { logger });
       const key = freshKey("first");
-      assert.equal((await tb.acquire(key, 10, 20)).remaining, 19);
-      assert.equal((await tb.acquire(key, 10, 20, 0)).remaining, 19);
+      assert.equal((await tb.acquire(key, 0.01, 20)).remaining, 19);
+      assert.equal((await tb.acquire(key, 0.01, 20, 0)).remaining, 19);
       assert.equal(tb.backendInUse, WITHOUT_MODULE);
       if (FUNCTIONS) {
         assert.deepEqual(await libraries(server.port), [LIBRARY]);
@@ -188,8 +188,8 @@ for (const kind of CLIENT_KINDS) {
         const { lines, logger } = recorder();
         const tb = new TbClient(conn.redis, { logger });
         const key = freshKey("acl");
-        assert.equal((await tb.acquire(key, 10, 20)).remaining, 19);
-        assert.equal((await tb.acquire(key, 10, 20)).remaining, 18);
+        assert.equal((await tb.acquire(key, 0.01, 20)).remaining, 19);
+        assert.equal((await tb.acquire(key, 0.01, 20)).remaining, 18);
         assert.equal(tb.backendInUse, "script");
         assert.ok(lines.some((line) => /Redis Functions are unavailable \(NOPERM .*no permissions to run the/.test(line.message)), JSON.stringify(lines));
       });

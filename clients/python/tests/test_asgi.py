@@ -96,15 +96,16 @@ async def test_several_limits_per_route(server: Server, key: str) -> None:
     def tenant(request: Mapping[str, Any]) -> str:
         return "acme"
 
+    # per-client refills a token in 100 s, so the exact counts below hold however slowly the requests go.
     routes: dict[str, Sequence[Limit]] = {
-        "/search": [Limit("per-client", rate=10, burst=5), Limit("tenant", rate=1, burst=2, key=tenant)],
-        "/hello": [Limit("per-client", rate=10, burst=5)],
+        "/search": [Limit("per-client", rate=0.01, burst=5), Limit("tenant", rate=1, burst=2, key=tenant)],
+        "/hello": [Limit("per-client", rate=0.01, burst=5)],
     }
     app = make_app(conn, by_path(routes), prefix=f"{key}:")
     async with client_for(app) as http:
         first = await http.get("/search")
-        assert first.headers["ratelimit-policy"] == '"per-client";q=5;w=1, "tenant";q=2;w=2'
-        assert first.headers["ratelimit"].startswith('"per-client";r=4;t=1, "tenant";r=1;t=')
+        assert first.headers["ratelimit-policy"] == '"per-client";q=5;w=500, "tenant";q=2;w=2'
+        assert first.headers["ratelimit"].startswith('"per-client";r=4;t=100, "tenant";r=1;t=')
         await http.get("/search")
         refused = await http.get("/search")
         assert refused.status_code == 429 and refused.json()["limit"] == "tenant"
