@@ -43,7 +43,9 @@ for (const backend of [{ name: "module", module: true }, { name: "script", modul
     test("consume resolves, then rejects with a RateLimiterRes (not an Error), the fields of the library's", async () => {
       const limiter = new RateLimiterTB({ storeClient: conn.redis, points: 3, duration: 3, keyPrefix: freshKey("rlf") });
       const outcomes = [];
+      const started = performance.now();
       for (let i = 0; i < 4; i++) outcomes.push(await attempt(limiter, "ann"));
+      const late = Math.ceil(performance.now() - started); // the most the server's clock moved meanwhile
       assert.deepEqual(outcomes.map((o) => o.ok), [true, true, true, false]);
       const first = outcomes[0].res;
       assert.ok(first instanceof RateLimiterRes);
@@ -51,7 +53,7 @@ for (const backend of [{ name: "module", module: true }, { name: "script", modul
       const refused = outcomes[3].res;
       assert.equal(refused.remainingPoints, 0);
       assert.equal(refused.consumedPoints, 4);
-      assert.ok(refused.msBeforeNext > 900 && refused.msBeforeNext <= 1000, `${refused.msBeforeNext}: the next point, one second away`);
+      assert.ok(refused.msBeforeNext >= 1000 - late && refused.msBeforeNext <= 1000, `${refused.msBeforeNext}: the next point, one second away`);
       assert.deepEqual(Object.keys(refused.toJSON()), Object.keys(new FlexibleRes().toJSON()));
       assert.equal(String(refused), JSON.stringify(refused.toJSON()));
     });
