@@ -466,6 +466,20 @@ enum Reply {
 }
 
 impl Reply {
+    fn allowed(&self) -> bool {
+        match self {
+            Reply::One(bucket) => bucket.fits,
+            Reply::Each(each) => each.allowed,
+        }
+    }
+
+    fn limiting_index(&self) -> usize {
+        match self {
+            Reply::One(_) => 0,
+            Reply::Each(each) => each.limiting_index,
+        }
+    }
+
     fn buckets(&self) -> &[BucketResult] {
         match self {
             Reply::One(bucket) => std::slice::from_ref(bucket),
@@ -839,34 +853,26 @@ impl Shared {
     }
 
     fn verdict(&self, plan: &[Planned<'_>], reply: Reply, enforced: bool) -> Verdict {
-        let reply = match reply {
-            // One bucket allowed (the usual request): its fields need no list made.
-            Reply::One(bucket) if bucket.fits => {
-                if !enforced {
-                    return Verdict::Pass(Fields::default());
-                }
-                let buckets = std::slice::from_ref(&bucket);
-                return Verdict::Pass(self.fields_of(plan, buckets, 0, None));
+        // An allowed request (the usual one) reads the reply as it came: one bucket's needs no list made.
+        if reply.allowed() {
+            if !enforced {
+                return Verdict::Pass(Fields::default());
             }
-            reply => reply.into_each(),
-        };
-        let reply = &reply;
-        if reply.allowed && !enforced {
-            return Verdict::Pass(Fields::default());
+            // No Retry-After for an allowed request.
+            let fields = self.fields_of(plan, reply.buckets(), reply.limiting_index(), None);
+            return Verdict::Pass(fields);
         }
         let refused: Vec<String> = plan
             .iter()
-            .zip(&reply.buckets)
+            .zip(reply.buckets())
             .filter(|(_, bucket)| !bucket.fits)
             .map(|(planned, _)| planned.limit.name.clone())
             .collect();
         if !enforced {
             return Verdict::Refuse(Response::new(Body::empty()), refused);
         }
+        let reply = &reply.into_each();
         let fields = self.fields(plan, reply);
-        if reply.allowed {
-            return Verdict::Pass(fields);
-        }
         // Every limit applies in the usual request: the layer's list is the request's.
         let listed: Vec<Limit>;
         let limits: &[Limit] = if plan.len() == self.limits.len() {

@@ -164,11 +164,7 @@ impl LocalBuckets {
                 entry.rate = bucket.rate;
                 entry.burst = bucket.burst;
                 entry.held = held;
-                // The most recently used key (a hot key) keeps its place: nothing to move.
-                if entry.used != self.next_use {
-                    self.next_use = self.next_use.saturating_add(1);
-                    reorder(&mut self.order, entry, self.next_use, bucket.key);
-                }
+                mark_used(&mut self.order, &mut self.next_use, entry, bucket.key);
             } else if self.make_room(now_ms, buckets) {
                 self.insert(bucket, held);
             }
@@ -293,13 +289,8 @@ impl LocalBuckets {
     }
 
     fn touch(&mut self, key: &str) {
-        let latest = self.next_use;
         if let Some(entry) = self.table.get_mut(key) {
-            if entry.used != latest {
-                let used = latest.saturating_add(1);
-                self.next_use = used;
-                reorder(&mut self.order, entry, used, key);
-            }
+            mark_used(&mut self.order, &mut self.next_use, entry, key);
         }
     }
 
@@ -309,11 +300,16 @@ impl LocalBuckets {
     }
 }
 
-/// Moves `entry` (of `key`) to `used` in the recency order, keeping the key's text it already holds there.
-fn reorder(order: &mut BTreeMap<u64, String>, entry: &mut Entry, used: u64, key: &str) {
+/// Makes `entry` (of `key`) the most recently used: moves it to the end of the recency order, keeping the key's
+/// text it already holds there. The most recently used key (a hot key) is there already: nothing to move.
+fn mark_used(order: &mut BTreeMap<u64, String>, next_use: &mut u64, entry: &mut Entry, key: &str) {
+    if entry.used == *next_use {
+        return;
+    }
+    *next_use = next_use.saturating_add(1);
     let text = order.remove(&entry.used).unwrap_or_else(|| key.to_owned());
-    entry.used = used;
-    order.insert(used, text);
+    entry.used = *next_use;
+    order.insert(*next_use, text);
 }
 
 /// Milliseconds, rounded up, saturating (a double beyond i64 becomes its bound).
