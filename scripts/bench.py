@@ -777,6 +777,19 @@ def median(values):
     return statistics.median(values)
 
 
+def fig(case, config, name):
+    """A case's median of one figure over its rounds in `config`."""
+    return median([run[name] for run in case.runs[config]])
+
+
+def verdict_text(met, met_by_cpu=None):
+    """A goal's result as the tables print it: judged on calls/s, with the CPU-based estimate where it disagrees."""
+    verdict = "met" if met else "**missed**"
+    if met_by_cpu is not None and met_by_cpu != met:
+        verdict += f" (by CPU: {'met' if met_by_cpu else 'missed'}; noisy)"
+    return verdict
+
+
 @dataclass
 class ServerResult:
     """Everything measured on one server binary."""
@@ -888,9 +901,6 @@ def report(result, rounds):
         spread = f"rounds {min(values):.2f}–{max(values):.2f}; " if len(values) > 1 else ""
         return f"{median(values):.2f}x ({spread}by CPU {cpu_ratio(case, other, config):.2f}x)"
 
-    def fig(case, config, name):
-        return median([run[name] for run in case.runs[config]])
-
     baseline = {case.pipeline: case for case in cases if case.label == "HSET hot key" and case.configs == CONFIGS}
     for config in CONFIGS:
         print()
@@ -952,10 +962,7 @@ def report(result, rounds):
     print("| goal | configuration | figure | result |")
     print("|---|---|--:|---|")
     for goal, config, figure, met, *by_cpu in goals:
-        verdict = "met" if met else "**missed**"
-        if by_cpu and by_cpu[0] != met:
-            verdict += f" (by CPU: {'met' if by_cpu[0] else 'missed'}; noisy)"
-        print(f"| {goal} | {config} | {figure} | {verdict} |")
+        print(f"| {goal} | {config} | {figure} | {verdict_text(met, *by_cpu)} |")
 
     print()
     throttle = find("CL.THROTTLE hot, allowed")
@@ -984,13 +991,10 @@ def report(result, rounds):
             every, each = find(each_label("TB.ACQUIREALL", size)), find(each_label("TB.ACQUIREEACH", size))
             met = ratio(each, every, config) >= GOAL_EACH_X_ALL
             by_cpu = cpu_ratio(each, every, config) >= GOAL_EACH_X_ALL
-            verdict = "met" if met else "**missed**"
-            if by_cpu != met:
-                verdict += f" (by CPU: {'met' if by_cpu else 'missed'}; noisy)"
             print(f"| {config} | {size} | {fig(every, config, 'rps'):,.0f} | {fig(each, config, 'rps'):,.0f} "
                   f"| {throughput(each, every, config)} | {fig(every, config, 'cpu_us') / size:.2f} "
                   f"| {fig(each, config, 'cpu_us') / size:.2f} | {fig(each, config, 'repl_bytes'):.0f} "
-                  f"| {verdict} |")
+                  f"| {verdict_text(met, by_cpu)} |")
 
     print()
     print("One TB.ACQUIREALL naming many distinct buckets (rate 1, burst 5), while another connection PINGs in a "
@@ -1031,9 +1035,6 @@ def report_cell(cases, find):
     def paired(case, other, config, name):
         return [a[name] / b[name] for a, b in zip(case.runs[config], other.runs[CELL_CONFIGS[config]])]
 
-    def fig(case, config, name):
-        return median([run[name] for run in case.runs[config]])
-
     print()
     print(f"CL.THROTTLE: redis-tb against redis-cell (--cell), each on its own servers, pipeline {PIPELINE}; goal: "
           f"throughput >= {GOAL_CL_X_CELL}x redis-cell's. \"x redis-cell\" is the median of the per-round calls/s "
@@ -1053,16 +1054,13 @@ def report_cell(cases, find):
             by_cpu = median([1 / x for x in paired(ours, theirs, config, "cpu_us")])
             normed = median([x / h for x, h in zip(rps, paired(hset, cell_hset, config, "rps"))])
             met, met_by_cpu = median(rps) >= GOAL_CL_X_CELL, by_cpu >= GOAL_CL_X_CELL
-            verdict = "met" if met else "**missed**"
-            if met_by_cpu != met:
-                verdict += f" (by CPU: {'met' if met_by_cpu else 'missed'}; noisy)"
             spread = f" (rounds {min(rps):.2f}–{max(rps):.2f}; by CPU {by_cpu:.2f}x)"
             print(f"| {config} | {label.removeprefix('CL.THROTTLE ')} | {fig(ours, config, 'rps'):,.0f} "
                   f"| {fig(theirs, cell_config, 'rps'):,.0f} | {median(rps):.2f}x{spread} | {normed:.2f}x "
                   f"| {fig(ours, config, 'us'):.2f} / {fig(theirs, cell_config, 'us'):.2f} "
                   f"| {fig(ours, config, 'cpu_us'):.2f} / {fig(theirs, cell_config, 'cpu_us'):.2f} "
                   f"| {fig(ours, config, 'repl_bytes'):.0f} / {fig(theirs, cell_config, 'repl_bytes'):.0f} "
-                  f"| {verdict} |")
+                  f"| {verdict_text(met, met_by_cpu)} |")
 
 
 def main():
