@@ -389,6 +389,16 @@ class TbClient {
     return { remaining, retryAfterMs, resetAfterMs };
   }
 
+  /**
+   * TB.LOWER: refills the bucket to now, then brings it down to `tokens` where it holds more (negative: into debt,
+   * at most a day of refill); never raises it. What fail "local" sends when Redis answers again (local.cjs).
+   */
+  async lower(key, rate, burst, tokens) {
+    const args = [keyName("key", key), number("rate", rate), number("burst", burst), number("tokens", tokens)];
+    const [remaining, retryAfterMs, resetAfterMs] = integers("TB.LOWER", await this._call("TB.LOWER", key, args), 3);
+    return { remaining, retryAfterMs, resetAfterMs };
+  }
+
   /** TB.BLOCK: empties the bucket for `ms` milliseconds (into debt), after which it refills as usual. */
   async block(key, rate, burst, ms) {
     const args = [keyName("key", key), number("rate", rate), number("burst", burst), number("ms", ms)];

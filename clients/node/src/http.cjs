@@ -209,7 +209,8 @@ function createHttpLimiter(options) {
     };
     let outcome;
     if (local !== undefined) {
-      // The charge-backs of what these keys owe, then the call, or the in-memory decision (local.cjs).
+      // A charge-back (TB.LOWER) for each key Redis has not seen all of, pipelined before the call, or the
+      // in-memory decision (local.cjs).
       outcome = await local.decide(buckets, run, call);
     } else {
       try {

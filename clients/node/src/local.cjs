@@ -7,19 +7,28 @@
 //   - Each Redis answer is remembered: the key's bucket then holds burst - rate * reset_after_ms / 1000 tokens as of
 //     the moment it arrived (negative in debt), and a later failure refills from there. A key never answered for
 //     starts full.
-//   - What the buckets admit is owed to Redis: before the next call that reaches Redis for a key, one
-//     TB.CHARGE key rate burst <owed> takes it back. A charge-back that fails stays owed (and the call is decided
-//     here); one that Redis refuses (beyond the debt it allows) is dropped and logged.
+//   - When Redis answers again, its bucket is brought down to the in-memory one, and no lower: what the buckets
+//     admit is owed to Redis, and every call for a key that is owed anything, or whose charge-back is in flight,
+//     sends TB.LOWER key rate burst <the in-memory bucket's tokens now> pipelined before it. A minimum is
+//     idempotent, so calls in parallel each send their own and nothing is charged twice. Each charge-back takes
+//     what is owed as its own share: accepted, the share is in Redis; failed like a fault (no reply, or an error
+//     of a fail-mode row of the failure table), it is owed again and the call is decided here; refused by a
+//     configuration error, it is dropped and logged, and the call goes on to Redis.
 //   - At most `capacity` keys: a new key takes the place of one of the 16 least recently used keys that is full
 //     again and owes nothing; where none is, it shares the overflow bucket of its limit (never charged back).
 // The arithmetic is the module's, in floating point on a monotonic clock; decisions have the shape of a
 // TB.ACQUIREEACH reply, so headers come out as usual.
 
-const { TbArgumentError, classifyFailure, isReplyError } = require("./errors.cjs");
+const { TbArgumentError, classifyFailure } = require("./errors.cjs");
 
 const CAPACITY = 10_000;
 /** How many of the least recently used keys a new key may take the place of. */
 const EVICTION_WINDOW = 16;
+
+/** The lowest floor a charge-back sends, in seconds of refill: TB.LOWER's bound on debt (a day). */
+const MAX_DEBT_SECONDS = 86_400;
+/** A refused charge-back is logged at most this often per row of the failure table. */
+const ERROR_LOG_INTERVAL_MS = 60_000;
 
 /** The longest wait reported, in milliseconds: the module's (an i64), as a double reads it (2^63). */
 const MAX_WAIT_MS = 2 ** 63 - 1;
@@ -32,10 +41,16 @@ function ceilMs(ms) {
   return Math.min(MAX_WAIT_MS, Math.ceil(ms - 1e-6));
 }
 
-/** Whether Redis answered `error` and refused the call (not a passing state): resending it will not help. */
-function refusedByRedis(error) {
-  const reply = isReplyError(error) || isReplyError(error?.cause);
-  return reply && classifyFailure(error).action !== "fail-mode";
+/**
+ * What becomes of the share of a charge-back that settled with `error` (undefined: accepted): "accepted" (the
+ * share is in Redis's bucket now), "owed" (a fault: no reply, or an error whose row of the failure table takes the
+ * fail mode; sent again with the key's next call) or "dropped" (a configuration error, which sending it again
+ * would meet again). An argument refused before anything was sent stays owed.
+ */
+function chargeBackOutcome(error) {
+  if (error === undefined) return "accepted";
+  if (error instanceof TbArgumentError) return "owed";
+  return classifyFailure(error).action === "fail-mode" ? "owed" : "dropped";
 }
 
 function checkCapacity(capacity) {
@@ -49,16 +64,20 @@ class LocalBuckets {
   /**
    * @param options.capacity how many keys are kept (default 10,000); beyond, a limit's keys share its overflow bucket
    * @param options.now      the monotonic clock, in milliseconds (default performance.now)
-   * @param options.logger   { warn(message) }: hears of a charge-back Redis refused (default: process.emitWarning)
+   * @param options.logger   { error(message) }: hears of a charge-back refused by a configuration error, at most
+   *                         once a minute per row of the failure table (default: process.emitWarning)
    */
   constructor({ capacity = CAPACITY, now = () => performance.now(), logger } = {}) {
     this.capacity = checkCapacity(capacity);
     this.now = now;
-    this.logger = logger ?? { warn: (message) => process.emitWarning(message, { code: "REDIS_TB_LOCAL" }) };
+    this.logger = logger ?? { error: (message) => process.emitWarning(message, { code: "REDIS_TB_LOCAL" }) };
+    /** A row of the failure table -> when (this.now()) a refused charge-back of that row was last logged. */
+    this.loggedMs = new Map();
     /**
-     * Redis key -> { rate, burst, tokens, atMs, owed, charging }: tokens <= burst as of atMs (negative in debt);
-     * owed, the costs admitted here and not yet charged back; charging, those in a TB.CHARGE not yet answered. The
-     * Map's order is the order of last use (least recent first).
+     * Redis key -> { rate, burst, tokens, atMs, owed, charging, inFlight }: tokens <= burst as of atMs (negative
+     * in debt); owed, the costs admitted here and covered by no charge-back sent yet; charging, those covered by
+     * the inFlight charge-backs not yet settled (exactly 0 when none is). The key is diverged while owed or
+     * charging is above 0. The Map's order is the order of last use (least recent first).
      */
     this.entries = new Map();
     /** A limit (name, rate, burst) -> its overflow bucket { rate, burst, tokens, atMs }, starting full. */
@@ -67,23 +86,25 @@ class LocalBuckets {
 
   /**
    * One limiter call under the rule: `run(work)` runs `work(tb)` on Redis under the call's deadline and resolves
-   * with its result (the middleware's lane); in it, the charge-backs of the call's keys, then `call(tb)`, which
-   * resolves with a decision in TB.ACQUIREEACH's shape. Resolves with { decision } when Redis answered, or with
-   * { decision, error } decided here when the call (or a charge-back) failed. A TbArgumentError rejects.
-   * `buckets`: [{ key, rate, burst, cost, name? }], `name` the limit's.
+   * with its result (the middleware's lane); in it, the charge-backs of the call's diverged keys (tb.lower), then
+   * `call(tb)`, which resolves with a decision in TB.ACQUIREEACH's shape, written after them without waiting (one
+   * round trip). Resolves with { decision } when Redis answered, or with { decision, error } decided here when the
+   * call or a charge-back failed like a fault. A TbArgumentError rejects. `buckets`: [{ key, rate, burst, cost,
+   * name? }], `name` the limit's.
    */
   async decide(buckets, run, call) {
     try {
       const decision = await run(async (tb) => {
-        const charged = new Set();
-        for (const bucket of buckets) {
-          if (charged.has(bucket.key)) continue;
-          charged.add(bucket.key);
-          await this._chargeBack(bucket, (owed) => tb.charge(bucket.key, bucket.rate, bucket.burst, owed));
-        }
-        const reply = await call(tb);
-        this.observe(buckets, reply);
-        return reply;
+        const charges = this.chargeBacks(buckets, (bucket, tokens) => tb.lower(bucket.key, bucket.rate, bucket.burst, tokens));
+        const answer = settle(() => call(tb));
+        // A charge-back that met a fault leaves the call to the in-memory buckets, whatever the call got: that key's
+        // fault goes on.
+        const fault = (await Promise.all(charges)).find((charge) => charge.outcome === "owed");
+        const { value, error } = await answer;
+        if (fault !== undefined) throw fault.error;
+        if (error !== undefined) throw error;
+        this.observe(buckets, value);
+        return value;
       });
       return { decision };
     } catch (error) {
@@ -92,25 +113,52 @@ class LocalBuckets {
     }
   }
 
-  /** Sends what `bucket`'s key owes, if anything, through `charge(owed)`; rejects (it stays owed) if that fails. */
-  async _chargeBack(bucket, charge) {
-    const entry = this.entries.get(bucket.key);
-    if (entry === undefined || !(entry.owed > 0)) return;
-    const owed = entry.owed;
-    entry.owed = 0;
-    entry.charging += owed;
-    try {
-      await charge(owed);
-    } catch (error) {
-      if (refusedByRedis(error)) {
-        this.logger.warn(`redis-tb: Redis refused the charge-back of ${owed} admitted in memory (${error.cause?.message ?? error.message}); it is dropped`);
-      } else {
-        entry.owed += owed;
-        throw error;
-      }
-    } finally {
-      entry.charging -= owed;
+  /**
+   * Sends a charge-back through `lower(bucket, tokens)` for each diverged key of `buckets` (once per key), `tokens`
+   * its in-memory bucket now (at least a day of refill in debt, TB.LOWER's bound). Each takes what the key owes as
+   * its share (0 when another charge-back in flight already covers it all), and its outcome settles the share
+   * (chargeBackOutcome). Returns a promise per charge-back, resolving (never rejecting) with { outcome, error }.
+   */
+  chargeBacks(buckets, lower, nowMs = this.now()) {
+    const charges = [];
+    const seen = new Set();
+    for (const bucket of buckets) {
+      if (seen.has(bucket.key)) continue;
+      seen.add(bucket.key);
+      const entry = this.entries.get(bucket.key);
+      if (entry === undefined || !(entry.owed > 0 || entry.charging > 0)) continue;
+      const tokens = Math.max(refilled(entry, nowMs), -entry.rate * MAX_DEBT_SECONDS);
+      const share = entry.owed;
+      entry.owed = 0;
+      entry.charging += share;
+      entry.inFlight += 1;
+      charges.push(settle(() => lower(bucket, tokens)).then(({ error }) => this._settled(entry, share, error)));
     }
+    return charges;
+  }
+
+  /** A charge-back of `share` settled with `error` (undefined: accepted): the share leaves `charging`. */
+  _settled(entry, share, error) {
+    const outcome = chargeBackOutcome(error);
+    entry.inFlight -= 1;
+    // Exactly 0 once none is in flight, so that float residue (0.1 + 0.2 - 0.1 - 0.2) never keeps a key diverged.
+    entry.charging = entry.inFlight === 0 ? 0 : entry.charging - share;
+    if (outcome === "owed") entry.owed += share;
+    if (outcome === "dropped") this._refused(share, error);
+    return { outcome, error };
+  }
+
+  /** Logs a charge-back refused by a configuration error, at most once a minute per row of the failure table. */
+  _refused(share, error) {
+    const { row } = classifyFailure(error);
+    const nowMs = this.now();
+    const last = this.loggedMs.get(row);
+    if (last !== undefined && nowMs - last < ERROR_LOG_INTERVAL_MS) return;
+    this.loggedMs.set(row, nowMs);
+    this.logger.error(
+      `redis-tb: Redis refused a charge-back (${row}, a configuration error: ${error?.message ?? error}); what it ` +
+        `covered (${share} admitted in memory) is dropped, and the call goes on to Redis (logged at most once a minute per row)`,
+    );
   }
 
   /**
@@ -170,7 +218,7 @@ class LocalBuckets {
       this.entries.delete(bucket.key);
     } else {
       if (this.entries.size >= this.capacity && !this._evict(nowMs)) return undefined;
-      entry = { rate: bucket.rate, burst: bucket.burst, tokens: bucket.burst, atMs: nowMs, owed: 0, charging: 0 };
+      entry = { rate: bucket.rate, burst: bucket.burst, tokens: bucket.burst, atMs: nowMs, owed: 0, charging: 0, inFlight: 0 };
     }
     entry.rate = bucket.rate;
     entry.burst = bucket.burst;
@@ -202,6 +250,15 @@ class LocalBuckets {
   }
 }
 
+/** `{ value }` or `{ error }` of `work()`, a promise that never rejects (work's synchronous throw included). */
+async function settle(work) {
+  try {
+    return { value: await work() };
+  } catch (error) {
+    return { error };
+  }
+}
+
 /** The tokens of `slot` at `nowMs`, refilled at its rate up to its burst (a clock read earlier refills nothing). */
 function refilled(slot, nowMs) {
   const elapsedMs = Math.max(0, nowMs - slot.atMs);
@@ -223,4 +280,4 @@ function wait(report) {
   return report.retryAfterMs < 0 ? Infinity : report.retryAfterMs;
 }
 
-module.exports = { LocalBuckets, CAPACITY, checkCapacity, limiting };
+module.exports = { LocalBuckets, CAPACITY, checkCapacity, chargeBackOutcome, limiting };

@@ -33,6 +33,7 @@ const KEY_POSITIONS = {
   "TB.RESERVE": () => [0],
   "TB.REFUND": () => [0],
   "TB.CHARGE": () => [0],
+  "TB.LOWER": () => [0],
   "TB.BLOCK": () => [0],
   "CL.THROTTLE": () => [0],
 };

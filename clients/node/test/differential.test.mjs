@@ -25,6 +25,8 @@ const THROTTLE_KEYS = ["t", "u"];
 const RATES = ["10", "0.5", "1000", "3.3", "7e-1", "25", "0.001", "123456.789"];
 const BURSTS = ["20", "1", "5.5", "100", "2", "0.5", "1e3", "33.3"];
 const COSTS = ["1", "0", "2.5", "0.1", "5", "20", "1e-3", "7", "100"];
+// TB.LOWER's floors: above and below a bucket's tokens, in debt, and (with a slow rate) beyond a day of debt.
+const FLOORS = ["0", "1", "2.5", "-3", "100", "0.5", "-0.001", "1e3", "-250"];
 const BAD_NUMBERS = ["abc", "0", "-1", "inf", "nan", "1e400", "0x10", " 1", "1 ", "", "-0", "+2.5e-3", ".5", "5.", "1E2"];
 // CL.THROTTLE's largest reply, i64::MAX (an interval under 1 µs makes `remaining` saturate), as the script sends it:
 // the largest double below 2^63 (documented in lua/tb.lua). Integer replies are read as strings (stringNumbers),
@@ -85,6 +87,8 @@ function randomCall(rng, commands, params, keyOf) {
     args.push(number(COSTS), rng.next() < 0.95 ? rng.pick(["0", "100", "1000", "5000", "86400000"]) : rng.pick(["-1", "86400001", "5.5", "x"]));
   } else if (name === "TB.REFUND" || name === "TB.CHARGE") {
     args.push(number(COSTS));
+  } else if (name === "TB.LOWER") {
+    args.push(rng.next() < 0.97 ? rng.pick(FLOORS) : rng.pick(["x", "inf", "nan", "", "-1e12"]));
   } else if (name === "TB.BLOCK") {
     args.push(rng.pick(["1", "250", "5000", "0", "86400001"]));
   }

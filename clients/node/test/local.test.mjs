@@ -1,6 +1,7 @@
 // The in-memory buckets of fail: "local" (docs/clients.md, "When Redis fails"): every case of fixtures/local.json
-// run through LocalBuckets.decide on a clock the test sets, with a Redis that answers or fails as each step says;
-// then what the fixture does not hold: a charge-back Redis refuses, and charge-backs made before a call.
+// run through LocalBuckets.decide on a clock the test sets, with a Redis that answers or fails as each step says
+// (calls in parallel held open between their begin and end steps); then what the fixture does not hold: the
+// log of a refused charge-back, charge-backs in parallel settling out of order, and the floor's bound.
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import path from "node:path";
@@ -8,8 +9,8 @@ import { test } from "node:test";
 
 import { ReplyError } from "ioredis";
 
-import { LocalBuckets } from "../src/local.cjs";
-import { TbArgumentError, TbReplyError, TbUnavailableError } from "../src/errors.cjs";
+import { LocalBuckets, chargeBackOutcome } from "../src/local.cjs";
+import { TbArgumentError, TbReplyError, TbUnavailableError, classifyFailure } from "../src/errors.cjs";
 import { REPOSITORY } from "./harness.mjs";
 
 const FIXTURE = JSON.parse(fs.readFileSync(path.join(REPOSITORY, "fixtures", "local.json"), "utf8"));
@@ -36,83 +37,216 @@ function fixtureShape(decision) {
   };
 }
 
-/** A Redis that answers (charge-backs recorded, then `reply`) or fails everything with a lost connection. */
-function fakeRedis(step) {
+const lost = () => new TbUnavailableError("redis-tb: the connection to Redis closed");
+
+/** An error reply to `command` for `key`, as TbClient rejects with it. */
+const replyError = (command, key, text) => new TbReplyError(command, key, new ReplyError(text));
+
+/**
+ * A Redis for one limiter call: `tb.lower` records each charge-back, and it and `call` wait until `finish(how)`
+ * settles them: the charge-backs accepted, failed like a lost connection (`lowerFails`) or answered with the error
+ * `lowerError`; then the call failed like a lost connection (`fails`) or answered with `reply`.
+ */
+function fakeRedis() {
   const charged = [];
-  const lost = () => new TbUnavailableError("redis-tb: the connection to Redis closed");
+  const lowers = [];
+  let answer;
   const tb = {
-    async charge(key, rate, burst, cost) {
-      if (step.redis === "fails") throw lost();
-      charged.push({ key, rate, burst, cost });
-      return { remaining: 0, retryAfterMs: 0, resetAfterMs: 0 };
+    lower(key, rate, burst, tokens) {
+      charged.push({ key, rate, burst, tokens });
+      return new Promise((resolve, reject) => lowers.push({ key, resolve, reject }));
     },
   };
-  const call = async () => {
-    if (step.redis === "fails") throw lost();
-    return decisionOf(step.reply);
-  };
-  return { run: (work) => work(tb), call, charged };
+  const call = () => new Promise((resolve, reject) => (answer = { resolve, reject }));
+  function finish({ lowerFails = false, lowerError, fails, reply }) {
+    for (const lower of lowers) {
+      if (lowerError !== undefined) lower.reject(replyError("TB.LOWER", lower.key, lowerError));
+      else if (lowerFails) lower.reject(lost());
+      else lower.resolve({ remaining: 0, retryAfterMs: 0, resetAfterMs: 0 });
+    }
+    if (fails) answer?.reject(lost());
+    else answer?.resolve(decisionOf(reply));
+  }
+  return { run: (work) => work(tb), call, charged, finish, called: () => answer !== undefined };
+}
+
+/** The charge-backs sent equal the fixture's, floors within 1e-9. */
+function assertChargeBacks(actual, expected, where) {
+  assert.equal(actual.length, expected.length, `${where}: charge-backs ${JSON.stringify(actual)}`);
+  expected.forEach((want, index) => {
+    const { tokens, ...rest } = actual[index];
+    const { tokens: wantTokens, ...wantRest } = want;
+    assert.deepEqual(rest, wantRest, `${where}: charge-back ${index}`);
+    assert.ok(Math.abs(tokens - wantTokens) <= 1e-9, `${where}: charge-back ${index} floor ${tokens}, expected ${wantTokens}`);
+  });
+}
+
+/** The outcome of a step that finishes a call (a plain one, or an end): answered as `reply`, or decided as `expect`. */
+function assertOutcome(step, { decision, error }, where) {
+  if (step.redis === "answers") {
+    assert.equal(error, undefined, where);
+    assert.deepEqual(fixtureShape(decision), step.reply, where);
+  } else {
+    assert.notEqual(error, undefined, where);
+    assert.equal(classifyFailure(error).action, "fail-mode", `${where}: ${error.message}`);
+    assert.deepEqual(fixtureShape(decision), step.expect, where);
+  }
 }
 
 for (const testCase of FIXTURE.cases) {
   test(`fixtures/local.json: ${testCase.name}`, async () => {
     let nowMs = 0;
-    const local = new LocalBuckets({ capacity: testCase.capacity ?? 10_000, now: () => nowMs });
+    const errors = [];
+    const logger = { error: (message) => errors.push(message) };
+    const local = new LocalBuckets({ capacity: testCase.capacity ?? 10_000, now: () => nowMs, logger });
+    const open = new Map();
     for (const [index, step] of testCase.steps.entries()) {
       nowMs = step.at_ms;
       const where = `step ${index}${step.note ? ` (${step.note})` : ""}`;
-      const redis = fakeRedis(step);
-      const { decision, error } = await local.decide(bucketsOf(testCase, step), redis.run, redis.call);
-      if (step.redis === "answers") {
-        assert.equal(error, undefined, where);
-        assert.deepEqual(redis.charged, step.charge_back, `${where}: charge-backs`);
-        assert.deepEqual(fixtureShape(decision), step.reply, where);
-      } else {
-        assert.ok(error instanceof TbUnavailableError, where);
-        assert.deepEqual(fixtureShape(decision), step.expect, where);
+      if (step.end !== undefined) {
+        const started = open.get(step.end);
+        assert.ok(started !== undefined, `${where}: no call ${step.end} begun`);
+        open.delete(step.end);
+        started.redis.finish({ lowerFails: step.charge_back_outcome === "failed", fails: step.redis === "fails", reply: step.reply });
+        assertOutcome(step, await started.outcome, where);
+        continue;
+      }
+      const redis = fakeRedis();
+      const outcome = local.decide(bucketsOf(testCase, step), redis.run, redis.call);
+      // Both are written before anything answers: the charge-backs pipelined before the call.
+      assert.ok(redis.called(), `${where}: the call is sent with its charge-backs`);
+      if (step.charge_back !== undefined) assertChargeBacks(redis.charged, step.charge_back, where);
+      if (step.begin !== undefined) {
+        open.set(step.begin, { redis, outcome });
+        continue;
+      }
+      const logged = errors.length;
+      const lowerError = step.charge_back_error;
+      redis.finish({ lowerError, lowerFails: step.redis === "fails", fails: step.redis === "fails", reply: step.reply });
+      assertOutcome(step, await outcome, where);
+      if (lowerError !== undefined && chargeBackOutcome(replyError("TB.LOWER", "k", lowerError)) === "dropped") {
+        assert.equal(errors.length, logged + 1, `${where}: the refused charge-back is logged`);
+        assert.match(errors.at(-1), new RegExp(`\\(${classifyFailure(replyError("TB.LOWER", "k", lowerError)).row}, a configuration error`));
       }
     }
+    assert.deepEqual([...open.keys()], [], "every call begun ends");
   });
 }
 
 const api = { key: "ratelimit:{u}:api", name: "api", rate: 1, burst: 5, cost: 1 };
+const answered = { allowed: true, limitingIndex: 0, buckets: [{ fits: true, remaining: 4, retryAfterMs: 0, resetAfterMs: 1000 }] };
+const failing = () => Promise.reject(new TbUnavailableError("redis-tb: no reply from Redis within 300 ms"));
 
-test("a charge-back Redis refuses (beyond the debt it allows) is dropped and logged, and the call goes on", async () => {
+test("a charge-back's outcome follows the failure table: a fault stays owed, a configuration error is dropped", () => {
+  assert.equal(chargeBackOutcome(undefined), "accepted");
+  for (const text of ["OOM command not allowed", "READONLY You can't write", "LOADING Redis is loading", "MOVED 3999 127.0.0.1:6381", "ERR user_script:1: OOM command not allowed"]) {
+    assert.equal(chargeBackOutcome(replyError("TB.LOWER", "k", text)), "owed", text);
+  }
+  assert.equal(chargeBackOutcome(lost()), "owed");
+  assert.equal(chargeBackOutcome(new Error("connect ECONNREFUSED 127.0.0.1:1")), "owed");
+  for (const text of ["NOPERM User limiter has no permissions to run the 'tb.lower' command", "WRONGTYPE Operation against a key", "ERR tokens must be a finite number", "NOAUTH Authentication required."]) {
+    assert.equal(chargeBackOutcome(replyError("TB.LOWER", "k", text)), "dropped", text);
+  }
+  assert.equal(chargeBackOutcome(new TbArgumentError("tokens must be a finite number")), "owed", "nothing was sent");
+});
+
+test("refused charge-backs are logged as errors at most once a minute per row, and each drops its share", async () => {
   let nowMs = 0;
-  const warnings = [];
-  const local = new LocalBuckets({ now: () => nowMs, logger: { warn: (message) => warnings.push(message) } });
-  const failing = { run: () => Promise.reject(new TbUnavailableError("redis-tb: no reply from Redis within 300 ms")) };
-  for (let i = 0; i < 3; i++) await local.decide([api], failing.run, () => assert.fail("not called"));
-  const refusal = new ReplyError("ERR charge would put the bucket more than 24 hours of refill into debt");
-  const charges = [];
-  const tb = {
-    async charge(...args) {
-      charges.push(args);
-      throw new TbReplyError("TB.CHARGE", api.key, refusal);
-    },
-  };
-  const answered = { allowed: true, limitingIndex: 0, buckets: [{ fits: true, remaining: 4, retryAfterMs: 0, resetAfterMs: 1000 }] };
-  const first = await local.decide([api], (work) => work(tb), async () => answered);
-  assert.equal(first.error, undefined);
-  assert.deepEqual(charges, [[api.key, 1, 5, 3]]);
-  assert.equal(warnings.length, 1);
-  assert.match(warnings[0], /refused the charge-back of 3/);
-  await local.decide([api], (work) => work(tb), async () => answered);
-  assert.equal(charges.length, 1, "nothing owed any more");
+  const errors = [];
+  const local = new LocalBuckets({ now: () => nowMs, logger: { error: (message) => errors.push(message) } });
+  const refusing = (text) => ({
+    lower: (key) => Promise.reject(replyError("TB.LOWER", key, text)),
+  });
+  const noperm = refusing("NOPERM User limiter has no permissions to run the 'tb.lower' command");
+  for (const key of ["a", "b", "c"]) {
+    await local.decide([{ ...api, key }], failing, () => assert.fail("not called"));
+    const outcome = await local.decide([{ ...api, key }], (work) => work(noperm), async () => answered);
+    assert.equal(outcome.error, undefined, "the call goes on to Redis");
+    assert.equal(local.entries.get(key).owed, 0, "dropped");
+    assert.equal(local.entries.get(key).charging, 0);
+  }
+  assert.equal(errors.length, 1, errors.join("\n"));
+  assert.match(errors[0], /^redis-tb: Redis refused a charge-back \(NOPERM, a configuration error: TB\.LOWER "a": NOPERM .*\(1 admitted in memory\) is dropped/);
+  await local.decide([{ ...api, key: "d" }], failing, () => assert.fail("not called"));
+  await local.decide([{ ...api, key: "d" }], (work) => work(refusing("WRONGTYPE Operation against a key holding the wrong kind of value")), async () => answered);
+  assert.equal(errors.length, 2, "another row is logged");
+  nowMs = 60_000;
+  await local.decide([{ ...api, key: "e" }], failing, () => assert.fail("not called"));
+  await local.decide([{ ...api, key: "e" }], (work) => work(noperm), async () => answered);
+  assert.equal(errors.length, 3, "a minute later, NOPERM again");
 });
 
 test("an error reply to a charge-back (OOM) keeps it owed, and the call is decided in memory", async () => {
   const local = new LocalBuckets({ now: () => 0 });
-  const fail = () => Promise.reject(new TbUnavailableError("lost"));
-  await local.decide([api], fail, () => assert.fail("not called"));
-  const oom = new TbReplyError("TB.CHARGE", api.key, new ReplyError("OOM command not allowed when used memory > 'maxmemory'."));
-  let calls = 0;
-  const tb = { charge: () => Promise.reject(oom) };
-  const outcome = await local.decide([api], (work) => work(tb), async () => calls++);
-  assert.equal(outcome.error, oom);
-  assert.equal(calls, 0, "the call was not sent");
+  await local.decide([api], failing, () => assert.fail("not called"));
+  const oom = replyError("TB.LOWER", api.key, "OOM command not allowed when used memory > 'maxmemory'.");
+  const tb = { lower: () => Promise.reject(oom) };
+  const outcome = await local.decide([api], (work) => work(tb), async () => answered);
+  assert.equal(outcome.error, oom, "the charge-back's fault, though the call answered");
   assert.deepEqual(outcome.decision.buckets[0].remaining, 3);
   assert.equal(local.entries.get(api.key).owed, 2);
+  assert.equal(local.entries.get(api.key).charging, 0);
+});
+
+test("charge-backs in parallel each send the floor; one that fails gives back only its own share", async () => {
+  let nowMs = 0;
+  const local = new LocalBuckets({ now: () => nowMs });
+  for (let i = 0; i < 3; i++) await local.decide([api], failing, () => assert.fail("not called"));
+  const entry = local.entries.get(api.key);
+  assert.equal(entry.owed, 3);
+  nowMs = 500;
+  const first = fakeRedis();
+  const one = local.decide([api], first.run, first.call);
+  assert.deepEqual(entry, { ...entry, owed: 0, charging: 3, inFlight: 1 });
+  // Decided in memory while the first is in flight: 1 more owed, covered by the next charge-back's share.
+  await local.decide([api], failing, () => assert.fail("not called"));
+  assert.equal(entry.owed, 1);
+  const second = fakeRedis();
+  const two = local.decide([api], second.run, second.call);
+  assert.deepEqual(first.charged, [{ key: api.key, rate: 1, burst: 5, tokens: 2.5 }]);
+  assert.deepEqual(second.charged, [{ key: api.key, rate: 1, burst: 5, tokens: 1.5 }]);
+  assert.deepEqual([entry.owed, entry.charging, entry.inFlight], [0, 4, 2]);
+  second.finish({ fails: false, reply: { allowed: true, buckets: [{ remaining: 0, retry_after_ms: 0, reset_after_ms: 4500 }] } });
+  assert.equal((await two).error, undefined);
+  assert.deepEqual([entry.owed, entry.charging], [0, 3], "the second's share (1) is in Redis; the first's (3) is not yet");
+  assert.equal(entry.tokens, 5 - 4.5 - 3, "Redis's answer less what it has not seen");
+  first.finish({ lowerFails: true, fails: true });
+  assert.notEqual((await one).error, undefined);
+  assert.deepEqual([entry.owed, entry.charging, entry.inFlight], [3, 0, 0], "the first's share is owed again, and only it");
+});
+
+test("charging is exactly 0 once no charge-back is in flight, whatever the float sums left", async () => {
+  const local = new LocalBuckets({ now: () => 0 });
+  const tenth = { ...api, cost: 0.1 };
+  await local.decide([tenth], failing, () => assert.fail("not called"));
+  const [first, second] = [fakeRedis(), fakeRedis()];
+  const one = local.decide([tenth], first.run, first.call);
+  await local.decide([{ ...api, cost: 0.2 }], failing, () => assert.fail("not called"));
+  const two = local.decide([tenth], second.run, second.call);
+  const reply = { allowed: true, buckets: [{ remaining: 4, retry_after_ms: 0, reset_after_ms: 1000 }] };
+  first.finish({ reply });
+  second.finish({ reply });
+  await Promise.all([one, two]);
+  const entry = local.entries.get(api.key);
+  assert.deepEqual([entry.owed, entry.charging, entry.inFlight], [0, 0, 0]);
+  const third = fakeRedis();
+  const three = local.decide([tenth], third.run, third.call);
+  third.finish({ reply });
+  await three;
+  assert.deepEqual(third.charged, [], "not diverged: no charge-back");
+});
+
+test("the floor is at most a day of refill in debt (TB.LOWER's bound)", async () => {
+  const local = new LocalBuckets({ now: () => 0 });
+  const slow = { ...api, rate: 0.001 };
+  await local.decide([slow], failing, () => assert.fail("not called"));
+  const entry = local.entries.get(slow.key);
+  entry.tokens = -1000;
+  const redis = fakeRedis();
+  const outcome = local.decide([slow], redis.run, redis.call);
+  assert.deepEqual(redis.charged, [{ key: slow.key, rate: 0.001, burst: 5, tokens: -86.4 }]);
+  redis.finish({ reply: { allowed: false, buckets: [{ remaining: 0, retry_after_ms: 1, reset_after_ms: 1 }] } });
+  await outcome;
 });
 
 test("a TbArgumentError is not a Redis failure: it rejects", async () => {

@@ -58,7 +58,7 @@ export interface RefundResult {
   resetAfterMs: number;
 }
 
-/** TB.CHARGE's and TB.BLOCK's reply. */
+/** TB.CHARGE's, TB.LOWER's and TB.BLOCK's reply. */
 export interface ChargeResult {
   remaining: number;
   retryAfterMs: number;
@@ -130,6 +130,8 @@ export class TbClient {
   reserve(key: string, rate: number, burst: number, cost: number, maxWaitMs: number): Promise<ReserveResult>;
   refund(key: string, rate: number, burst: number, amount: number): Promise<RefundResult>;
   charge(key: string, rate: number, burst: number, cost: number): Promise<ChargeResult>;
+  /** TB.LOWER: brings the bucket (refilled to now) down to `tokens` where it holds more; never raises it. */
+  lower(key: string, rate: number, burst: number, tokens: number): Promise<ChargeResult>;
   block(key: string, rate: number, burst: number, ms: number): Promise<ChargeResult>;
   /** CL.THROTTLE, redis-cell's command: `countPerPeriod` per `period` seconds, `maxBurst + 1` at once. */
   throttle(key: string, maxBurst: number, countPerPeriod: number, period: number, quantity?: number): Promise<ThrottleResult>;
