@@ -1,5 +1,7 @@
 //! Prometheus metrics, kept in memory by `prometheus-client` (the Prometheus project's Rust client) and written
-//! out in the OpenMetrics text format on `GET /metrics` (any path answers the same).
+//! out on `GET /metrics` (any path answers the same): in the Prometheus text format (0.0.4) by default, as
+//! client_golang, client_python and envoyproxy/ratelimit answer a plain GET, and in the OpenMetrics text format when
+//! the request's `Accept` asks for `application/openmetrics-text` (as Prometheus's scraper does).
 //!
 //! ```text
 //! tb_rls_decisions_total{domain,code}      requests answered, by domain (configured ones; others are "other")
@@ -33,8 +35,10 @@ const LATENCY_BOUNDS_S: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
-/// The media type of the OpenMetrics text format, which Prometheus asks for and parses.
-const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The media type of the OpenMetrics text format, served to a request whose `Accept` names it.
+const OPENMETRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The media type of the Prometheus text format, served to every other request (curl, a plain GET, older scrapers).
+const PROMETHEUS_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// A request's outcome, as counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -231,9 +235,61 @@ impl Metrics {
         }
         out
     }
+
+    /// The page for a request whose head is `head`: its media type and body.
+    pub fn page(&self, head: &[u8]) -> (&'static str, String) {
+        let openmetrics = self.render();
+        if accepts_openmetrics(head) {
+            (OPENMETRICS_TYPE, openmetrics)
+        } else {
+            (PROMETHEUS_TYPE, prometheus_text(&openmetrics))
+        }
+    }
 }
 
-/// Serves `metrics.render()` over HTTP/1.1 on `listener`, one response per connection.
+/// Whether a request head has an `Accept` header naming the OpenMetrics text format (any version).
+fn accepts_openmetrics(head: &[u8]) -> bool {
+    String::from_utf8_lossy(head).lines().any(|line| {
+        line.split_once(':').is_some_and(|(name, value)| {
+            name.trim().eq_ignore_ascii_case("accept")
+                && value
+                    .to_ascii_lowercase()
+                    .contains("application/openmetrics-text")
+        })
+    })
+}
+
+/// The Prometheus text format of an OpenMetrics page. The two differ, for what this service exports, in three
+/// ways: a counter's `# TYPE` and `# HELP` name its samples (`x_total`) rather than its family (`x`); there is no
+/// `# UNIT` line; and no `# EOF` (which older parsers read as a comment anyway).
+fn prometheus_text(openmetrics: &str) -> String {
+    let counters: Vec<&str> = openmetrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# TYPE ", "# HELP "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(&name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        match renamed {
+            Some(line) => out.push_str(&line),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Serves `metrics.page()` over HTTP/1.1 on `listener`, one response per connection.
 pub async fn serve(listener: TcpListener, metrics: std::sync::Arc<Metrics>) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
@@ -260,9 +316,9 @@ pub async fn serve(listener: TcpListener, metrics: std::sync::Arc<Metrics>) {
             ) {
                 return;
             }
-            let body = metrics.render();
+            let (content_type, body) = metrics.page(&head);
             let response = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
             let _ = stream.write_all(response.as_bytes()).await;
@@ -312,6 +368,41 @@ mod tests {
                 "{line:?} missing from:\n{page}"
             );
         }
+    }
+
+    // A plain GET gets the Prometheus text format, as the other Prometheus clients serve it: counters typed by
+    // their samples' name, no `# EOF`; an `Accept` naming OpenMetrics gets the OpenMetrics page unchanged.
+    #[test]
+    fn a_plain_get_gets_the_prometheus_text_format_and_openmetrics_is_served_when_asked() {
+        let metrics = Metrics::default();
+        metrics.decision("api", Outcome::Ok, Duration::from_micros(300));
+        let (plain_type, plain) = metrics.page(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(plain_type, "text/plain; version=0.0.4; charset=utf-8");
+        for line in [
+            "# TYPE tb_rls_decisions_total counter",
+            "tb_rls_decisions_total{domain=\"api\",code=\"ok\"} 1",
+            "# TYPE tb_rls_redis_connected gauge",
+            "# TYPE tb_rls_request_duration_seconds histogram",
+        ] {
+            assert!(
+                plain.lines().any(|have| have == line),
+                "{line:?} missing from:\n{plain}"
+            );
+        }
+        assert!(!plain.contains("# EOF"), "{plain}");
+        assert!(
+            !plain.contains("# TYPE tb_rls_decisions counter"),
+            "{plain}"
+        );
+
+        let head = b"GET /metrics HTTP/1.1\r\naccept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n\r\n";
+        let (open_type, open) = metrics.page(head);
+        assert_eq!(
+            open_type,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
+        assert_eq!(open, metrics.render());
+        assert!(open.ends_with("# EOF\n"), "{open}");
     }
 
     #[test]

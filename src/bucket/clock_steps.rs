@@ -62,7 +62,7 @@ fn check(p: &Params, cases: &[Case], label: &str) {
 #[rustfmt::skip]
 fn step_back_after_a_drain_costs_no_more_than_the_wait_it_interrupted() {
     // rate 10/s, burst 3: one token per 100 ms. Drained at T0, the clock then reads `step` earlier.
-    // Before this rule, the denial at T0 - step answered `step + 100 ms`: an hour, or ten years.
+    // Measured from the drained state, a denial at T0 - step would answer `step + 100 ms`: an hour, or ten years.
     let p = params(10.0, 3.0);
     for (step, label) in [(MS, "1 ms"), (HOUR, "1 hour"), (TEN_YEARS, "10 years")] {
         let back = T0 - step;
