@@ -18,7 +18,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from . import _protocol as protocol
-from ._failures import Failure
+from ._failures import Failure, classify
 from ._guard import MAX_IN_FLIGHT, STALL_FRACTION, Guard, configure
 from ._local import CAPACITY, ChargeBack, LocalBuckets
 from ._metrics import DEFAULT_REGISTRY, metrics_for
@@ -290,27 +290,33 @@ class Middleware(Generic[App, Limiter]):
         return plan.parts() if self.in_parts else (plan,)
 
     def charge_backs(self, plan: Plan) -> list[ChargeBack]:
-        """What the in-memory buckets of the plan's keys admitted and Redis has not taken yet: one `TB.CHARGE` per
-        key to send before the plan's call, each then reported to `charge_sent` (in order) and the ones not sent to
-        `charges_unsent`."""
+        """The charge-backs to send before the plan's call, in order (`charge_back_call`), one per key whose
+        in-memory bucket diverged from Redis: each then reported to `charge_accepted` or `charge_refused`, and the
+        ones that met a fault or were not sent to `charges_unsent`."""
         return self.local.charge_backs(plan.keys) if self.fail == "local" else []
 
-    def charge_sent(self, charge: ChargeBack, error: BaseException | None) -> None:
-        """A charge-back's outcome: taken (error None), or refused by Redis (beyond the debt bound: dropped, and
-        logged). Any other error is the call's failure: the caller re-raises it and reports the charge unsent."""
-        if error is None:
-            self.local.charged(charge)
-            return
+    def charge_accepted(self, charge: ChargeBack) -> None:
+        """Redis took a charge-back: what it covered is in its bucket."""
+        self.local.charged(charge)
+
+    def charge_refused(self, charge: ChargeBack, error: BaseException) -> bool:
+        """A charge-back failed with `error`: whether the plan's call goes on to Redis. A configuration error (a
+        missing ACL permission, a script error: the failure table's rows logged as errors) drops what it covered,
+        logged as an error and counted, and the call goes on: a limiter that can never charge back must not stay in
+        memory for good. Any other error is a fault: False, and the caller re-raises it (the call is decided in
+        memory) and reports the charge-back unsent."""
+        failure = classify(error)
+        if not failure.config_error:
+            return False
         self.local.charge_refused(charge)
-        logger.warning(
-            "redis-tb: Redis refused to take back %s token(s) admitted in memory for %r (%s); they are dropped",
-            charge.cost,
-            charge.key,
-            error,
-        )
+        if self.metrics is not None:
+            self.metrics.failed(failure.class_)
+        self.guard.charge_back_refused(charge.key, failure, error)
+        return True
 
     def charges_unsent(self, charges: Sequence[ChargeBack]) -> None:
-        """Charge-backs that failed or were never sent: owed again, for the next call that reaches Redis."""
+        """Charge-backs that met a fault or were never sent: what they covered is owed again, for the next call
+        that reaches Redis."""
         for charge in charges:
             self.local.charge_failed(charge)
 
@@ -350,6 +356,6 @@ class Middleware(Generic[App, Limiter]):
         return verdict(plan, reply, self.standard, self.refusals if enforced else None)
 
 
-def charge_call(charge: ChargeBack) -> protocol.Call[Any]:
-    """`TB.CHARGE` of what a key's in-memory bucket admitted."""
-    return protocol.charge(charge.key, charge.rate, charge.burst, charge.cost)
+def charge_back_call(charge: ChargeBack) -> protocol.Call[Any]:
+    """`TB.LOWER`: Redis's bucket brought down to the key's in-memory bucket (module, function or script alike)."""
+    return protocol.lower(charge.key, charge.rate, charge.burst, charge.tokens)

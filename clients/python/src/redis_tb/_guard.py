@@ -146,6 +146,19 @@ class Guard:
         if failure.lost_connection:
             self._closed(failure, error)
 
+    def charge_back_refused(self, key: str, failure: Failure, error: BaseException) -> None:
+        """Redis refused a charge-back with a configuration error: what it covered is dropped and the call goes on
+        to Redis. At ERROR level, at most once a minute per row, as any configuration error."""
+        if self._due(f"charge-back {failure.row}"):
+            logger.error(
+                "redis-tb: Redis refused to take back what this process admitted in memory for %r (%s: %s); it is "
+                "dropped and the call goes on to Redis. This does not pass by itself: the Redis user needs TB.LOWER "
+                "(or FCALL or EVALSHA where the library or the script runs the calls), like the other limiter commands",
+                key,
+                failure.row,
+                error,
+            )
+
     def _due(self, row: str) -> bool:
         """Whether a failure of `row` is logged now: at most once per row in `ERROR_LOG_INTERVAL_S`."""
         now = self.clock()

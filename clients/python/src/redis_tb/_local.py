@@ -5,9 +5,12 @@ any interval `t`, however Redis fails or flaps.
 - Per key: a call that fails is decided by its own keys' buckets; an answer for one key never touches another's.
 - `observe` remembers each Redis answer: the bucket holds `burst - rate * reset_after_ms / 1000` tokens as of the
   moment it arrived (negative in debt), less what this process admitted in memory and Redis has not seen yet.
-- What a bucket admits is owed to Redis: `charge_backs` hands the owed costs out for one `TB.CHARGE` per key before
-  the next call for those keys reaches Redis; the caller reports each as `charged`, `charge_failed` (owed again) or
-  `charge_refused` (dropped: Redis refuses more than a day of debt).
+- What a bucket admits is owed to Redis. While a key is diverged (something owed, or covered by a charge-back whose
+  outcome is not known), every call for it that goes to Redis is preceded by its own charge-back, `TB.LOWER key
+  rate burst <tokens>`: `tokens` is the in-memory bucket now, and Redis's bucket is brought down to it, never
+  lower. A minimum is idempotent, so charge-backs in parallel or sent again charge nothing twice. The one that
+  finds something owed covers it (its `covers`); the caller reports each as `charged` (in Redis now),
+  `charge_failed` (owed again) or `charge_refused` (dropped: Redis will not take it).
 - At most `capacity` keys. A new key that finds the table full takes the place of one of the `EVICTION_WINDOW`
   least recently used keys that is full again and owes nothing (nothing is lost: a key it does not know starts
   full); when none is, the key is limited by its limit's overflow bucket, which every such key shares and whose
@@ -42,6 +45,8 @@ MS_SLACK = 1e-6
 EPSILON = 1e-9
 #: Where the module's waits saturate (i64::MAX milliseconds).
 MAX_MS = 2**63 - 1
+#: The deepest debt TB.LOWER accepts, in seconds of refill (a day, as for TB.CHARGE).
+DEBT_DAY_S = 86_400
 
 
 @dataclass
@@ -52,29 +57,40 @@ class Bucket:
     at: float
     rate: float
     burst: float
-    #: Admitted in memory, not yet sent to Redis.
+    #: Admitted in memory, covered by no charge-back sent yet.
     owed: float = 0.0
-    #: Sent to Redis in a charge-back whose outcome is not known yet.
+    #: Admitted in memory, covered by the charge-backs in flight (their `covers`, summed).
     charging: float = 0.0
+    #: Charge-backs of this key sent and not reported yet: `charging` is exactly 0 when none is.
+    in_flight: int = 0
     #: A limit's overflow bucket: what it admits is not charged back (no key of its own to charge).
     overflow: bool = False
 
     def held(self, now: float) -> float:
         return min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate)
 
+    def diverged(self) -> bool:
+        """Redis's bucket may hold more than this one: something admitted here is not known to be in Redis."""
+        return self.owed > 0 or self.charging > 0
+
     def free(self, now: float) -> bool:
-        """Full again and owing nothing: forgetting it loses nothing."""
-        return self.owed == 0 and self.charging == 0 and self.held(now) >= self.burst
+        """Full again, owing nothing and no charge-back out: forgetting it loses nothing."""
+        return not self.diverged() and self.in_flight == 0 and self.held(now) >= self.burst
 
 
 @dataclass(frozen=True)
 class ChargeBack:
-    """`TB.CHARGE key rate burst cost`: what a key's in-memory bucket admitted, owed to Redis."""
+    """`TB.LOWER key rate burst tokens`: Redis's bucket brought down to the key's in-memory bucket."""
 
     key: str
     rate: float
     burst: float
-    cost: float
+    #: The in-memory bucket's tokens when the charge-back was made, no lower than `-(rate * DEBT_DAY_S)` (the debt
+    #: TB.LOWER accepts).
+    tokens: float
+    #: What this charge-back covers of the admitted-in-memory (0 when another in flight covers it all): `charging`
+    #: while it is out, then gone (`charged`, `charge_refused`) or owed again (`charge_failed`).
+    covers: float = 0.0
 
 
 class LocalBuckets:
@@ -133,29 +149,34 @@ class LocalBuckets:
                 bucket.at, bucket.rate, bucket.burst = now, limit.rate, limit.burst
 
     def charge_backs(self, keys: Sequence[str]) -> list[ChargeBack]:
-        """The charge-backs to send before a call for `keys` goes to Redis, one per key that owes; each is then
-        in flight until reported as `charged`, `charge_failed` or `charge_refused`."""
+        """The charge-backs to send before a call for `keys` goes to Redis, in call order: one per diverged key,
+        each bringing Redis down to the key's in-memory bucket now and covering what is owed. Each is then in
+        flight until reported as `charged`, `charge_failed` or `charge_refused`."""
         found: list[ChargeBack] = []
         with self._lock:
+            now = self.clock()
             for key in keys:
                 bucket = self._buckets.get(key)
-                if bucket is None or bucket.owed <= 0:
+                if bucket is None or not bucket.diverged():
                     continue
-                found.append(ChargeBack(key, bucket.rate, bucket.burst, bucket.owed))
+                floor = max(bucket.held(now), -bucket.rate * DEBT_DAY_S)
+                found.append(ChargeBack(key, bucket.rate, bucket.burst, floor, bucket.owed))
                 bucket.charging += bucket.owed
                 bucket.owed = 0.0
+                bucket.in_flight += 1
         return found
 
     def charged(self, charge: ChargeBack) -> None:
-        """Redis took the charge-back: nothing more is owed for it."""
+        """Redis took the charge-back: what it covered is in Redis's bucket."""
         self._settle(charge, owed_again=False)
 
     def charge_failed(self, charge: ChargeBack) -> None:
-        """The charge-back failed: it is owed again, for the next call that reaches Redis."""
+        """The charge-back failed like a fault (or was never sent): what it covered is owed again, for the next call
+        that reaches Redis."""
         self._settle(charge, owed_again=True)
 
     def charge_refused(self, charge: ChargeBack) -> None:
-        """Redis refused the charge-back (more than a day of refill in debt): it is dropped."""
+        """Redis refused the charge-back for good (a configuration error): what it covered is dropped."""
         self._settle(charge, owed_again=False)
 
     def _settle(self, charge: ChargeBack, owed_again: bool) -> None:
@@ -163,9 +184,11 @@ class LocalBuckets:
             bucket = self._buckets.get(charge.key)
             if bucket is None:  # a key in flight is never evicted; this is a key forgotten by `forget`
                 return
-            bucket.charging = max(0.0, bucket.charging - charge.cost)
+            bucket.in_flight = max(0, bucket.in_flight - 1)
+            # Summed and taken back in floating point: with nothing in flight, exactly nothing is being charged.
+            bucket.charging = max(0.0, bucket.charging - charge.covers) if bucket.in_flight else 0.0
             if owed_again:
-                bucket.owed += charge.cost
+                bucket.owed += charge.covers
 
     def forget(self, key: str) -> None:
         """Drops a key's bucket and what it owes: the key starts full."""

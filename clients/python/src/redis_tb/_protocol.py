@@ -208,6 +208,11 @@ def charge(key: str, rate: Number, burst: Number, cost: Number) -> Call[Charged]
     return _one_key("TB.CHARGE", key, args, _charged)
 
 
+def lower(key: str, rate: Number, burst: Number, tokens: Number) -> Call[Charged]:
+    args = (number_text(rate), number_text(burst), number_text(tokens))
+    return _one_key("TB.LOWER", key, args, _charged)
+
+
 def block(key: str, rate: Number, burst: Number, ms: int) -> Call[Charged]:
     args = (number_text(rate), number_text(burst), number_text(ms))
     return _one_key("TB.BLOCK", key, args, _charged)
@@ -314,7 +319,7 @@ def translate(error: ResponseError) -> Exception:
     if text.startswith("WRONGTYPE"):
         return errors.WrongType(text)
     body = full[len("ERR ") :]
-    if body.startswith(("rate ", "burst ", "cost ", "max_wait_ms ", "amount ", "max ", "ms ")):
+    if body.startswith(("rate ", "burst ", "cost ", "max_wait_ms ", "amount ", "max ", "ms ", "tokens ")):
         return errors.InvalidArgument(full)
     # CL.THROTTLE's arguments, and limits whose nanoseconds do not fit 64 bits.
     if body.startswith(("max_burst ", "count_per_period ", "period ", "quantity ", "(max_burst + 1) ")):

@@ -23,7 +23,6 @@ from ._metrics import DEFAULT_REGISTRY
 from ._plan import LimitsSpec, by_path
 from ._protocol import Call
 from .aio import AsyncTokenBucket
-from .errors import DebtLimitExceeded
 from .headers import Standard
 from .identity import DEFAULT_IPV6_SUBNET
 from .limit import KeyFunction
@@ -152,21 +151,23 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
                 self.refund_failed(refund, error)
 
     async def _charge_back(self, plan: _plan.Plan) -> None:
-        """Sends what the in-memory buckets of the plan's keys admitted, before the plan's call; a charge-back that
-        fails (or is cancelled at the deadline) fails the call, and it and the ones after it stay owed."""
+        """Brings Redis down to the in-memory buckets of the plan's diverged keys, before the plan's call. A
+        charge-back that meets a fault (or is cancelled at the deadline) fails the call, and what it and the ones
+        after it covered stays owed; one refused for good is dropped, and the call goes on."""
         charges = self.charge_backs(plan)
-        sent = 0
+        settled = 0
         try:
             for charge in charges:
                 try:
-                    await self.limiter._run(_decide.charge_call(charge))
-                except DebtLimitExceeded as error:
-                    self.charge_sent(charge, error)
+                    await self.limiter._run(_decide.charge_back_call(charge))
+                except Exception as error:
+                    if not self.charge_refused(charge, error):
+                        raise
                 else:
-                    self.charge_sent(charge, None)
-                sent += 1
+                    self.charge_accepted(charge)
+                settled += 1
         finally:
-            self.charges_unsent(charges[sent:])
+            self.charges_unsent(charges[settled:])
 
     async def _probe(self) -> None:
         try:

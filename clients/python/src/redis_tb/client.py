@@ -287,6 +287,11 @@ class TokenBucket:
         """`TB.CHARGE`: takes `cost` whether or not it is there (into debt, up to 24 hours of refill)."""
         return self._run(protocol.charge(key, rate, burst, cost))
 
+    def lower(self, key: str, rate: float, burst: float, tokens: float) -> Charged:
+        """`TB.LOWER`: brings the bucket down to `tokens` where it holds more (never raises it; `tokens` may be
+        negative, down to a day of refill in debt)."""
+        return self._run(protocol.lower(key, rate, burst, tokens))
+
     def block(self, key: str, rate: float, burst: float, ms: int) -> Charged:
         """`TB.BLOCK`: denies every cost above 0 for `ms`, then refills from empty."""
         return self._run(protocol.block(key, rate, burst, ms))

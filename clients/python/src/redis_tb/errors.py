@@ -17,7 +17,7 @@ class ServerError(TokenBucketError):
 
 
 class InvalidArgument(ServerError, ValueError):
-    """An argument the command refuses: `rate`, `burst`, `cost`, `max_wait_ms`, `amount`, `max` or `ms`, or
+    """An argument the command refuses: `rate`, `burst`, `cost`, `max_wait_ms`, `amount`, `max`, `ms` or `tokens`, or
     `CL.THROTTLE`'s `max_burst`, `count_per_period`, `period` or `quantity` (the message names it)."""
 
 
