@@ -347,6 +347,18 @@ impl Client {
         self.run(command::charge(key, rate, burst, cost)).await
     }
 
+    /// Brings the bucket down to `tokens` if it holds more after refilling, never up (`TB.LOWER`): a minimum,
+    /// so sending it twice changes nothing. `tokens` may be negative, down to a day of refill in debt.
+    pub async fn lower(
+        &self,
+        key: &str,
+        rate: f64,
+        burst: f64,
+        tokens: f64,
+    ) -> Result<Charged, Error> {
+        self.run(command::lower(key, rate, burst, tokens)).await
+    }
+
     /// Denies the bucket for `ms` milliseconds (`TB.BLOCK`).
     pub async fn block(&self, key: &str, rate: f64, burst: f64, ms: u64) -> Result<Charged, Error> {
         self.run(command::block(key, rate, burst, ms)).await

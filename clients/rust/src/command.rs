@@ -174,6 +174,11 @@ pub(crate) fn charge(key: &str, rate: f64, burst: f64, cost: f64) -> Call<replie
     one_key("TB.CHARGE", key, args, replies::charged)
 }
 
+pub(crate) fn lower(key: &str, rate: f64, burst: f64, tokens: f64) -> Call<replies::Charged> {
+    let args = vec![number(rate), number(burst), number(tokens)];
+    one_key("TB.LOWER", key, args, replies::charged)
+}
+
 pub(crate) fn block(key: &str, rate: f64, burst: f64, ms: u64) -> Call<replies::Charged> {
     let args = vec![number(rate), number(burst), ms.to_string()];
     one_key("TB.BLOCK", key, args, replies::charged)

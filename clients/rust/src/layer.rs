@@ -10,8 +10,9 @@
 //! one call    one limit: TB.ACQUIRE; several: one TB.ACQUIREEACH, all or nothing, one header item each. On a
 //!             cluster, limits whose keys are in other slots (their own key function) go in one call per slot,
 //!             and a refusal by one gives back (TB.REFUND) what the others took
-//! failures    the fail mode: local (default: in-memory buckets that continue from Redis's last answer and
-//!             charge back what they admitted), open, or closed; the failure table's logging; the on_error hook
+//! failures    the fail mode: local (default: in-memory buckets that continue from Redis's last answer; when
+//!             Redis answers again, each call for a key they admitted for first brings Redis's bucket down to
+//!             the in-memory one, TB.LOWER), open, or closed; the failure table's logging; the on_error hook
 //! refusals    status_code (default 429) and body (a JSON object, or a function of the Decision)
 //! shadow      shadow limits are decided in a second call, only when the enforced limits allow; their refusals
 //!             serve the request, are logged once a second per limit and appear in no header
@@ -47,7 +48,9 @@ use crate::failure::Failure;
 use crate::headers::{self, Policy, Standard};
 use crate::keys::{self, addr_identity, Ipv6Subnet};
 use crate::limit::{Identity, KeyFn, Limit};
-use crate::local::{limiting_index, LocalBucket, LocalBuckets, DEFAULT_CAPACITY};
+use crate::local::{
+    limiting_index, ChargeBack, ChargeOutcome, LocalBucket, LocalBuckets, DEFAULT_CAPACITY,
+};
 use crate::replies::{AcquiredEach, BucketResult};
 
 /// What answers while Redis fails (docs/clients.md, "When Redis fails").
@@ -121,6 +124,8 @@ impl MadeFields {
 #[derive(Default)]
 struct LogState {
     error_logged_at: HashMap<&'static str, Instant>,
+    /// When a charge-back refused by each row was last logged (as configuration errors, once a minute per row).
+    charge_back_logged_at: HashMap<&'static str, Instant>,
     /// When each shadow limit's refusal was last logged.
     shadow_logged_at: HashMap<String, Instant>,
 }
@@ -686,7 +691,7 @@ impl Shared {
                 &several
             }
         };
-        match self.ask(buckets).await {
+        match self.ask(buckets, parts).await {
             Ok(reply) => {
                 self.count_decided(|| self.client.backend_in_use().as_str(), started);
                 self.answered();
@@ -701,14 +706,7 @@ impl Shared {
             Err(err) => {
                 self.failed(&err);
                 self.count_failed(err.failure().class);
-                if let Some(hook) = &self.on_error {
-                    let called = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        hook(&err, parts, err.failure());
-                    }));
-                    if called.is_err() {
-                        tracing::error!("redis-tb: the on_error hook panicked");
-                    }
-                }
+                self.call_hook(&err, parts);
                 let (source, verdict) = match self.fail {
                     FailMode::Open => ("open", Verdict::Pass(Fields::default())),
                     FailMode::Closed => ("closed", Verdict::Refuse(unavailable(), Vec::new())),
@@ -735,30 +733,9 @@ impl Shared {
 
     /// The charge-backs, then the call: TB.ACQUIRE for one limit, TB.ACQUIREEACH for several; on a cluster, one
     /// call per slot of the buckets.
-    async fn ask(&self, buckets: &[LocalBucket<'_>]) -> Result<Reply, Error> {
+    async fn ask(&self, buckets: &[LocalBucket<'_>], request: &Parts) -> Result<Reply, Error> {
         if self.fail == FailMode::Local {
-            let owed = match self.local.lock() {
-                Ok(local) => local.owed(buckets),
-                Err(_) => Vec::new(),
-            };
-            for charge in owed {
-                match self
-                    .client
-                    .charge(&charge.key, charge.rate, charge.burst, charge.cost)
-                    .await
-                {
-                    Ok(_) => self.settle(&charge.key),
-                    Err(err) if is_debt_refusal(&err) => {
-                        tracing::error!(
-                            "redis-tb: Redis refused the charge-back of {} tokens admitted while it failed ({err}); \
-                             dropped",
-                            charge.cost
-                        );
-                        self.settle(&charge.key);
-                    }
-                    Err(err) => return Err(err),
-                }
-            }
+            self.charge_back(buckets, request).await?;
         }
         let parts = if self.client.is_cluster() {
             slot_parts(buckets)
@@ -846,9 +823,78 @@ impl Shared {
         self.client.acquire_each(&each).await.map(Reply::Each)
     }
 
-    fn settle(&self, key: &str) {
-        if let Ok(mut local) = self.local.lock() {
-            local.settled(key);
+    /// Before a call for keys the in-memory buckets diverged on, one `TB.LOWER` each, in call order, on the
+    /// call's connection: Redis's bucket comes down to the in-memory one. A charge-back that fails like a fault
+    /// fails the call (its share and those not sent are owed again, and the fail mode decides); one refused by a
+    /// configuration error is dropped, reported, and the call goes on.
+    async fn charge_back(&self, buckets: &[LocalBucket<'_>], request: &Parts) -> Result<(), Error> {
+        let now_ms = self.now_ms();
+        let charges = match self.local.lock() {
+            Ok(mut local) => local.charge_backs(buckets, now_ms),
+            Err(_) => return Ok(()),
+        };
+        if charges.is_empty() {
+            return Ok(());
+        }
+        let mut pending = Pending {
+            local: &self.local,
+            charges,
+            next: 0,
+        };
+        while let Some(charge) = pending.charges.get(pending.next) {
+            let result = self
+                .client
+                .lower(&charge.key, charge.rate, charge.burst, charge.tokens)
+                .await;
+            let outcome = match &result {
+                Ok(_) => ChargeOutcome::Accepted,
+                Err(err) => ChargeOutcome::of_failure(err.failure()),
+            };
+            pending.end_next(outcome);
+            match result {
+                Err(err) if outcome == ChargeOutcome::Failed => return Err(err),
+                Err(err) => self.charge_back_refused(&err, request),
+                Ok(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// A charge-back refused by a configuration error: counted and given to the error hook as a failed call, and
+    /// logged at error level (at most once a minute per row); what it covered is dropped.
+    fn charge_back_refused(&self, err: &Error, request: &Parts) {
+        let failure = err.failure();
+        self.count_failed(failure.class);
+        self.call_hook(err, request);
+        let Ok(mut log) = self.log.lock() else {
+            return;
+        };
+        let now = Instant::now();
+        let due = log
+            .charge_back_logged_at
+            .get(failure.row)
+            .is_none_or(|at| now.duration_since(*at) >= ERROR_LOG_INTERVAL);
+        if due {
+            log.charge_back_logged_at.insert(failure.row, now);
+            drop(log);
+            tracing::error!(
+                row = failure.row,
+                "redis-tb: Redis refused a charge-back (TB.LOWER) of what the in-memory buckets admitted while it \
+                 failed: {err}; what it covered is dropped and the request goes on to Redis. This does not pass by \
+                 itself (the Redis user's permissions, a key of another type, or a bug)"
+            );
+        }
+    }
+
+    /// The on_error hook, if any, for a failed call; a panic in it is logged.
+    fn call_hook(&self, err: &Error, request: &Parts) {
+        if let Some(hook) = &self.on_error {
+            let called = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                hook(err, request, err.failure());
+            }));
+            if called.is_err() {
+                tracing::error!("redis-tb: the on_error hook panicked");
+            }
         }
     }
 
@@ -1091,10 +1137,40 @@ fn slot_parts(buckets: &[LocalBucket<'_>]) -> Vec<Vec<usize>> {
     parts.into_iter().map(|(_, part)| part).collect()
 }
 
-/// `TB.CHARGE` refused because the charge would put the bucket more than a day into debt.
-fn is_debt_refusal(err: &Error) -> bool {
-    err.server_text()
-        .is_some_and(|text| text.contains("24 hours of refill into debt"))
+/// The charge-backs of one call, from the first not yet ended. Each ends once: with its outcome, or, when the
+/// call's future is dropped before (a client that went away, a timeout around the layer), as failed: its share is
+/// owed again, never left in flight for good (where every answer would subtract it again).
+struct Pending<'a> {
+    local: &'a Mutex<LocalBuckets>,
+    charges: Vec<ChargeBack>,
+    /// `charges[next..]` have not ended.
+    next: usize,
+}
+
+impl Pending<'_> {
+    fn end_next(&mut self, outcome: ChargeOutcome) {
+        if let (Some(charge), Ok(mut local)) = (self.charges.get(self.next), self.local.lock()) {
+            local.charge_ended(charge, outcome);
+        }
+        self.next = self.next.saturating_add(1);
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let Some(rest) = self
+            .charges
+            .get(self.next..)
+            .filter(|rest| !rest.is_empty())
+        else {
+            return;
+        };
+        if let Ok(mut local) = self.local.lock() {
+            for charge in rest {
+                local.charge_ended(charge, ChargeOutcome::Failed);
+            }
+        }
+    }
 }
 
 /// Fail mode closed: Redis could not be asked, so the request is refused.

@@ -6,12 +6,18 @@
 //! per call     a call that fails is decided by the buckets of its own keys; an answer for another key
 //!              never clears or refills them
 //! continues    each answer Redis gives for a key is remembered: the bucket holds
-//!              burst - rate * reset_after_ms / 1000 tokens as of that moment (negative in debt)
-//! owed         what a bucket admitted is owed to Redis: the caller sends TB.CHARGE key rate burst <owed>
-//!              before the key's next call that reaches Redis ([`LocalBuckets::owed`]); a failed charge-back
-//!              stays owed
+//!              burst - rate * reset_after_ms / 1000 - owed - charging tokens as of that moment (negative in
+//!              debt), what Redis has not seen yet still taken
+//! owed         what a bucket admitted is owed to Redis until a charge-back covers it
+//! charging     what charge-backs in flight cover, each its own share, until its outcome is known: accepted
+//!              (the share leaves), failed like a fault (the share is owed again) or refused by a
+//!              configuration error (the share is dropped) ([`LocalBuckets::charge_ended`])
+//! floor        before each call for a diverged key (owed or charging above 0) that reaches Redis, the caller
+//!              sends TB.LOWER key rate burst <tokens>, tokens being the bucket's now
+//!              ([`LocalBuckets::charge_backs`]): Redis comes down to what this process's history allows and no
+//!              lower. A minimum is idempotent, so every call sends its own and none charges twice
 //! bounded      at most `capacity` keys; a new key takes the place of one of the 16 least recently used that
-//!              is full again and owes nothing, else it shares its limit's overflow bucket (never charged back)
+//!              is full again and not diverged, else it shares its limit's overflow bucket (never charged back)
 //! ```
 //!
 //! The arithmetic is the module's in floating point, on a monotonic clock the caller passes (milliseconds):
@@ -20,10 +26,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::failure::{Action, Failure};
 use crate::replies::{AcquiredEach, BucketResult};
 
 /// Keys kept unless another capacity is set.
 pub const DEFAULT_CAPACITY: usize = 10_000;
+/// A floor is never below a day of refill in debt: the bound `TB.LOWER` accepts, as `TB.CHARGE`'s.
+const DEBT_BOUND_S: f64 = 86_400.0;
 /// How many of the least recently used keys a new key may take the place of.
 const EVICTION_WINDOW: usize = 16;
 
@@ -38,13 +47,44 @@ pub struct LocalBucket<'a> {
     pub cost: f64,
 }
 
-/// A charge-back the caller sends before a call that reaches Redis: `TB.CHARGE key rate burst cost`.
+/// A charge-back the caller sends before a call that reaches Redis: `TB.LOWER key rate burst tokens`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChargeBack {
     pub key: String,
     pub rate: f64,
     pub burst: f64,
-    pub cost: f64,
+    /// The floor: the in-memory bucket's tokens when the charge-back was made, at least a day of refill in debt
+    /// (`-rate * 86400`).
+    pub tokens: f64,
+    /// The tokens admitted in memory this charge-back covers, moved from `owed` to `charging` when it was made;
+    /// 0 when charge-backs already in flight cover everything admitted.
+    pub share: f64,
+}
+
+/// How a charge-back ended, for [`LocalBuckets::charge_ended`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChargeOutcome {
+    /// Redis took it: what it covered is in Redis's bucket.
+    Accepted,
+    /// No reply, or an error of a fault (a fail-mode row of the failure table): what it covered is owed again,
+    /// and the call it went before is decided in memory. Also what a charge-back never sent, or dropped unanswered
+    /// with its call, comes to: sending the floor again is harmless.
+    Failed,
+    /// A configuration error (`NOPERM`, a script error, ...): what it covered is dropped, and the call goes on to
+    /// Redis; a limiter that can never charge back must not stay in memory for good.
+    Refused,
+}
+
+impl ChargeOutcome {
+    /// The outcome of a charge-back that failed with an error of the failure table's row `failure`: a fault
+    /// (the rows that take the fail mode) fails, any other row refuses.
+    pub fn of_failure(failure: Failure) -> ChargeOutcome {
+        if failure.action == Action::FailMode {
+            ChargeOutcome::Failed
+        } else {
+            ChargeOutcome::Refused
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -66,10 +106,28 @@ struct Entry {
     rate: f64,
     burst: f64,
     held: Held,
-    /// Tokens admitted in memory and not yet charged back to Redis.
+    /// Tokens admitted in memory that no charge-back sent covers; >= 0.
     owed: f64,
+    /// Tokens covered by charge-backs in flight: the sum of their shares; >= 0, exactly 0 when `in_flight` is.
+    charging: f64,
+    /// Charge-backs in flight with a share above 0. Counted, so that `charging` returns to exactly 0 however
+    /// their shares added up in floating point.
+    in_flight: u32,
     /// Its place in the recency order (`LocalBuckets::order`).
     used: u64,
+}
+
+impl Entry {
+    /// Whether Redis has not seen everything this bucket admitted: its calls send a floor first, and it keeps
+    /// its place in the table.
+    fn diverged(&self) -> bool {
+        self.owed > 0.0 || self.in_flight > 0
+    }
+
+    /// What Redis has not seen of this bucket's admissions.
+    fn unseen(&self) -> f64 {
+        self.owed + self.charging
+    }
 }
 
 /// Where a bucket of a call lives for this decision.
@@ -86,8 +144,8 @@ pub struct LocalBuckets {
     /// Recency: use counter -> key, least recent first.
     order: BTreeMap<u64, String>,
     next_use: u64,
-    /// How many entries owe a charge-back (`owed > 0`): with none, a call needs no look-up for them.
-    owing: usize,
+    /// How many entries are diverged ([`Entry::diverged`]): with none, a call needs no look-up for them.
+    diverged: usize,
     /// One per limit name, for keys that found no place.
     overflow: HashMap<String, Held>,
 }
@@ -106,7 +164,7 @@ impl LocalBuckets {
             table: HashMap::new(),
             order: BTreeMap::new(),
             next_use: 0,
-            owing: 0,
+            diverged: 0,
             overflow: HashMap::new(),
         }
     }
@@ -120,52 +178,87 @@ impl LocalBuckets {
         self.table.is_empty()
     }
 
-    /// The charge-backs to send before a call for `buckets` reaches Redis, in call order.
-    pub fn owed(&self, buckets: &[LocalBucket<'_>]) -> Vec<ChargeBack> {
-        if self.owing == 0 {
+    /// The charge-backs to send before a call for `buckets` reaches Redis, in call order: one per diverged key,
+    /// its floor the bucket's tokens at `now_ms`. Each takes what its key owes as its share (in flight from now)
+    /// and must be reported to [`LocalBuckets::charge_ended`] once, sent or not.
+    pub fn charge_backs(&mut self, buckets: &[LocalBucket<'_>], now_ms: f64) -> Vec<ChargeBack> {
+        if self.diverged == 0 {
             return Vec::new();
         }
-        buckets
-            .iter()
-            .filter_map(|bucket| {
-                let entry = self.table.get(bucket.key)?;
-                (entry.owed > 0.0).then(|| ChargeBack {
-                    key: bucket.key.to_owned(),
-                    rate: entry.rate,
-                    burst: entry.burst,
-                    cost: entry.owed,
-                })
-            })
-            .collect()
+        let mut charges: Vec<ChargeBack> = Vec::new();
+        for bucket in buckets {
+            if charges.iter().any(|charge| charge.key == bucket.key) {
+                continue;
+            }
+            let Some(entry) = self.table.get_mut(bucket.key) else {
+                continue;
+            };
+            if !entry.diverged() {
+                continue;
+            }
+            let share = std::mem::take(&mut entry.owed);
+            if share > 0.0 {
+                entry.charging += share;
+                entry.in_flight = entry.in_flight.saturating_add(1);
+            }
+            let debt_bound = -(entry.rate * DEBT_BOUND_S);
+            charges.push(ChargeBack {
+                key: bucket.key.to_owned(),
+                rate: entry.rate,
+                burst: entry.burst,
+                tokens: entry
+                    .held
+                    .now(entry.rate, entry.burst, now_ms)
+                    .max(debt_bound),
+                share,
+            });
+        }
+        charges
     }
 
-    /// Redis took (or refused for good) the charge-back of `key`: nothing is owed for it any more.
-    pub fn settled(&mut self, key: &str) {
-        if let Some(entry) = self.table.get_mut(key) {
-            if entry.owed > 0.0 {
-                self.owing = self.owing.saturating_sub(1);
-            }
-            entry.owed = 0.0;
+    /// A charge-back from [`LocalBuckets::charge_backs`] ended with `outcome`: its share leaves what is in flight,
+    /// and is owed again if it failed.
+    pub fn charge_ended(&mut self, charge: &ChargeBack, outcome: ChargeOutcome) {
+        if charge.share <= 0.0 {
+            return;
         }
+        let Some(entry) = self.table.get_mut(&charge.key) else {
+            return;
+        };
+        let was = entry.diverged();
+        entry.in_flight = entry.in_flight.saturating_sub(1);
+        entry.charging = if entry.in_flight == 0 {
+            0.0
+        } else {
+            (entry.charging - charge.share).max(0.0)
+        };
+        if outcome == ChargeOutcome::Failed {
+            entry.owed += charge.share;
+        }
+        let now = entry.diverged();
+        self.count_diverged(was, now);
     }
 
     /// Redis answered a call for `buckets` with `results` (one per bucket) at `now_ms`: each bucket continues
-    /// from there if a fault comes.
+    /// from there if a fault comes, less what Redis has not seen (owed, or covered by charge-backs in flight).
     pub fn answered(&mut self, buckets: &[LocalBucket<'_>], results: &[BucketResult], now_ms: f64) {
         for (bucket, result) in buckets.iter().zip(results) {
             // reset_after_ms is the time to full: the bucket lacks rate * reset_after_ms / 1000 tokens.
             let reset_s = result.reset_after_ms as f64 / 1000.0;
             let tokens = bucket.burst - bucket.rate * reset_s;
-            let held = Held {
-                tokens,
-                at_ms: now_ms,
-            };
             if let Some(entry) = self.table.get_mut(bucket.key) {
                 entry.rate = bucket.rate;
                 entry.burst = bucket.burst;
-                entry.held = held;
+                entry.held = Held {
+                    tokens: tokens - entry.unseen(),
+                    at_ms: now_ms,
+                };
                 mark_used(&mut self.order, &mut self.next_use, entry, bucket.key);
             } else if self.make_room(now_ms, buckets) {
+                let held = Held {
+                    tokens,
+                    at_ms: now_ms,
+                };
                 self.insert(bucket, held);
             }
         }
@@ -198,11 +291,10 @@ impl LocalBuckets {
                 Slot::Table(key) => {
                     if let Some(entry) = self.table.get_mut(key) {
                         entry.held = stored;
-                        if allowed {
-                            if entry.owed <= 0.0 && bucket.cost > 0.0 {
-                                self.owing = self.owing.saturating_add(1);
-                            }
+                        if allowed && bucket.cost > 0.0 {
+                            let was = entry.diverged();
                             entry.owed += bucket.cost;
+                            self.count_diverged(was, true);
                         }
                     }
                     self.touch(key);
@@ -245,7 +337,7 @@ impl LocalBuckets {
     }
 
     /// Whether a new key fits: the table has room, or one of its least recently used keys that is full again,
-    /// owes nothing and is not a key of the `call` under way gave up its place.
+    /// is not diverged and is not a key of the `call` under way gave up its place.
     fn make_room(&mut self, now_ms: f64, call: &[LocalBucket<'_>]) -> bool {
         if self.table.len() < self.capacity {
             return true;
@@ -258,7 +350,7 @@ impl LocalBuckets {
                 let in_call = call.iter().any(|bucket| bucket.key == key.as_str());
                 !in_call
                     && self.table.get(key.as_str()).is_some_and(|entry| {
-                        entry.owed <= 0.0
+                        !entry.diverged()
                             && entry.held.now(entry.rate, entry.burst, now_ms) >= entry.burst
                     })
             })
@@ -283,9 +375,20 @@ impl LocalBuckets {
                 burst: bucket.burst,
                 held,
                 owed: 0.0,
+                charging: 0.0,
+                in_flight: 0,
                 used,
             },
         );
+    }
+
+    /// An entry went from diverged `was` to diverged `now`.
+    fn count_diverged(&mut self, was: bool, now: bool) {
+        match (was, now) {
+            (false, true) => self.diverged = self.diverged.saturating_add(1),
+            (true, false) => self.diverged = self.diverged.saturating_sub(1),
+            _ => {}
+        }
     }
 
     fn touch(&mut self, key: &str) {
@@ -387,10 +490,147 @@ mod tests {
         let decision = local.acquire_each(&[bucket("c"), bucket("d")], 0.0);
         assert!(decision.allowed);
         let owed: Vec<String> = local
-            .owed(&[bucket("c"), bucket("d"), bucket("y")])
+            .charge_backs(&[bucket("c"), bucket("d"), bucket("y")], 0.0)
             .into_iter()
             .map(|charge| charge.key)
             .collect();
         assert_eq!(owed, ["c", "y"]);
+    }
+
+    fn answer(remaining: i64, reset_after_ms: i64) -> BucketResult {
+        BucketResult {
+            fits: true,
+            remaining,
+            retry_after_ms: 0,
+            reset_after_ms,
+        }
+    }
+
+    fn limit(key: &str) -> LocalBucket<'_> {
+        LocalBucket {
+            key,
+            limit: "api",
+            rate: 1.0,
+            burst: 10.0,
+            cost: 1.0,
+        }
+    }
+
+    /// Admits `count` calls for `key` in memory at `now_ms`.
+    fn admit(local: &mut LocalBuckets, key: &str, count: usize, now_ms: f64) {
+        for _ in 0..count {
+            assert!(local.acquire_each(&[limit(key)], now_ms).allowed);
+        }
+    }
+
+    /// Every admission is in exactly one share: what the charge-backs of concurrent calls cover adds up to what
+    /// memory admitted, each admission once, and nothing is lost while a charge is in flight.
+    #[test]
+    fn concurrent_charge_backs_cover_each_admission_once() {
+        let mut local = LocalBuckets::new(10);
+        admit(&mut local, "k", 4, 0.0);
+        let first = local.charge_backs(&[limit("k")], 0.0);
+        let second = local.charge_backs(&[limit("k")], 0.0);
+        assert_eq!(first.len(), 1);
+        assert_eq!(
+            second.len(),
+            1,
+            "a call for a key with a charge in flight sends its own floor"
+        );
+        assert_eq!((first[0].share, second[0].share), (4.0, 0.0));
+        assert_eq!((first[0].tokens, second[0].tokens), (6.0, 6.0));
+        // Admitted while the first is in flight: owed, in the next share, and still taken from what Redis says.
+        admit(&mut local, "k", 1, 0.0);
+        local.answered(&[limit("k")], &[answer(8, 2000)], 0.0);
+        let third = local.charge_backs(&[limit("k")], 0.0);
+        assert_eq!(third[0].share, 1.0);
+        assert_eq!(third[0].tokens, 8.0 - 4.0 - 1.0);
+        // The first fails: its share is owed again; the third is accepted.
+        local.charge_ended(&first[0], ChargeOutcome::Failed);
+        local.charge_ended(&second[0], ChargeOutcome::Accepted);
+        local.charge_ended(&third[0], ChargeOutcome::Accepted);
+        let again = local.charge_backs(&[limit("k")], 0.0);
+        assert_eq!(again[0].share, 4.0);
+        local.charge_ended(&again[0], ChargeOutcome::Accepted);
+        assert!(local.charge_backs(&[limit("k")], 0.0).is_empty());
+        // Nothing unseen any more: an answer is taken as it is.
+        local.answered(&[limit("k")], &[answer(2, 8000)], 0.0);
+        let decision = local.acquire_each(&[limit("k")], 0.0);
+        assert_eq!(decision.buckets[0].remaining, 1);
+    }
+
+    /// A refused charge-back's share is dropped: the key no longer sends a floor, and an answer is taken as it is.
+    #[test]
+    fn a_refused_charge_back_is_dropped() {
+        let mut local = LocalBuckets::new(10);
+        admit(&mut local, "k", 3, 0.0);
+        let charges = local.charge_backs(&[limit("k")], 0.0);
+        local.charge_ended(&charges[0], ChargeOutcome::Refused);
+        assert!(local.charge_backs(&[limit("k")], 0.0).is_empty());
+        local.answered(&[limit("k")], &[answer(9, 1000)], 0.0);
+        assert_eq!(
+            local.acquire_each(&[limit("k")], 0.0).buckets[0].remaining,
+            8
+        );
+    }
+
+    /// Shares that do not add up exactly in floating point still leave the key undiverged once all have ended.
+    #[test]
+    fn charging_returns_to_zero_whatever_the_shares_add_up_to() {
+        let mut local = LocalBuckets::new(10);
+        let tenth = LocalBucket {
+            cost: 0.1,
+            ..limit("k")
+        };
+        let mut charges = Vec::new();
+        for _ in 0..3 {
+            assert!(local.acquire_each(&[tenth], 0.0).allowed);
+            charges.extend(local.charge_backs(&[tenth], 0.0));
+        }
+        for charge in charges.iter().rev() {
+            local.charge_ended(charge, ChargeOutcome::Accepted);
+        }
+        assert!(local.charge_backs(&[tenth], 0.0).is_empty());
+        // Not diverged, full again: its place can be taken.
+        let mut small = LocalBuckets::new(1);
+        admit(&mut small, "k", 1, 0.0);
+        let charges = small.charge_backs(&[limit("k")], 0.0);
+        small.charge_ended(&charges[0], ChargeOutcome::Accepted);
+        assert!(small.acquire_each(&[limit("other")], 1000.0).allowed);
+        assert!(small.charge_backs(&[limit("k")], 1000.0).is_empty());
+        assert_eq!(small.charge_backs(&[limit("other")], 1000.0).len(), 1);
+    }
+
+    /// A floor is never below a day of refill in debt, the bound TB.LOWER accepts.
+    #[test]
+    fn a_floor_stops_at_a_day_of_debt() {
+        let slow = LocalBucket {
+            rate: 0.001,
+            burst: 1.0,
+            ..limit("k")
+        };
+        let deep = BucketResult {
+            fits: false,
+            remaining: 0,
+            retry_after_ms: 0,
+            reset_after_ms: i64::MAX / 2,
+        };
+        let mut local = LocalBuckets::new(10);
+        assert!(local.acquire_each(&[slow], 0.0).allowed);
+        local.answered(&[slow], &[deep], 0.0);
+        let charges = local.charge_backs(&[slow], 0.0);
+        assert_eq!(charges[0].tokens, -0.001 * 86_400.0);
+    }
+
+    #[test]
+    fn charge_back_errors_of_faults_fail_and_the_others_refuse() {
+        use crate::failure::classify_reply;
+        let fault = classify_reply("OOM command not allowed when used memory > 'maxmemory'.");
+        assert_eq!(ChargeOutcome::of_failure(fault), ChargeOutcome::Failed);
+        let refused =
+            classify_reply("NOPERM User u has no permissions to run the 'tb.lower' command");
+        assert_eq!(ChargeOutcome::of_failure(refused), ChargeOutcome::Refused);
+        let unknown = classify_reply("ERR unknown command 'TB.LOWER', with args beginning with: ");
+        assert_eq!(ChargeOutcome::of_failure(unknown), ChargeOutcome::Refused);
     }
 }
