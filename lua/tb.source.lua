@@ -14,8 +14,9 @@ ONE FILE, TWO FORMS
   where LIB is "tb_" followed by the package version with its dots as underscores (0.4.0: tb_0_4_0), so that two
   versions can live side by side on one server. Loaded with FUNCTION LOAD, the file registers one function per
   command, LIB .. "_" .. the command's name in lowercase without "tb.", its dots as underscores:
-  tb_0_4_0_acquire, _acquireall, _acquireeach, _acquireatmost, _reserve, _refund, _charge, _block, _cl_throttle.
-  Their flags make them behave as the module's commands: none for the eight that are `deny-oom` in the module (a
+  tb_0_4_0_acquire, _acquireall, _acquireeach, _acquireatmost, _reserve, _refund, _charge, _block, _lower,
+  _cl_throttle. Their flags make them behave as the module's commands: none for the nine that are `deny-oom` in the
+  module (a
   call is refused with OOM above maxmemory before it runs, peeks and refusals included), `allow-oom` for
   TB.REFUND, which the module performs out of memory.
 
@@ -55,8 +56,8 @@ CALLING IT
            Redis 6.2 has no PEXPIRETIME: there a reading is taken as it is, and a bucket whose time ran ahead
            stands still until its key expires (its refill time and slack, server time).
   ARGV     (EVAL form only) the command it emulates, case-insensitive: TB.ACQUIRE, TB.ACQUIREALL, TB.ACQUIREEACH,
-           TB.ACQUIREATMOST, TB.RESERVE, TB.REFUND, TB.CHARGE, TB.BLOCK or CL.THROTTLE; the function form names it
-           instead
+           TB.ACQUIREATMOST, TB.RESERVE, TB.REFUND, TB.CHARGE, TB.BLOCK, TB.LOWER or CL.THROTTLE; the function form
+           names it instead
   then     that command's arguments in their order, without its keys:
 
     TB.ACQUIRE        KEYS = key           ARGV = TB.ACQUIRE rate burst [cost]
@@ -67,6 +68,7 @@ CALLING IT
     TB.REFUND         KEYS = key           ARGV = TB.REFUND rate burst amount
     TB.CHARGE         KEYS = key           ARGV = TB.CHARGE rate burst cost
     TB.BLOCK          KEYS = key           ARGV = TB.BLOCK rate burst ms
+    TB.LOWER          KEYS = key           ARGV = TB.LOWER rate burst tokens
     CL.THROTTLE       KEYS = key           ARGV = CL.THROTTLE max_burst count_per_period period [quantity]
 
   e.g. TB.ACQUIRE user:42 10 20 1  is  EVALSHA <sha1> 1 user:42 TB.ACQUIRE 10 20 1
@@ -170,6 +172,7 @@ local ERR_AMOUNT = 'ERR amount must be a non-negative number'
 local ERR_AT_MOST = 'ERR max must be an integer from 1 to 9007199254740992'
 local ERR_BLOCK_MS = 'ERR ms must be an integer from 1 to 86400000'
 local ERR_DEBT = 'ERR charge would put the bucket more than 24 hours of refill into debt'
+local ERR_FLOOR = 'ERR tokens must be a number no lower than -(rate * 86400)'
 local ERR_DUPLICATE = 'ERR each key may appear only once'
 local ERR_TOO_MANY = 'ERR too many buckets: %s takes at most %d'
 local ERR_WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
@@ -947,6 +950,16 @@ general = function()
     return charged({ tokens = blocked_tokens, ts = current.ts }, now_us, p)
   end
 
+  -- min(refilled, floor): never raises a bucket; the same floor twice at one instant changes nothing the second time.
+  local function lower(stored, now_us, p, floor)
+    now_us = counted_now(stored, now_us)
+    local current = refilled(stored, now_us, p)
+    if current.tokens <= floor then
+      return charge_answer(current, now_us, p, rebased_write(stored, now_us, p))
+    end
+    return charged({ tokens = floor, ts = current.ts }, now_us, p)
+  end
+
 
   -- The digits and decimal exponent of `%.<p-1>e` text: "1.2345e+06" -> "12345", 6.
   local function split_scientific(text)
@@ -1239,10 +1252,11 @@ general = function()
     return { r.refunded, int(r.remaining), int(r.reset_after_ms) }
   end
 
-  -- TB.CHARGE and TB.BLOCK: key rate burst and a third argument (already checked), one charge-shaped answer.
+  -- TB.CHARGE, TB.BLOCK and TB.LOWER: key rate burst and a third argument (its count already checked; `third`
+  -- parses it, given the bucket's parameters), one charge-shaped answer.
   local function charge_shaped(keys, args, third, decide)
     local p = parse_params(args[1], args[2])
-    local value = third(args[3])
+    local value = third(args[3], p)
     local stored = read_state(keys[1])
     local now = now_us(keys)
     local c = decide(stored, now, p, value)
@@ -1263,6 +1277,20 @@ general = function()
     return charge_shaped(keys, args, block_ms, block)
   end
 
+  -- TB.LOWER's tokens: finite and at least a day of refill in debt, the bound TB.CHARGE's debt is held to; -0 read
+  -- as 0, as Floor::new.
+  local function lower_floor(text, p)
+    local value = parse_f64(text)
+    if value == nil or value < -refill_over_ms(MAX_WAIT_LIMIT_MS, p) then refuse(ERR_FLOOR) end
+    if value == 0 then return 0 end
+    return value
+  end
+
+  local function lower_command(keys, args)
+    if #keys ~= 1 or #args ~= 3 then refuse(string.format(ERR_ARITY, 'tb.lower')) end
+    return charge_shaped(keys, args, lower_floor, lower)
+  end
+
   local throttle_command
   local function throttle_entry(keys, args)
     throttle_command = throttle_command or build_throttle()
@@ -1280,6 +1308,7 @@ general = function()
     ['TB.REFUND'] = refund_command,
     ['TB.CHARGE'] = charge_command,
     ['TB.BLOCK'] = block_command,
+    ['TB.LOWER'] = lower_command,
     ['CL.THROTTLE'] = throttle_entry,
   }
   return general_commands
@@ -1620,6 +1649,7 @@ if AS_LIBRARY then
     { 'refund', 'TB.REFUND', { 'allow-oom' } },
     { 'charge', 'TB.CHARGE', {} },
     { 'block', 'TB.BLOCK', {} },
+    { 'lower', 'TB.LOWER', {} },
     { 'cl_throttle', 'CL.THROTTLE', {} },
   }
   for i = 1, #functions do

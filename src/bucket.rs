@@ -16,8 +16,8 @@
 //! tokens, refills from that reading on, and the first call to see it records the new time base (`refilled`).
 //!
 //! What holds for `tokens`: every state this module writes has `tokens ≤ burst` (of the call that wrote it), and
-//! `tokens ≥ 0` unless it was written by a [`reserve`] that granted with a wait, or by a [`charge`] or [`block`]
-//! (in `bucket/charge.rs`). Such a bucket is *in debt*: its negative `tokens` are slots already promised to
+//! `tokens ≥ 0` unless it was written by a [`reserve`] that granted with a wait, by a [`charge`] or [`block`]
+//! (in `bucket/charge.rs`), or by a [`lower`] to a negative level (`bucket/lower.rs`). Such a bucket is *in debt*: its negative `tokens` are slots already promised to
 //! callers, or tokens taken after the fact, repaid by the refill before anyone else is served.
 //! [`acquire`] and [`acquire_all`] deny on a bucket in debt until the refill has repaid the debt and brought
 //! `cost` on top, and say so in `retry_after_ms`; [`refund`] gives nothing back to it. A state read back from
@@ -78,6 +78,8 @@ pub enum ParamError {
     AtMost,
     /// A block's `ms` is not an integer in `1..=MAX_WAIT_LIMIT_MS`.
     BlockMs,
+    /// A lower's `tokens` is not a finite number of at least `-(rate · 24 h)`.
+    Floor,
 }
 
 /// The shape of one bucket, as the caller passes it on every call. Built only by [`Params::new`].
@@ -175,7 +177,7 @@ impl Amount {
 pub struct State {
     /// Tokens held at `updated_us`; finite. Written states hold at most the writer's burst (a later call with a
     /// smaller burst sees more; the refill caps it). Negative only after a [`reserve`] granted with a wait, a
-    /// [`charge`] or a [`block`]: the debt, at most `rate · 24 h`. A decoded state may hold any finite value.
+    /// [`charge`], a [`block`] or a [`lower`]: the debt, at most `rate · 24 h`. A decoded state may hold any finite value.
     pub tokens: f64,
     /// Server wall-clock time of the last write, microseconds since the Unix epoch. Moves backwards only when
     /// the clock does (see [`refilled`]).
@@ -736,6 +738,8 @@ fn floor_saturating(x: f64) -> i64 {
 
 mod charge;
 pub use charge::{block, charge, BlockMs, Charge, DebtBeyondLimit};
+mod lower;
+pub use lower::{lower, Floor};
 
 #[cfg(test)]
 mod tests;

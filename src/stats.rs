@@ -1,11 +1,12 @@
 //! Counters for `INFO tb`: what the module has decided since it was loaded.
 //!
 //! Every call lands in exactly one of `allowed`, `reserved_with_wait`, `denied`, `denied_cost_exceeds_burst`,
-//! `peeks`, `refunds`, `refunds_ignored`, `charges`, `blocks` and `errors`, so they add up to `calls`.
+//! `peeks`, `refunds`, `refunds_ignored`, `charges`, `blocks`, `lowers` and `errors`, so they add up to `calls`.
 //! `tokens_granted` sums the cost of allowed and reserved calls, `tokens_refunded` the tokens refunds gave back,
 //! `tokens_charged` the cost of charges. A `TB.CHARGE` with a cost above 0 is a charge (it always lands, so it is
 //! no grant and never a denial), one with cost 0 a peek, one refused for going too deep into debt an error.
-//! Every `TB.BLOCK` that replies is a block, also one that left a longer debt as it was.
+//! Every `TB.BLOCK` that replies is a block, also one that left a longer debt as it was; every `TB.LOWER` that
+//! replies is a lower, also one that found the bucket at or below its `tokens` and left it as it was.
 //!
 //! `CL.THROTTLE` counts as the others do: an allowed call with quantity above 0 as allowed (its quantity in
 //! `tokens_granted`), quantity 0 as a peek, a limited call as denied, or as `denied_cost_exceeds_burst` when its
@@ -62,6 +63,8 @@ pub enum Tally {
     },
     /// `TB.BLOCK` (whether it deepened the debt or found a longer one).
     Blocked,
+    /// `TB.LOWER` (whether it brought the bucket down or found it at or below its `tokens`).
+    Lowered,
     /// Refused with an error reply.
     Error,
 }
@@ -107,6 +110,7 @@ static REFUNDS: Counter = Counter::new();
 static REFUNDS_IGNORED: Counter = Counter::new();
 static CHARGES: Counter = Counter::new();
 static BLOCKS: Counter = Counter::new();
+static LOWERS: Counter = Counter::new();
 /// An `f64` sum of granted costs, kept as its bit pattern.
 static TOKENS_GRANTED_BITS: Counter = Counter::new();
 /// An `f64` sum of refunded tokens, kept as its bit pattern.
@@ -129,6 +133,7 @@ pub fn record(tally: Tally) {
         Tally::NotRefunded => (&REFUNDS_IGNORED, None, 0.0),
         Tally::Charged { tokens } => (&CHARGES, Some(&TOKENS_CHARGED_BITS), tokens),
         Tally::Blocked => (&BLOCKS, None, 0.0),
+        Tally::Lowered => (&LOWERS, None, 0.0),
         Tally::Error => (&ERRORS, None, 0.0),
     };
     counter.add(1);
@@ -172,6 +177,7 @@ pub fn add_info(ctx: &redis_module::InfoContext) {
             (c"refunds_ignored", InfoValue::Count(REFUNDS_IGNORED.get())),
             (c"charges", InfoValue::Count(CHARGES.get())),
             (c"blocks", InfoValue::Count(BLOCKS.get())),
+            (c"lowers", InfoValue::Count(LOWERS.get())),
             (c"errors", InfoValue::Count(ERRORS.get())),
             (c"tokens_granted", sum(&TOKENS_GRANTED_BITS)),
             (c"tokens_refunded", sum(&TOKENS_REFUNDED_BITS)),

@@ -43,7 +43,7 @@ impl BlockMs {
     }
 }
 
-/// The answer to a [`charge`] or a [`block`]: the three reply fields and the write, if any.
+/// The answer to a [`charge`], a [`block`] or a [`lower`](super::lower): the three reply fields and the write, if any.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Charge {
     /// Whole tokens left after the call, rounded down; 0 for a bucket in debt; saturates at `i64::MAX`.
@@ -54,8 +54,9 @@ pub struct Charge {
     pub retry_after_ms: i64,
     /// Milliseconds until the bucket is full again, debt repaid, rounded up; 0 for a full bucket.
     pub reset_after_ms: i64,
-    /// `Some` when the bucket changed: a charge with a cost above 0, or a block that made a debt deeper; otherwise
-    /// only to record a new time base after a clock step back (see `refilled`).
+    /// `Some` when the bucket changed: a charge with a cost above 0, a block that made a debt deeper, or a lower
+    /// that brought the bucket down; otherwise only to record a new time base after a clock step back (see
+    /// `refilled`).
     pub write: Option<Write>,
 }
 
@@ -67,7 +68,7 @@ pub struct DebtBeyondLimit;
 /// The deepest debt allowed, in tokens (a positive number): what `duration_ms` of refill repays, `rate ·
 /// duration`, held at `f64::MAX` where that product overflows (a rate above about 2e303 per second): a debt
 /// can be no deeper, so for such rates a day's block is repaid sooner than a day.
-fn refill_over_ms(duration_ms: i64, params: &Params) -> f64 {
+pub(super) fn refill_over_ms(duration_ms: i64, params: &Params) -> f64 {
     // Seconds first, then times the rate, as in `State::tokens_at`, so the two agree on what a duration repays.
     let refill = duration_ms as f64 / MS_PER_SEC * params.rate_per_sec;
     if refill.is_finite() {
@@ -131,14 +132,14 @@ pub fn block(stored: Option<State>, now_us: i64, params: &Params, duration: Bloc
 }
 
 /// The answer for a bucket left as `after`, which must be written.
-fn charged(after: State, now_us: i64, params: &Params) -> Charge {
+pub(super) fn charged(after: State, now_us: i64, params: &Params) -> Charge {
     let full_at = full_at_us(&after, params);
     let write = write_expiring(after, full_at, now_us, params);
     answer(&after, now_us, params, Some(write))
 }
 
 /// The reply for a bucket left as `state`, with `write` if it changed.
-fn answer(state: &State, now_us: i64, params: &Params, write: Option<Write>) -> Charge {
+pub(super) fn answer(state: &State, now_us: i64, params: &Params, write: Option<Write>) -> Charge {
     Charge {
         remaining: remaining(state),
         retry_after_ms: ms_until_one_token(state, now_us, params),

@@ -1,7 +1,8 @@
-//! Parsing the arguments every command shares: `rate` and `burst` (with a one-entry cache), and `cost`.
+//! Parsing the arguments every command shares: `rate` and `burst` (with a one-entry cache), `cost`, and the
+//! decimal ones only some take (`TB.LOWER`'s `tokens`).
 #![forbid(unsafe_code)]
 
-use crate::bucket::{Cost, ParamError, Params};
+use crate::bucket::{Cost, Floor, ParamError, Params};
 use crate::number;
 use crate::server::Call;
 
@@ -86,6 +87,14 @@ thread_local! {
 pub(super) fn parse_cost(bytes: &[u8]) -> Result<Cost, TbError> {
     Ok(Cost::new(
         parse_number(Some(bytes)).ok_or(ParamError::Cost)?,
+    )?)
+}
+
+/// Parses `TB.LOWER`'s `tokens`, whose lower bound depends on the bucket's `params`.
+pub(super) fn parse_floor(bytes: &[u8], params: &Params) -> Result<Floor, TbError> {
+    Ok(Floor::new(
+        parse_number(Some(bytes)).ok_or(ParamError::Floor)?,
+        params,
     )?)
 }
 

@@ -1,7 +1,8 @@
-//! `TB.CHARGE` and `TB.BLOCK`: take tokens whether or not the bucket holds them (a penalty, a cost known only
-//! after the response), and shut a key out for a while. Same arguments, state, expiry window and replication as
-//! `TB.ACQUIRE`; both leave the bucket in debt as a granted `TB.RESERVE` does, so every other command treats the
-//! result as it treats a reservation's debt.
+//! `TB.CHARGE`, `TB.BLOCK` and `TB.LOWER`: take tokens whether or not the bucket holds them (a penalty, a cost
+//! known only after the response), shut a key out for a while, and bring a bucket down to a level the caller's own
+//! history allows (a client's charge-back after it decided calls in memory). Same arguments, state, expiry window
+//! and replication as `TB.ACQUIRE`; each may leave the bucket in debt as a granted `TB.RESERVE` does, so every
+//! other command treats the result as it treats a reservation's debt.
 #![forbid(unsafe_code)]
 
 use std::ffi::CStr;
@@ -11,7 +12,7 @@ use crate::number;
 use crate::server::{self, ArgKind, Call, Command, CommandDocs};
 use crate::stats::Tally;
 
-use super::args::{parse_cost, parse_params};
+use super::args::{parse_cost, parse_floor, parse_params};
 use super::state::OpenBucket;
 use super::{arg, one_bucket_args, one_bucket_docs, reply_counted, reply_error, TbError};
 
@@ -40,7 +41,19 @@ pub const BLOCK_DOCS: CommandDocs = one_bucket_docs(
 );
 pub(super) const BLOCK_ARITY_ERROR: &CStr = c"ERR wrong number of arguments for 'tb.block' command";
 
-/// The three integers both commands reply with.
+/// The lowering command's name as registered.
+pub const LOWER_NAME: &CStr = c"tb.lower";
+/// Same flags as `TB.CHARGE`.
+pub const LOWER_FLAGS: &CStr = CHARGE_FLAGS;
+pub const LOWER_DOCS: CommandDocs = one_bucket_docs(
+    c"Brings the token bucket at key down to tokens if it holds more, refilled to now; never raises it. Idempotent.",
+    c"0.5.0",
+    &one_bucket_args(arg(c"tokens", ArgKind::Double, false)),
+    false,
+);
+pub(super) const LOWER_ARITY_ERROR: &CStr = c"ERR wrong number of arguments for 'tb.lower' command";
+
+/// The three integers all three commands reply with.
 fn reply_fields(charged: &Charged) -> [i64; 3] {
     [
         charged.remaining,
@@ -106,6 +119,30 @@ fn block(call: &Call<'_>) -> Result<Charged, TbError> {
         .and_then(BlockMs::new)?;
     let opened = OpenBucket::open(call, 1)?;
     let charged = bucket::block(opened.stored, server::now_us(), &params, duration);
+    opened.write(call, charged.write.as_ref())?;
+    Ok(charged)
+}
+
+/// `TB.LOWER key rate burst tokens`.
+pub struct Lower;
+
+impl Command for Lower {
+    fn run(call: &Call<'_>) {
+        match lower(call) {
+            Ok(charged) => reply_counted(call, Tally::Lowered, &reply_fields(&charged)),
+            Err(error) => reply_error(call, error),
+        }
+    }
+}
+
+fn lower(call: &Call<'_>) -> Result<Charged, TbError> {
+    if call.arg_count() != 5 {
+        return Err(TbError::WrongArity(LOWER_ARITY_ERROR));
+    }
+    let params = parse_params(call, 2)?;
+    let floor = parse_floor(call.arg(4).unwrap_or_default(), &params)?;
+    let opened = OpenBucket::open(call, 1)?;
+    let charged = bucket::lower(opened.stored, server::now_us(), &params, floor);
     opened.write(call, charged.write.as_ref())?;
     Ok(charged)
 }

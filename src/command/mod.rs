@@ -40,9 +40,13 @@
 //! TB.CHARGE key rate burst cost                                      (cost as for TB.ACQUIRE; 0 changes nothing)
 //! TB.BLOCK key rate burst ms                                         (ms an integer from 1 to 86400000)
 //!
+//! TB.LOWER key rate burst tokens                                     (tokens decimal, finite, >= -(rate * 86400))
+//!
 //!   CHARGE takes cost even when the bucket lacks it, leaving a debt (negative tokens) that every other command
 //!   treats as a reservation's; refused if tokens after < -(rate * 86400). BLOCK sets tokens to
-//!   min(tokens, -(rate * ms / 1000)): denied (TB.RESERVE waits) until ms from now, a longer debt kept.
+//!   min(tokens, -(rate * ms / 1000)): denied (TB.RESERVE waits) until ms from now, a longer debt kept. LOWER sets
+//!   the refilled tokens to min(tokens now, tokens): never raises a bucket, and a second identical call changes
+//!   nothing.
 //! Reply: array of 3 integers
 //!   1) remaining        whole tokens left after the call, never below 0
 //!   2) retry_after_ms   ms until one whole token is there (debt repaid); 0 when there now; -1 when burst < 1
@@ -74,6 +78,7 @@
 //!   ERR too many buckets: TB.ACQUIREALL takes at most 1000            (likewise TB.ACQUIREEACH)
 //!   ERR max must be an integer from 1 to 9007199254740992
 //!   ERR ms must be an integer from 1 to 86400000                      TB.BLOCK
+//!   ERR tokens must be a number no lower than -(rate * 86400)         TB.LOWER
 //!   ERR charge would put the bucket more than 24 hours of refill into debt
 //!   ERR TB commands are refused inside scripts on Redis before 7.0: ...   any command from a script on 6.2
 //!   ERR failed to write the token bucket        the server refused a string or key the write needs; no known
@@ -95,7 +100,7 @@
 //! own clock, and a replica or AOF loader without the module could not run it at all.
 //!
 //! Layout: `throttle` holds `CL.THROTTLE`; `acquire` holds `TB.ACQUIRE` and `TB.ACQUIREALL`; `each` holds `TB.ACQUIREEACH` and
-//! `TB.ACQUIREATMOST`; `reserve` holds `TB.RESERVE` and `TB.REFUND`; `charge` holds `TB.CHARGE` and `TB.BLOCK`; `args` parses what every command shares (rate,
+//! `TB.ACQUIREATMOST`; `reserve` holds `TB.RESERVE` and `TB.REFUND`; `charge` holds `TB.CHARGE`, `TB.BLOCK` and `TB.LOWER`; `args` parses what every command shares (rate,
 //! burst, cost); `state` reads and writes a bucket's hash, expiry and replication; this file holds the error
 //! type, the replies and the module's registration.
 #![forbid(unsafe_code)]
@@ -124,7 +129,8 @@ use acquire::{
     ACQUIRE_FLAGS, ACQUIRE_NAME,
 };
 use charge::{
-    Block, Charge, BLOCK_DOCS, BLOCK_FLAGS, BLOCK_NAME, CHARGE_DOCS, CHARGE_FLAGS, CHARGE_NAME,
+    Block, Charge, Lower, BLOCK_DOCS, BLOCK_FLAGS, BLOCK_NAME, CHARGE_DOCS, CHARGE_FLAGS,
+    CHARGE_NAME, LOWER_DOCS, LOWER_FLAGS, LOWER_NAME,
 };
 use each::{
     AcquireAtMost, AcquireEach, ACQUIRE_AT_MOST_DOCS, ACQUIRE_AT_MOST_FLAGS, ACQUIRE_AT_MOST_NAME,
@@ -217,6 +223,9 @@ impl TbError {
                 c"ERR max must be an integer from 1 to 9007199254740992"
             }
             TbError::Param(ParamError::BlockMs) => c"ERR ms must be an integer from 1 to 86400000",
+            TbError::Param(ParamError::Floor) => {
+                c"ERR tokens must be a number no lower than -(rate * 86400)"
+            }
             TbError::DebtBeyondLimit => {
                 c"ERR charge would put the bucket more than 24 hours of refill into debt"
             }
@@ -387,6 +396,7 @@ pub fn register(ctx: &Context, args: &[RedisString]) -> Status {
         ),
         register_one::<Charge>(ctx, CHARGE_NAME, CHARGE_FLAGS, &CHARGE_DOCS, categories),
         register_one::<Block>(ctx, BLOCK_NAME, BLOCK_FLAGS, &BLOCK_DOCS, categories),
+        register_one::<Lower>(ctx, LOWER_NAME, LOWER_FLAGS, &LOWER_DOCS, categories),
     ];
     let mut docs = Support::Done;
     let mut acl = Support::Done;
@@ -520,7 +530,7 @@ fn reply_error(call: &Call<'_>, error: TbError) {
 mod tests {
     use super::*;
     use acquire::{ACQUIRE_ALL_ARITY_ERROR, ACQUIRE_ALL_TOO_MANY_ERROR, ACQUIRE_ARITY_ERROR};
-    use charge::{BLOCK_ARITY_ERROR, CHARGE_ARITY_ERROR};
+    use charge::{BLOCK_ARITY_ERROR, CHARGE_ARITY_ERROR, LOWER_ARITY_ERROR};
     use each::{
         ACQUIRE_AT_MOST_ARITY_ERROR, ACQUIRE_EACH_ARITY_ERROR, ACQUIRE_EACH_TOO_MANY_ERROR,
     };
@@ -580,6 +590,8 @@ mod tests {
             TbError::DebtBeyondLimit,
             TbError::WrongArity(CHARGE_ARITY_ERROR),
             TbError::WrongArity(BLOCK_ARITY_ERROR),
+            TbError::WrongArity(LOWER_ARITY_ERROR),
+            TbError::Param(ParamError::Floor),
             TbError::WrongType,
             TbError::NotABucket,
             TbError::WriteFailed,
