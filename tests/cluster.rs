@@ -83,9 +83,9 @@ fn cluster_client_routes_each_bucket_to_its_shard() {
         assert_eq!(acquire(&mut client, key, "2")[..2], [1, 0]);
         assert_eq!(acquire(&mut client, key, "1")[0], 0, "{key} over-granted");
     }
-    // TB.CHARGE and TB.BLOCK route by their key as well.
+    // TB.CHARGE, TB.BLOCK and TB.LOWER route by their key as well.
     for key in &keys[..10] {
-        for (command, last) in [("TB.CHARGE", "1"), ("TB.BLOCK", "1000")] {
+        for (command, last) in [("TB.CHARGE", "1"), ("TB.BLOCK", "1000"), ("TB.LOWER", "0")] {
             let reply: Vec<i64> = redis::cmd(command)
                 .arg(key)
                 .arg("0.001")
@@ -181,7 +181,7 @@ fn wrong_node_answers_moved_and_getkeys_reports_the_key() {
         .arg("3")
         .query(&mut direct[(fresh_home + 1) % cluster.nodes.len()]);
     assert!(error_text(&fresh.expect_err("refused")).starts_with("MOVED "));
-    for (command, last) in [("TB.CHARGE", "1"), ("TB.BLOCK", "1000")] {
+    for (command, last) in [("TB.CHARGE", "1"), ("TB.BLOCK", "1000"), ("TB.LOWER", "0")] {
         let refused: redis::RedisResult<Vec<i64>> = redis::cmd(command)
             .arg("user:42")
             .arg("1")

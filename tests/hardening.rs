@@ -351,12 +351,13 @@ fn acl_needs_read_and_write_permission_on_the_bucket() {
             .arg("+tb.acquireatmost")
             .arg("+tb.charge")
             .arg("+tb.block")
+            .arg("+tb.lower")
             .query(&mut admin)
             .expect("ACL SETUSER");
     }
     for (user, allowed) in [("writer", false), ("reader", false), ("both", true)] {
         let mut conn = server.login(user, "pw");
-        let calls: [(&str, &[&str]); 8] = [
+        let calls: [(&str, &[&str]); 9] = [
             ("TB.ACQUIRE", &["k", "1", "5"]),
             ("TB.ACQUIREALL", &["1", "k2", "1", "5"]),
             ("TB.RESERVE", &["k3", "1", "5", "1", "0"]),
@@ -368,6 +369,7 @@ fn acl_needs_read_and_write_permission_on_the_bucket() {
             ("TB.ACQUIREATMOST", &["k7", "1", "5", "2"]),
             ("TB.CHARGE", &["k8", "1", "5", "1"]),
             ("TB.BLOCK", &["k9", "1", "5", "1000"]),
+            ("TB.LOWER", &["k10", "1", "5", "1"]),
         ];
         for (command, args) in calls {
             let result: redis::RedisResult<redis::Value> =

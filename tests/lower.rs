@@ -6,31 +6,13 @@
 mod common;
 
 use common::{
-    acquire, buckets, charge, command_error, hgetall, info_int, pexpiretime, ping, start_clocked,
-    Clock, Options, Server, CLOCK_2030_US,
+    acquire, buckets, charge, command_error, hgetall, info_int, lower, pexpiretime, ping,
+    start_clocked, Clock, Options, Server, CLOCK_2030_US,
 };
 use redis::Value;
 
 fn dirty(conn: &mut redis::Connection) -> i64 {
     info_int(conn, "persistence", "rdb_changes_since_last_save")
-}
-
-/// `TB.LOWER key rate burst tokens`: `[remaining, retry_after_ms, reset_after_ms]`.
-fn lower(
-    conn: &mut redis::Connection,
-    key: &str,
-    rate: &str,
-    burst: &str,
-    tokens: &str,
-) -> [i64; 3] {
-    let reply: Vec<i64> = redis::cmd("TB.LOWER")
-        .arg(key)
-        .arg(rate)
-        .arg(burst)
-        .arg(tokens)
-        .query(conn)
-        .expect("TB.LOWER reply");
-    reply.try_into().expect("three integers")
 }
 
 fn tokens(conn: &mut redis::Connection, key: &str) -> String {

@@ -5,7 +5,7 @@ mod common;
 use std::path::Path;
 
 use common::Server;
-use common::{acquire, acquire_error, block, charge, command_error, error_text, flat};
+use common::{acquire, acquire_error, block, charge, command_error, error_text, flat, lower};
 use redis::Value;
 
 /// The value that follows `name` in a flattened reply.
@@ -118,16 +118,21 @@ fn info_tb_counts_outcomes() {
     block(&mut conn, "k", "0.001", "5", "1000");
     block(&mut conn, "b", "0.001", "5", "1000");
     command_error(&mut conn, "TB.BLOCK", &["b", "0.001", "5", "0"]);
+    // Every lower that replies counts, also one that found the bucket already below its tokens.
+    lower(&mut conn, "l", "0.001", "5", "2");
+    lower(&mut conn, "l", "0.001", "5", "4");
+    command_error(&mut conn, "TB.LOWER", &["l", "0.001", "5", "-100"]);
     let stats = info_tb(&mut conn);
     let expected = [
-        ("tb_calls", 12.0),
+        ("tb_calls", 15.0),
         ("tb_allowed", 2.0),
         ("tb_denied", 1.0),
         ("tb_denied_cost_exceeds_burst", 1.0),
         ("tb_peeks", 2.0),
         ("tb_charges", 1.0),
         ("tb_blocks", 2.0),
-        ("tb_errors", 3.0),
+        ("tb_lowers", 2.0),
+        ("tb_errors", 4.0),
         ("tb_tokens_granted", 4.5),
         ("tb_tokens_charged", 1.25),
     ];
@@ -145,6 +150,7 @@ fn info_tb_counts_outcomes() {
         "tb_refunds_ignored",
         "tb_charges",
         "tb_blocks",
+        "tb_lowers",
         "tb_errors",
     ];
     let sum: f64 = outcomes.iter().map(|name| stat(&stats, name)).sum();
@@ -213,6 +219,7 @@ fn acl_rules_grant_and_deny_the_command() {
             "+tb.acquireall",
             "+tb.charge",
             "+tb.block",
+            "+tb.lower",
         ],
     );
     setuser(
@@ -223,6 +230,7 @@ fn acl_rules_grant_and_deny_the_command() {
     assert_eq!(acquire(&mut limiter, "k", "1", "5", None)[0], 1);
     assert_eq!(charge(&mut limiter, "k", "1", "5", "1")[0], 3);
     assert_eq!(block(&mut limiter, "k", "1", "5", "1")[0], 0);
+    assert_eq!(lower(&mut limiter, "k", "1", "5", "-1")[0], 0);
     assert_eq!(
         common::acquire_all(&mut limiter, &["1", "all", "1", "5"])[0],
         1
@@ -270,6 +278,7 @@ fn acl_rules_grant_and_deny_the_command() {
             "tb.acquireatmost",
             "tb.charge",
             "tb.block",
+            "tb.lower",
         ] {
             assert!(fast.iter().any(|c| c == command), "{command} in {fast:?}");
             assert!(

@@ -118,6 +118,7 @@ fn a_refused_call_counts_as_an_error_and_the_server_carries_on() {
         "TB.ACQUIREATMOST",
         "TB.CHARGE",
         "TB.BLOCK",
+        "TB.LOWER",
     ];
     for command in commands {
         let script = format!("return redis.pcall('{command}', KEYS[1])");

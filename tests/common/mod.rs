@@ -1135,6 +1135,24 @@ pub fn block(
     reply.try_into().expect("three integers")
 }
 
+/// `TB.LOWER key rate burst tokens`, expecting `[remaining, retry_after_ms, reset_after_ms]`.
+pub fn lower(
+    conn: &mut redis::Connection,
+    key: &str,
+    rate: &str,
+    burst: &str,
+    tokens: &str,
+) -> [i64; 3] {
+    let reply: Vec<i64> = redis::cmd("TB.LOWER")
+        .arg(key)
+        .arg(rate)
+        .arg(burst)
+        .arg(tokens)
+        .query(conn)
+        .expect("TB.LOWER reply");
+    reply.try_into().expect("three integers")
+}
+
 /// Whether process `pid` is gone (or a zombie nobody has reaped yet: it no longer runs or holds the port).
 pub fn process_gone(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
