@@ -244,6 +244,47 @@ def test_uvicorn_on_a_unix_socket_is_limited(module_server: Server, key: str, tm
     assert log.count("no identity") == 1, log
 
 
+def test_behind_a_local_proxy_uvicorns_defaults_believe_whatever_the_proxy_passes_on(
+    module_server: Server, key: str, tmp_path: Path
+) -> None:
+    """uvicorn with its defaults (proxy headers on, 127.0.0.1 believed), requests from a proxy on the same host: one
+    that passes the client's X-Forwarded-For through gives each request the address the client wrote, a fresh
+    bucket each (12 of 12 served at burst 2); one that appends the address it saw gives the client its own bucket
+    whatever it wrote (2 of 12). docs/python.md, "Behind a proxy"."""
+    (tmp_path / "proxied_app.py").write_text(UDS_APP)
+    port = free_port()
+    env = {name: value for name, value in os.environ.items() if name != "FORWARDED_ALLOW_IPS"}
+    env.update(REDIS_URL=module_server.url(), PREFIX=f"{key}:")
+    command = [sys.executable, "-m", "uvicorn", "proxied_app:app", "--port", str(port), "--app-dir", str(tmp_path)]
+    server = subprocess.Popen([*command, "--log-level", "warning"], env=env, stderr=subprocess.PIPE, text=True)
+    written = [f"198.51.100.{n}" for n in range(1, 13)]
+    try:
+        deadline = time.monotonic() + 20
+        while not _listens(port):
+            assert server.poll() is None and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
+            passed_through = [http.get("/", headers={"X-Forwarded-For": xff}).status_code for xff in written]
+            appended = [
+                http.get("/", headers={"X-Forwarded-For": f"{xff}, 203.0.113.7"}).status_code for xff in written
+            ]
+    finally:
+        server.kill()
+        server.communicate()
+    assert passed_through == [200] * 12
+    assert appended == [200, 200] + [429] * 10
+    assert module_server.client().exists(f"{key}:{{203.0.113.7}}:per-client") == 1
+
+
+def _listens(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.connect(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def _accepts(path: str) -> bool:
     with socket.socket(socket.AF_UNIX) as probe:
         try:

@@ -143,7 +143,7 @@ class Runner:
         outcome: list[BaseException | None] = []
         if isinstance(self.middleware, asgi.RateLimitMiddleware):
             self.async_limiter.charges = charges
-            task = self.loop.create_task(self.middleware._charge_back(plan))
+            task = self.loop.create_task(self.middleware._charge_back(plan, {}))
             self.loop.run_until_complete(asyncio.sleep(0))  # the task runs up to its first charge-back
 
             def finish_task() -> BaseException | None:
@@ -159,7 +159,7 @@ class Runner:
 
         def run() -> None:
             try:
-                middleware._charge_back(plan)
+                middleware._charge_back(plan, {})
             except Exception as error:
                 outcome.append(error)
             else:

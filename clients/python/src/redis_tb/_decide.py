@@ -299,19 +299,18 @@ class Middleware(Generic[App, Limiter]):
         """Redis took a charge-back: what it covered is in its bucket."""
         self.local.charged(charge)
 
-    def charge_refused(self, charge: ChargeBack, error: BaseException) -> bool:
+    def charge_refused(self, charge: ChargeBack, error: BaseException, request: Mapping[str, Any]) -> bool:
         """A charge-back failed with `error`: whether the plan's call goes on to Redis. A configuration error (a
         missing ACL permission, a script error: the failure table's rows logged as errors) drops what it covered,
-        logged as an error and counted, and the call goes on: a limiter that can never charge back must not stay in
-        memory for good. Any other error is a fault: False, and the caller re-raises it (the call is decided in
-        memory) and reports the charge-back unsent."""
+        logged as an error, counted and given to `on_error`, and the call goes on: a limiter that can never charge
+        back must not stay in memory for good. Any other error is a fault: False, and the caller re-raises it (the
+        call is decided in memory) and reports the charge-back unsent."""
         failure = classify(error)
         if not failure.config_error:
             return False
         self.local.charge_refused(charge)
-        if self.metrics is not None:
-            self.metrics.failed(failure.class_)
         self.guard.charge_back_refused(charge.key, failure, error)
+        self._report(error, request, failure)
         return True
 
     def charges_unsent(self, charges: Sequence[ChargeBack]) -> None:
@@ -336,7 +335,11 @@ class Middleware(Generic[App, Limiter]):
 
     def failed(self, plan: Plan, error: BaseException, request: Mapping[str, Any], enforced: bool) -> Verdict | None:
         """A limiter call failed: counted, logged, given to `on_error`, and the fail mode answers."""
-        failure = self.guard.failed(error)
+        self._report(error, request, self.guard.failed(error))
+        return self.fallback(plan, enforced)
+
+    def _report(self, error: BaseException, request: Mapping[str, Any], failure: Failure) -> None:
+        """A limiter call failed: counted, and given to `on_error`."""
         if self.metrics is not None:
             self.metrics.failed(failure.class_)
         if self.on_error is not None:
@@ -344,7 +347,6 @@ class Middleware(Generic[App, Limiter]):
                 self.on_error(error, request, failure)
             except Exception:  # the hook's own failure is no 500 either
                 logger.exception("redis-tb: on_error raised")
-        return self.fallback(plan, enforced)
 
     def fallback(self, plan: Plan, enforced: bool) -> Verdict | None:
         """The fail mode's answer: None lets the request through (open), else a verdict (local or closed)."""

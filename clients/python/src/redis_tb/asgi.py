@@ -100,7 +100,7 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
             verdict = self.fallback(plan, enforced)
         else:
             try:
-                reply, refunds = await self._within_deadline(partial(self._ask, plan))
+                reply, refunds = await self._within_deadline(partial(self._ask, plan, scope))
             except NotSent:
                 verdict = self.fallback(plan, enforced)
             except Exception as error:  # every failure is a row of the failure table, none a 500
@@ -132,9 +132,9 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
             with self.written():
                 return await send()
 
-    async def _ask(self, plan: _plan.Plan) -> tuple[Acquired | AcquiredEach, list[Call[Any]]]:
+    async def _ask(self, plan: _plan.Plan, scope: Scope) -> tuple[Acquired | AcquiredEach, list[Call[Any]]]:
         """The plan's reply, and the refunds to send when a part of it (one call per cluster slot) refused."""
-        await self._charge_back(plan)
+        await self._charge_back(plan, scope)
         parts = self.parts(plan)
         if len(parts) == 1:
             return await self.limiter._run(plan.call()), []
@@ -150,7 +150,7 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
             except Exception as error:
                 self.refund_failed(refund, error)
 
-    async def _charge_back(self, plan: _plan.Plan) -> None:
+    async def _charge_back(self, plan: _plan.Plan, scope: Scope) -> None:
         """Brings Redis down to the in-memory buckets of the plan's diverged keys, before the plan's call. A
         charge-back that meets a fault (or is cancelled at the deadline) fails the call, and what it and the ones
         after it covered stays owed; one refused for good is dropped, and the call goes on."""
@@ -161,7 +161,7 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
                 try:
                     await self.limiter._run(_decide.charge_back_call(charge))
                 except Exception as error:
-                    if not self.charge_refused(charge, error):
+                    if not self.charge_refused(charge, error, scope):
                         raise
                 else:
                     self.charge_accepted(charge)

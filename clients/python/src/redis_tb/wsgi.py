@@ -62,7 +62,7 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
             verdict = self.fallback(plan, enforced)
         else:
             try:
-                reply, refunds = self._within_deadline(partial(self._ask, plan))
+                reply, refunds = self._within_deadline(partial(self._ask, plan, request))
             except NotSent:
                 verdict = self.fallback(plan, enforced)
             except Exception as error:  # every failure is a row of the failure table, none a 500
@@ -93,9 +93,9 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
         finally:
             self.thread_slots.release()
 
-    def _ask(self, plan: _plan.Plan) -> tuple[Acquired | AcquiredEach, list[Call[Any]]]:
+    def _ask(self, plan: _plan.Plan, request: Mapping[str, Any]) -> tuple[Acquired | AcquiredEach, list[Call[Any]]]:
         """The plan's reply, and the refunds to send when a part of it (one call per cluster slot) refused."""
-        self._charge_back(plan)
+        self._charge_back(plan, request)
         parts = self.parts(plan)
         if len(parts) == 1:
             return self.limiter._run(plan.call()), []
@@ -111,7 +111,7 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
             except Exception as error:
                 self.refund_failed(refund, error)
 
-    def _charge_back(self, plan: _plan.Plan) -> None:
+    def _charge_back(self, plan: _plan.Plan, request: Mapping[str, Any]) -> None:
         """Brings Redis down to the in-memory buckets of the plan's diverged keys, before the plan's call. A
         charge-back that meets a fault fails the call, and what it and the ones after it covered stays owed; one
         refused for good is dropped, and the call goes on."""
@@ -122,7 +122,7 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
                 try:
                     self.limiter._run(_decide.charge_back_call(charge))
                 except Exception as error:
-                    if not self.charge_refused(charge, error):
+                    if not self.charge_refused(charge, error, request):
                         raise
                 else:
                     self.charge_accepted(charge)
