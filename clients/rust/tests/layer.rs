@@ -1,7 +1,7 @@
 //! The tower layer in a real axum server over HTTP, in front of a spawned Redis (or of none): headers on every
 //! limited response, 429 with Retry-After and the JSON body, several limits all or nothing, skip, the peer
 //! address as the default identity, the three fail modes, the refusal options (status, body, error hook) and
-//! shadow mode.
+//! shadow mode, and what happens when Redis answers again after a fault (the charge-backs, TB.LOWER).
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -564,4 +564,258 @@ async fn the_metrics_count_a_known_sequence_exactly() {
     ] {
         assert!(text.lines().any(|found| found == line), "{line} in\n{text}");
     }
+}
+
+/// Sets `maxmemory` (`1`: every write is refused with OOM under the default noeviction policy; `0`: no limit).
+fn maxmemory(conn: &mut redis::Connection, bytes: &str) {
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(bytes)
+        .query(conn)
+        .expect("CONFIG SET maxmemory");
+}
+
+/// A client that keeps to its limit (rate 2/s, burst 5: the burst, then one request every 500 ms) through a 10 s
+/// fault and 5 s after it is never refused: the in-memory buckets continue where Redis left off, and when Redis
+/// answers again its bucket (full by then) is brought down to the in-memory one, not charged the fault again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_paced_at_its_limit_meets_no_refusal_through_a_fault_and_after_it() {
+    let server = with_module();
+    let mut conn = server.conn();
+    let limit = Limit::new("api", 2.0, 5.0).expect("a limit");
+    let address =
+        serve(RateLimitLayer::new(client(&server.url()), [limit]).expect("a layer")).await;
+    for _ in 0..5 {
+        assert_eq!(get_path(address, "/").await.status, 200);
+    }
+    // The paced requests start 600 ms after the burst, one every 500 ms: each finds at least 1.2 tokens (a timer
+    // never fires early), so lateness alone never makes one refused.
+    let start = tokio::time::Instant::now() + Duration::from_millis(600);
+    let (fault_from, fault_until, end) = (2, 22, 32);
+    let mut refused = Vec::new();
+    for tick in 0..end {
+        if tick == fault_from {
+            maxmemory(&mut conn, "1");
+        }
+        if tick == fault_until {
+            maxmemory(&mut conn, "0");
+        }
+        tokio::time::sleep_until(start + Duration::from_millis(500) * tick).await;
+        let reply = get_path(address, "/").await;
+        if reply.status != 200 {
+            refused.push((
+                tick,
+                reply.status,
+                reply.header("ratelimit-remaining").map(str::to_owned),
+            ));
+        }
+    }
+    assert_eq!(refused, [], "(tick, status, remaining) of the refused; the fault was ticks {fault_from} to {fault_until}");
+    // Nor did the fault hand out a fresh burst: Redis, full when it answered again, was brought down to the
+    // in-memory bucket, and the paced requests keep it below 2 tokens.
+    assert!(remaining(&mut conn, "ratelimit:{127.0.0.1}:api", 2.0, 5.0) <= 1);
+}
+
+/// Eight requests at once when Redis answers again each send the in-memory floor (TB.LOWER) before their call:
+/// what memory admitted during the fault is charged once, and Redis ends exactly where this process's history
+/// puts it. A pause of writes holds the charge-backs of all eight in flight together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_at_recovery_charge_what_memory_admitted_once() {
+    let server = with_module();
+    let mut conn = server.conn();
+    // 0.01 tokens a second: what the test's seconds refill stays below one token.
+    let (rate, burst) = (0.01, 100.0);
+    let slow_client = Client::builder(&server.url())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("a client");
+    let limit = Limit::new("api", rate, burst).expect("a limit");
+    let address = serve(RateLimitLayer::new(slow_client, [limit]).expect("a layer")).await;
+    for _ in 0..10 {
+        assert_eq!(get_path(address, "/").await.status, 200);
+    }
+    maxmemory(&mut conn, "1");
+    for _ in 0..30 {
+        assert_eq!(get_path(address, "/").await.status, 200);
+    }
+    maxmemory(&mut conn, "0");
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(300)
+        .arg("WRITE")
+        .query(&mut conn)
+        .expect("CLIENT PAUSE");
+    let requests: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(async move { get_path(address, "/").await.status }))
+        .collect();
+    for request in requests {
+        assert_eq!(request.await.expect("a request"), 200);
+    }
+    let key = "ratelimit:{127.0.0.1}:api";
+    assert_eq!(remaining(&mut conn, key, rate, burst), 100 - 10 - 30 - 8);
+}
+
+/// A buffer the test's log lines are written to.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("the log").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A charge-back that meets a fault (OOM) is owed again and its call decided in memory, never sent after it; one
+/// refused by a configuration error (an ACL user without TB.LOWER: NOPERM) is dropped, logged as an error and
+/// given to the error hook, and the call goes on to Redis.
+#[tokio::test]
+async fn a_charge_back_meeting_a_fault_stays_owed_and_one_refused_by_configuration_is_dropped() {
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    // The test's runtime is this thread alone, the layer's tasks included.
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let server = with_module();
+    let mut conn = server.conn();
+    let (rate, burst) = (0.001, 10.0);
+    let lower_stats = |conn: &mut redis::Connection| {
+        common::info_field(conn, "commandstats", "cmdstat_tb.lower").unwrap_or_default()
+    };
+    let acquires = |conn: &mut redis::Connection| {
+        common::info_field(conn, "commandstats", "cmdstat_tb.acquire").unwrap_or_default()
+    };
+    let remaining_header = |reply: &Reply| reply.header("ratelimit-remaining").map(str::to_owned);
+
+    // OOM: the first failed call owes 1; each next one's TB.LOWER is refused with OOM (owed again) and the call
+    // is decided in memory without TB.ACQUIRE being sent.
+    let oom = serve(
+        RateLimitLayer::new(
+            client(&server.url()),
+            [Limit::new("oom", rate, burst).expect("a limit")],
+        )
+        .expect("a layer"),
+    )
+    .await;
+    for left in ["9", "8"] {
+        assert_eq!(
+            remaining_header(&get_path(oom, "/").await).as_deref(),
+            Some(left)
+        );
+    }
+    maxmemory(&mut conn, "1");
+    assert_eq!(
+        remaining_header(&get_path(oom, "/").await).as_deref(),
+        Some("7")
+    );
+    let acquires_before = acquires(&mut conn);
+    for left in ["6", "5"] {
+        let reply = get_path(oom, "/").await;
+        assert_eq!(
+            (reply.status, remaining_header(&reply).as_deref()),
+            (200, Some(left))
+        );
+    }
+    assert_eq!(
+        acquires(&mut conn),
+        acquires_before,
+        "no TB.ACQUIRE after a failed TB.LOWER"
+    );
+    assert!(
+        lower_stats(&mut conn).contains("rejected_calls=2"),
+        "{}",
+        lower_stats(&mut conn)
+    );
+    maxmemory(&mut conn, "0");
+    // Redis (8) is brought down to the in-memory 5, all three admissions covered, then takes 1.
+    assert_eq!(
+        remaining_header(&get_path(oom, "/").await).as_deref(),
+        Some("4")
+    );
+    assert_eq!(
+        remaining(&mut conn, "ratelimit:{127.0.0.1}:oom", rate, burst),
+        4
+    );
+
+    // NOPERM: the same fault, then an application user that may not run TB.LOWER.
+    let () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "limited",
+                "on",
+                ">pw",
+                "~*",
+                "+@all",
+                "-tb.lower",
+            ][..],
+        )
+        .query(&mut conn)
+        .expect("ACL SETUSER");
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let record = Arc::clone(&seen);
+    let limited = client(&format!("redis://limited:pw@127.0.0.1:{}/", server.port));
+    let noperm = serve(
+        RateLimitLayer::new(
+            limited,
+            [Limit::new("noperm", rate, burst).expect("a limit")],
+        )
+        .expect("a layer")
+        .on_error(move |_, _, failure| {
+            record
+                .lock()
+                .expect("the list")
+                .push(failure.class.to_owned())
+        }),
+    )
+    .await;
+    for left in ["9", "8"] {
+        assert_eq!(
+            remaining_header(&get_path(noperm, "/").await).as_deref(),
+            Some(left)
+        );
+    }
+    // Redis checks the ACL before memory: during the fault each charge-back is refused (NOPERM, dropped) and
+    // the call goes on, to meet OOM and be decided in memory.
+    maxmemory(&mut conn, "1");
+    for left in ["7", "6", "5"] {
+        assert_eq!(
+            remaining_header(&get_path(noperm, "/").await).as_deref(),
+            Some(left)
+        );
+    }
+    maxmemory(&mut conn, "0");
+    // The charge-back is refused and dropped: Redis (8) answers the call itself, and the next call sends none.
+    for left in ["7", "6"] {
+        assert_eq!(
+            remaining_header(&get_path(noperm, "/").await).as_deref(),
+            Some(left)
+        );
+    }
+    assert_eq!(
+        remaining(&mut conn, "ratelimit:{127.0.0.1}:noperm", rate, burst),
+        6
+    );
+    assert_eq!(
+        *seen.lock().expect("the list"),
+        ["oom", "noperm", "oom", "noperm", "oom", "noperm"]
+    );
+    let text = String::from_utf8(log.0.lock().expect("the log").clone()).expect("text");
+    let refusals: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("refused a charge-back (TB.LOWER)"))
+        .collect();
+    assert_eq!(refusals.len(), 1, "{text}");
+    assert!(
+        refusals[0].contains("ERROR") && refusals[0].contains("NOPERM"),
+        "{text}"
+    );
 }

@@ -129,6 +129,28 @@ async fn every_command_answers(client: &Client, prefix: &str) {
     assert_eq!(blocked.remaining, 0);
     assert!(blocked.retry_after_ms > 60_000, "{blocked:?}");
 
+    // TB.LOWER, the charge-back after a fault: a full bucket comes down to the floor; the same floor again, or a
+    // higher one, changes nothing; a floor beyond a day of debt is refused.
+    let lowered = format!("{prefix}:h");
+    for floor in [3.5, 3.5, 8.0] {
+        let reply = client
+            .lower(&lowered, 0.001, 10.0, floor)
+            .await
+            .expect("TB.LOWER");
+        assert_eq!(reply.remaining, 3, "{floor}: {reply:?}");
+        assert!(reply.reset_after_ms > 6_400_000, "{floor}: {reply:?}");
+    }
+    let too_deep = client
+        .lower(&lowered, 0.001, 10.0, -87.0)
+        .await
+        .expect_err("beyond a day of debt");
+    assert!(
+        too_deep
+            .server_text()
+            .is_some_and(|text| text.contains("tokens")),
+        "{too_deep}"
+    );
+
     let refused = client
         .acquire(&key, 0.0, 5.0, 1.0)
         .await
