@@ -30,6 +30,8 @@ THROTTLE_KEYS = ["{d}:t", "{d}:u"]
 RATES = ["10", "0.5", "1000", "3.3", "7e-1", "25", "0.001", "123456.789"]
 BURSTS = ["20", "1", "5.5", "100", "2", "0.5", "1e3", "33.3"]
 COSTS = ["1", "0", "2.5", "0.1", "5", "20", "1e-3", "7", "100"]
+# TB.LOWER's tokens: above and below the bursts, into debt, -0, and beyond a day of refill at the slowest rate.
+FLOORS = ["1", "0", "-0", "2.5", "0.1", "5", "1e3", "-1", "-7.25", "-86.4", "-1e6"]
 BAD_NUMBERS = [
     "abc",
     "0",
@@ -56,6 +58,7 @@ COMMANDS = [
     "TB.REFUND",
     "TB.CHARGE",
     "TB.BLOCK",
+    "TB.LOWER",
     "CL.THROTTLE",
 ]
 
@@ -189,6 +192,8 @@ def random_call(
         args.append(pick_number(rng, COSTS))
     elif name == "TB.BLOCK":
         args.append(rng.choice(["1", "250", "5000", "0", "86400001"]))
+    elif name == "TB.LOWER":
+        args.append(pick_number(rng, FLOORS))
     return name, [key], args
 
 
