@@ -185,9 +185,15 @@ fn writes_fire_keyspace_events_and_denials_fire_none() {
     block(&mut conn, "blocked", "0.001", "2", "1000");
     assert_eq!(next_event(), ("blocked".to_string(), "hset".to_string()));
     assert_eq!(next_event(), ("blocked".to_string(), "expire".to_string()));
+    // So does a lower that brings the bucket down; one that finds it already low enough fires nothing.
+    lower(&mut conn, "lowered", "0.001", "2", "1");
+    assert_eq!(next_event(), ("lowered".to_string(), "hset".to_string()));
+    assert_eq!(next_event(), ("lowered".to_string(), "expire".to_string()));
     charge(&mut conn, "charged", "0.001", "2", "0");
     block(&mut conn, "charged", "0.001", "2", "1000");
     command_error(&mut conn, "TB.CHARGE", &["charged", "0.001", "2", "100"]);
+    lower(&mut conn, "charged", "0.001", "2", "1");
+    command_error(&mut conn, "TB.LOWER", &["lowered", "0.001", "2", "-100"]);
     let _: () = redis::cmd("SET")
         .arg("marker")
         .arg(1)
