@@ -125,7 +125,9 @@ fn every_command_records_the_new_time_base_once_and_replicates_it() {
     );
     wait_replicas_online(&primary, 1);
     let mut conn = primary.conn();
-    for key in ["acquire", "all", "reserve", "each", "atmost", "charge"] {
+    for key in [
+        "acquire", "all", "reserve", "each", "atmost", "charge", "lower",
+    ] {
         assert_eq!(
             acquire(&mut conn, key, "10", "3", Some("3")),
             [1, 0, 0, 300]
@@ -178,10 +180,15 @@ fn every_command_records_the_new_time_base_once_and_replicates_it() {
             call(conn, "TB.BLOCK", &["block", "10", "3", "500"]),
             [0, 1_100, 1_300]
         );
+        // A lower above what the bucket holds keeps it.
+        assert_eq!(
+            call(conn, "TB.LOWER", &["lower", "10", "3", "1"]),
+            [0, 100, 300]
+        );
     };
     denials(&mut conn);
-    // Nine buckets, each an HSET and a PEXPIREAT (the old expiry lies an hour beyond the new window).
-    assert_eq!(dirty(&mut conn) - before, 18);
+    // Ten buckets, each an HSET and a PEXPIREAT (the old expiry lies an hour beyond the new window).
+    assert_eq!(dirty(&mut conn) - before, 20);
     for (key, tokens) in [
         ("acquire", "0"),
         ("all", "0"),
@@ -192,12 +199,13 @@ fn every_command_records_the_new_time_base_once_and_replicates_it() {
         ("atmost", "0"),
         ("charge", "0"),
         ("block", "-10"),
+        ("lower", "0"),
     ] {
         assert_eq!(hgetall(&mut conn, key), fields(tokens, back), "{key}");
     }
     // The same calls again: same replies, nothing written.
     denials(&mut conn);
-    assert_eq!(dirty(&mut conn) - before, 18);
+    assert_eq!(dirty(&mut conn) - before, 20);
 
     wait_acked(&mut conn, 1, 5_000);
     let mut on_replica = replica.conn();
