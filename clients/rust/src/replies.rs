@@ -89,7 +89,7 @@ pub struct Refunded {
     pub reset_after_ms: i64,
 }
 
-/// `TB.CHARGE`'s and `TB.BLOCK`'s reply.
+/// `TB.CHARGE`'s, `TB.BLOCK`'s and `TB.LOWER`'s reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Charged {
     /// Whole tokens left (0 in debt).
