@@ -106,6 +106,18 @@ def test_charge_goes_into_debt_and_block_denies(server: Server, key: str) -> Non
     assert not tb.acquire(blocked, 10, 20).allowed
 
 
+def test_lower_brings_a_bucket_down_and_never_raises_it(server: Server, key: str) -> None:
+    tb = TokenBucket(server.client())
+    assert tb.acquire(key, 0.001, 10, 2).remaining == 8
+    assert tb.lower(key, 0.001, 10, 3.5).remaining == 3
+    assert tb.lower(key, 0.001, 10, 5).remaining == 3  # never raised
+    in_debt = tb.lower(key, 0.001, 10, -2)
+    assert in_debt.remaining == 0 and 3_000_000 - 1000 < in_debt.retry_after_ms <= 3_000_000
+    with pytest.raises(redis_tb.InvalidArgument, match=r"^ERR tokens "):
+        tb.lower(key, 0.001, 10, -87)  # below a day of refill in debt (86.4)
+    assert tb.lower(f"{key}:missing", 1, 10, 10).remaining == 10  # a missing bucket is full: nothing to lower
+
+
 def test_errors_name_the_problem(server: Server, key: str) -> None:
     tb = TokenBucket(server.client())
     with pytest.raises(redis_tb.InvalidArgument, match="rate must be a positive number") as caught:
@@ -211,6 +223,7 @@ async def test_async_client_has_the_same_methods(server: Server, key: str) -> No
         assert (await tb.reserve(f"{key}:r", 10, 1, 1, 0)).granted
         assert not (await tb.refund(f"{key}:r", 10, 1, 0)).refunded
         assert (await tb.charge(f"{key}:c", 1, 1, 2)).remaining == 0
+        assert (await tb.lower(f"{key}:l", 1, 4, 1.5)).remaining == 1
         assert (await tb.block(f"{key}:b", 1, 1, 1000)).retry_after_ms > 0
         with pytest.raises(redis_tb.InvalidArgument):
             await tb.acquire(key, -1, 1)
