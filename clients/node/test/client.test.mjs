@@ -144,6 +144,23 @@ for (const backend of BACKENDS) {
         assert.ok(during.retryAfterMs > 2000, `${during.retryAfterMs}`);
       });
 
+      test("lower brings a bucket down to the floor and never raises it, on this backend and on the script", async () => {
+        for (const through of [tb, new TbClient(conn.redis, { backend: "script" })]) {
+          const key = freshKey("lower");
+          // A token a 100 s: a whole token never refills between the calls.
+          const watch = stopwatch();
+          assert.deepEqual(await through.lower(key, 0.01, 5, 2.5), { remaining: 2, retryAfterMs: 0, resetAfterMs: 250_000 });
+          const kept = await through.lower(key, 0.01, 5, 4);
+          assert.equal(kept.remaining, 2, "never raised");
+          assert.ok(kept.resetAfterMs >= 250_000 - watch.ms() && kept.resetAfterMs <= 250_000, `${kept.resetAfterMs}: refilled only`);
+          const inDebt = await through.lower(key, 0.01, 5, -1);
+          assert.deepEqual(inDebt, { remaining: 0, retryAfterMs: 200_000, resetAfterMs: 600_000 });
+          assert.equal((await through.acquire(key, 0.01, 5)).allowed, false);
+          await assert.rejects(through.lower(key, 0.01, 5, -865), (error) => error instanceof TbReplyError && /tokens/.test(error.message));
+          await assert.rejects(through.lower(key, 0.01, 5, NaN), TbArgumentError);
+        }
+      });
+
       test("reset deletes the bucket", async () => {
         const key = freshKey("reset");
         await tb.acquire(key, 1, 3, 3);

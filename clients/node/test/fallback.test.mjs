@@ -85,8 +85,8 @@ describe("a shard out of memory while another answers", () => {
         assert.deepEqual([...new Set(rows)], ["OOM"], "only alice's calls failed, each with its own OOM");
         assert.equal(rows.length, 20);
         assert.deepEqual(statuses.bob.slice(0, burst), Array(burst).fill(200), "bob's shard answered");
-        // Once alice's shard takes writes again, what memory admitted is charged back before her next call, which
-        // then finds her bucket empty.
+        // Once alice's shard takes writes again, her next call first brings her bucket there (full: Redis never saw
+        // her requests) down to her in-memory one, which the 5 admitted emptied: refused.
         await outOfMemory(alice, false);
         assert.equal(await app.get("alice"), 429);
         const tokens = Number((await rawCommand(alice.port, `HGET ${prefix}{alice}:api tokens`)).split("\r\n")[1]);
