@@ -828,10 +828,10 @@ impl Shared {
     /// fails the call (its share and those not sent are owed again, and the fail mode decides); one refused by a
     /// configuration error is dropped, reported, and the call goes on.
     async fn charge_back(&self, buckets: &[LocalBucket<'_>], request: &Parts) -> Result<(), Error> {
-        let now_ms = self.now_ms();
+        // The usual call finds no key diverged and reads no clock.
         let charges = match self.local.lock() {
-            Ok(mut local) => local.charge_backs(buckets, now_ms),
-            Err(_) => return Ok(()),
+            Ok(mut local) if local.has_diverged() => local.charge_backs(buckets, self.now_ms()),
+            _ => return Ok(()),
         };
         if charges.is_empty() {
             return Ok(());

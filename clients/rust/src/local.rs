@@ -178,6 +178,11 @@ impl LocalBuckets {
         self.table.is_empty()
     }
 
+    /// Whether any key is diverged: without one, no call has a charge-back to send.
+    pub fn has_diverged(&self) -> bool {
+        self.diverged > 0
+    }
+
     /// The charge-backs to send before a call for `buckets` reaches Redis, in call order: one per diverged key,
     /// its floor the bucket's tokens at `now_ms`. Each takes what its key owes as its share (in flight from now)
     /// and must be reported to [`LocalBuckets::charge_ended`] once, sent or not.
