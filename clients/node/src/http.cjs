@@ -54,8 +54,9 @@ const SHADOW_LOG_INTERVAL_MS = 1000;
  * What the limiter logs about Redis failures (docs/clients.md, "When Redis fails"): a warning when a fault
  * begins (then nothing until Redis has answered again, and for the same row at most once a minute, since a fault
  * of one shard or of some calls alternates with answers), and configuration errors (auth, ACL, a key of another
- * type, any unexpected error reply) at error level whatever the fail mode, at most once a minute per row. A refund
- * of a request refused in part that failed (slots.cjs) is a warning, at most once a minute per row.
+ * type, any unexpected error reply) at error level whatever the fail mode, at most once a minute per row, whether a
+ * call or a charge-back of fail "local" (local.cjs) met them. A refund of a request refused in part that failed
+ * (slots.cjs) is a warning, at most once a minute per row.
  */
 function failureLog(logger, fail) {
   let faulty = false;
@@ -84,6 +85,13 @@ function failureLog(logger, fail) {
     },
     answered() {
       faulty = false;
+    },
+    chargeBackRefused(error, failure, share) {
+      if (!due(lastErrorMs, failure.row)) return;
+      logger.error(
+        `redis-tb: Redis refused a charge-back (${failure.row}, a configuration error: ${error?.message ?? error}); what it ` +
+          `covered (${share} admitted in memory) is dropped, and the call goes on to Redis`,
+      );
     },
     refundFailed(error, failure, key) {
       if (!due(lastRefundMs, failure.row)) return;
@@ -153,8 +161,9 @@ function createHttpLimiter(options) {
   const tb = TbClient.from(client, options.logger === undefined ? undefined : { logger });
   // Each call under its deadline through the lane (lane.cjs: never charged after it), or as the client sends it.
   const { run } = callsFor(client, tb, timeoutMs);
-  const local = fail === "local" ? new LocalBuckets({ capacity: localCapacity, logger }) : undefined;
   const failures = failureLog(logger, fail);
+  const refused = (error, share) => failures.chargeBackRefused(error, classifyFailure(error), share);
+  const local = fail === "local" ? new LocalBuckets({ capacity: localCapacity, refused }) : undefined;
   const shadowLoggedMs = new Map();
 
   /** The buckets `req` takes from (identity and cost found), or an empty list when every limit is skipped. */

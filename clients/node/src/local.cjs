@@ -27,8 +27,6 @@ const EVICTION_WINDOW = 16;
 
 /** The lowest floor a charge-back sends, in seconds of refill: TB.LOWER's bound on debt (a day). */
 const MAX_DEBT_SECONDS = 86_400;
-/** A refused charge-back is logged at most this often per row of the failure table. */
-const ERROR_LOG_INTERVAL_MS = 60_000;
 
 /** The longest wait reported, in milliseconds: the module's (an i64), as a double reads it (2^63). */
 const MAX_WAIT_MS = 2 ** 63 - 1;
@@ -53,6 +51,11 @@ function chargeBackOutcome(error) {
   return classifyFailure(error).action === "fail-mode" ? "owed" : "dropped";
 }
 
+function warnRefused(error, share) {
+  const message = `redis-tb: Redis refused a charge-back (${error?.message ?? error}); the ${share} admitted in memory it covered are dropped`;
+  process.emitWarning(message, { code: "REDIS_TB_LOCAL" });
+}
+
 function checkCapacity(capacity) {
   if (!Number.isSafeInteger(capacity) || capacity < 0) {
     throw new TbArgumentError(`localCapacity must be an integer >= 0 (keys kept in memory), got ${capacity}`);
@@ -64,15 +67,14 @@ class LocalBuckets {
   /**
    * @param options.capacity how many keys are kept (default 10,000); beyond, a limit's keys share its overflow bucket
    * @param options.now      the monotonic clock, in milliseconds (default performance.now)
-   * @param options.logger   { error(message) }: hears of a charge-back refused by a configuration error, at most
-   *                         once a minute per row of the failure table (default: process.emitWarning)
+   * @param options.refused  (error, share) => void: hears of each charge-back refused by a configuration error, and
+   *                         of the share it covered, dropped (the middleware logs it as it logs configuration
+   *                         errors; default: process.emitWarning)
    */
-  constructor({ capacity = CAPACITY, now = () => performance.now(), logger } = {}) {
+  constructor({ capacity = CAPACITY, now = () => performance.now(), refused = warnRefused } = {}) {
     this.capacity = checkCapacity(capacity);
     this.now = now;
-    this.logger = logger ?? { error: (message) => process.emitWarning(message, { code: "REDIS_TB_LOCAL" }) };
-    /** A row of the failure table -> when (this.now()) a refused charge-back of that row was last logged. */
-    this.loggedMs = new Map();
+    this.refused = refused;
     /**
      * Redis key -> { rate, burst, tokens, atMs, owed, charging, inFlight }: tokens <= burst as of atMs (negative
      * in debt); owed, the costs admitted here and covered by no charge-back sent yet; charging, those covered by
@@ -144,21 +146,8 @@ class LocalBuckets {
     // Exactly 0 once none is in flight, so that float residue (0.1 + 0.2 - 0.1 - 0.2) never keeps a key diverged.
     entry.charging = entry.inFlight === 0 ? 0 : entry.charging - share;
     if (outcome === "owed") entry.owed += share;
-    if (outcome === "dropped") this._refused(share, error);
+    if (outcome === "dropped") this.refused(error, share);
     return { outcome, error };
-  }
-
-  /** Logs a charge-back refused by a configuration error, at most once a minute per row of the failure table. */
-  _refused(share, error) {
-    const { row } = classifyFailure(error);
-    const nowMs = this.now();
-    const last = this.loggedMs.get(row);
-    if (last !== undefined && nowMs - last < ERROR_LOG_INTERVAL_MS) return;
-    this.loggedMs.set(row, nowMs);
-    this.logger.error(
-      `redis-tb: Redis refused a charge-back (${row}, a configuration error: ${error?.message ?? error}); what it ` +
-        `covered (${share} admitted in memory) is dropped, and the call goes on to Redis (logged at most once a minute per row)`,
-    );
   }
 
   /**
