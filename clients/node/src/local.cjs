@@ -144,7 +144,7 @@ class LocalBuckets {
     const outcome = chargeBackOutcome(error);
     entry.inFlight -= 1;
     // Exactly 0 once none is in flight, so that float residue (0.1 + 0.2 - 0.1 - 0.2) never keeps a key diverged.
-    entry.charging = entry.inFlight === 0 ? 0 : entry.charging - share;
+    entry.charging = entry.inFlight === 0 ? 0 : Math.max(0, entry.charging - share);
     if (outcome === "owed") entry.owed += share;
     if (outcome === "dropped") this.refused(error, share);
     return { outcome, error };
