@@ -735,7 +735,12 @@ impl Shared {
     /// call per slot of the buckets.
     async fn ask(&self, buckets: &[LocalBucket<'_>], request: &Parts) -> Result<Reply, Error> {
         if self.fail == FailMode::Local {
-            self.charge_back(buckets, request).await?;
+            let charges = self.charges(buckets);
+            if !charges.is_empty() {
+                // Boxed: charge-backs follow a fault only, and unboxed their future would make every call's as
+                // large as theirs, moved at each await on the way down.
+                Box::pin(self.charge_back(charges, request)).await?;
+            }
         }
         let parts = if self.client.is_cluster() {
             slot_parts(buckets)
@@ -823,19 +828,20 @@ impl Shared {
         self.client.acquire_each(&each).await.map(Reply::Each)
     }
 
-    /// Before a call for keys the in-memory buckets diverged on, one `TB.LOWER` each, in call order, on the
-    /// call's connection: Redis's bucket comes down to the in-memory one. A charge-back that fails like a fault
-    /// fails the call (its share and those not sent are owed again, and the fail mode decides); one refused by a
-    /// configuration error is dropped, reported, and the call goes on.
-    async fn charge_back(&self, buckets: &[LocalBucket<'_>], request: &Parts) -> Result<(), Error> {
-        // The usual call finds no key diverged and reads no clock.
-        let charges = match self.local.lock() {
+    /// The charge-backs to send before a call for `buckets`: none (and no clock read) in the usual call, where no
+    /// key is diverged.
+    fn charges(&self, buckets: &[LocalBucket<'_>]) -> Vec<ChargeBack> {
+        match self.local.lock() {
             Ok(mut local) if local.has_diverged() => local.charge_backs(buckets, self.now_ms()),
-            _ => return Ok(()),
-        };
-        if charges.is_empty() {
-            return Ok(());
+            _ => Vec::new(),
         }
+    }
+
+    /// Before a call for keys the in-memory buckets diverged on, one `TB.LOWER` each (`charges`), in call order,
+    /// on the call's connection: Redis's bucket comes down to the in-memory one. A charge-back that fails like a
+    /// fault fails the call (its share and those not sent are owed again, and the fail mode decides); one refused
+    /// by a configuration error is dropped, reported, and the call goes on.
+    async fn charge_back(&self, charges: Vec<ChargeBack>, request: &Parts) -> Result<(), Error> {
         let mut pending = Pending {
             local: &self.local,
             charges,
