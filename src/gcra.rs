@@ -12,8 +12,15 @@
 //!   key has TAT = now;
 //! - `new_tat = max(tat, now) + quantity * T`; the call is limited iff `now < new_tat - tau`.
 //!
-//! An allowed call stores `new_tat` (quantity 0 too: it refreshes the expiry), with the key expiring
-//! `trunc_ms(new_tat - now)` after now's millisecond; a limited call changes nothing.
+//! An allowed call stores `new_tat` (quantity 0 too: it refreshes the expiry), with the key expiring at
+//! `new_tat` rounded up to the millisecond; a limited call changes nothing. Redis deletes a key only once its clock
+//! is past the expiry's millisecond, so the state outlives its TAT by under 2 ms and never vanishes while the TAT
+//! is ahead: a call then always sees the TAT the last one stored, and the limit holds at any rate. (redis-cell
+//! expires the key `trunc_ms(new_tat - now)` after now's millisecond, which can be the millisecond before the
+//! TAT's when the two sub-millisecond parts add up past one: its key then vanishes while the TAT is still ahead,
+//! and the next call sees a fresh key. Where its key lasts until the TAT, the replies here are its replies, but for
+//! one corner: in the millisecond our key outlives its, a call that can never succeed (`quantity > L`) counts its
+//! `remaining` from the past TAT, where redis-cell counts it from a missing key.)
 //!
 //! redis-cell's own arithmetic is kept where it differs from the exact one, because its results are the contract:
 //! T is divided in `f64`; `remaining` is computed in `f64` over whole microseconds (so an interval under 1 µs gives
@@ -135,8 +142,7 @@ impl Quantity {
 pub struct TatWrite {
     /// The new TAT, ns since the epoch: the key's value as decimal text.
     pub tat_ns: i64,
-    /// When the key expires, Unix ms: now's millisecond plus `trunc_ms(tat - now)`, as redis-cell's
-    /// `PEXPIRE trunc_ms(tat - now)` sets it on a server whose millisecond clock reads now.
+    /// When the key expires, Unix ms: the TAT rounded up to the millisecond, so the key lasts until the TAT.
     pub expire_at_ms: i64,
 }
 
@@ -212,8 +218,8 @@ pub fn throttle(
     } else {
         let tat_ns = i64::try_from(new_tat).map_err(|_| GcraError::TatOutOfRange)?;
         let ttl = new_tat - now;
-        let expire_at_ms = now.div_euclid(NS_PER_MS) + ttl / NS_PER_MS;
-        let expire_at_ms = i64::try_from(expire_at_ms).map_err(|_| GcraError::TatOutOfRange)?;
+        // Below 2^63 ns, so the quotient fits.
+        let expire_at_ms = i64::try_from(ceil_ms(new_tat)).map_err(|_| GcraError::TatOutOfRange)?;
         let write = TatWrite {
             tat_ns,
             expire_at_ms,
@@ -229,6 +235,16 @@ pub fn throttle(
         exceeds_limit,
         write,
     })
+}
+
+/// An instant in ns as Unix ms, rounded up (toward the future, negative instants too).
+fn ceil_ms(instant_ns: i128) -> i128 {
+    let whole = instant_ns.div_euclid(NS_PER_MS);
+    if instant_ns.rem_euclid(NS_PER_MS) == 0 {
+        whole
+    } else {
+        whole + 1
+    }
 }
 
 /// Requests left: `next_ns / T` over whole microseconds in `f64`, truncated, when `next_ns > -T`; else 0.

@@ -144,26 +144,37 @@ fn counts_remaining_over_whole_microseconds() {
 }
 
 #[test]
-fn writes_the_tat_and_expires_at_nows_millisecond_plus_the_truncated_ttl() {
-    // 10 per minute: T = 6 s; one call stores now + 6 s.
+fn writes_the_tat_and_expires_at_its_millisecond_rounded_up() {
+    let start_ms = START_NS / 1_000_000;
+    // 10 per minute: T = 6 s; one call stores now + 6 s, in the millisecond after now's + 6 s.
     let limit = Limit::new(9, 10, 60).expect("valid");
     let decision = call(&mut None, START_NS, &limit, 1);
     let write = decision.write.expect("allowed");
     assert_eq!(write.tat_ns, START_NS + 6_000_000_000);
-    assert_eq!(write.expire_at_ms, START_NS / 1_000_000 + 6_000);
-    // From a stored TAT 1.5 ms past now's millisecond, the ttl's sub-millisecond part is dropped.
+    assert_eq!(write.expire_at_ms, start_ms + 6_001);
+    // From a stored TAT 2.5 ms past now: .456789 + 2.5 ms + 6 s is .956789 ms past start + 6,002 ms.
     let stored = START_NS + 2_500_000;
     let write = call(&mut Some(stored), START_NS, &limit, 1)
         .write
         .expect("allowed");
     assert_eq!(write.tat_ns, stored + 6_000_000_000);
-    assert_eq!(write.expire_at_ms, START_NS / 1_000_000 + 6_002);
-    // Quantity 0 on a missing key writes now, expiring at now's millisecond.
+    assert_eq!(write.expire_at_ms, start_ms + 6_003);
+    // T = 600 µs: the TAT is 1.056789 ms past now's millisecond. redis-cell expires the key trunc_ms(600 µs) = 0 ms
+    // after now's millisecond, a millisecond before its TAT's; ours lasts past the TAT.
+    let limit = Limit::new(0, 5_000, 3).expect("valid");
+    let write = call(&mut None, START_NS, &limit, 1).write.expect("allowed");
+    assert_eq!(write.tat_ns, START_NS + 600_000);
+    assert_eq!(write.expire_at_ms, start_ms + 2);
+    // A TAT on a whole millisecond expires at that millisecond (Redis keeps the key through it).
+    let whole_ms = start_ms * 1_000_000;
+    let limit = Limit::new(0, 1_000, 1).expect("valid");
+    let write = call(&mut None, whole_ms, &limit, 1).write.expect("allowed");
+    assert_eq!(write.expire_at_ms, start_ms + 1);
+    // Quantity 0 on a missing key writes now, expiring at now rounded up.
     let write = call(&mut None, START_NS, &limit, 0).write.expect("allowed");
-    assert_eq!(
-        (write.tat_ns, write.expire_at_ms),
-        (START_NS, START_NS / 1_000_000)
-    );
+    assert_eq!((write.tat_ns, write.expire_at_ms), (START_NS, start_ms + 1));
+    let write = call(&mut None, whole_ms, &limit, 0).write.expect("allowed");
+    assert_eq!((write.tat_ns, write.expire_at_ms), (whole_ms, start_ms));
 }
 
 #[test]
@@ -251,8 +262,9 @@ proptest! {
                 prop_assert_eq!(decision.retry_after_s(), -1);
                 let base = store.map_or(now, |tat| tat.max(now));
                 prop_assert_eq!(write.tat_ns, base + quantity * limit.interval_ns());
-                prop_assert!(write.expire_at_ms >= now / 1_000_000);
-                prop_assert!(i128::from(write.expire_at_ms) * MS <= i128::from(write.tat_ns));
+                // The key expires at the TAT rounded up to the millisecond.
+                prop_assert!(i128::from(write.expire_at_ms) * MS >= i128::from(write.tat_ns));
+                prop_assert!(i128::from(write.expire_at_ms - 1) * MS < i128::from(write.tat_ns));
                 prop_assert!(write.tat_ns - now <= limit.tolerance_ns());
             }
         }
@@ -279,6 +291,64 @@ proptest! {
         if let Ok(limit) = Limit::new(burst, count, period) {
             if let Ok(decision) = throttle(stored, now, &limit, Quantity::new(quantity).expect("valid")) {
                 prop_assert!(decision.remaining >= 0);
+            }
+        }
+    }
+}
+
+/// Limits up to the largest rate the arguments allow (10^9 a second, T = 1 ns): max_burst, count_per_period and
+/// period with count spread over every order of magnitude.
+fn any_rate_limits() -> impl Strategy<Value = Limit> {
+    (0i64..20, 1i64..4, 0u32..10, 1i64..10).prop_map(|(burst, period, magnitude, digit)| {
+        let count = (digit * 10i64.pow(magnitude)).min(1_000_000_000 * period);
+        Limit::new(burst, count, period).expect("valid")
+    })
+}
+
+/// Gaps between calls in ns: none (a tight loop), a few ns, under a millisecond, and now and then a few ms.
+fn gaps() -> impl Strategy<Value = Vec<(i64, i64)>> {
+    let gap = prop_oneof![
+        3 => Just(0i64),
+        2 => 1i64..2_000,
+        4 => 1i64..1_000_000,
+        1 => 1_000_000i64..5_000_000,
+    ];
+    let quantity = prop_oneof![8 => Just(1i64), 1 => Just(0i64), 1 => 2i64..4];
+    prop::collection::vec((gap, quantity), 1..400)
+}
+
+proptest! {
+    /// The GCRA bound, over every window of a run in which the key expires as Redis expires keys (gone once the
+    /// clock's millisecond is past the expiry's): requests allowed between two allowed calls, both included, never
+    /// exceed L + t / T, i.e. their quantities times T never exceed tau + t.
+    #[test]
+    fn never_admits_more_than_the_limit_over_any_window(limit in any_rate_limits(), start_ns in 0i64..1_000_000,
+                                                         calls in gaps()) {
+        let mut key: Option<(i64, i64)> = None;
+        let mut now = START_NS + start_ns;
+        let mut allowed: Vec<(i64, i64)> = Vec::new();
+        for (gap, quantity) in calls {
+            now += gap;
+            if key.is_some_and(|(_, expire_at_ms)| now.div_euclid(1_000_000) > expire_at_ms) {
+                key = None;
+            }
+            let decision = throttle(key.map(|(tat, _)| tat), now, &limit, Quantity::new(quantity).expect("valid"))
+                .expect("in range");
+            if let Some(write) = decision.write {
+                key = Some((write.tat_ns, write.expire_at_ms));
+                allowed.push((now, quantity));
+            }
+        }
+        let interval = i128::from(limit.interval_ns());
+        let tolerance = i128::from(limit.tolerance_ns());
+        for first in 0..allowed.len() {
+            let mut taken = 0i128;
+            for &(at, quantity) in &allowed[first..] {
+                taken += i128::from(quantity);
+                let window = i128::from(at - allowed[first].0);
+                prop_assert!(taken * interval <= tolerance + window,
+                    "{} allowed in {} ns from {}: L {}, T {} ns", taken, window, allowed[first].0,
+                    limit.limit(), interval);
             }
         }
     }
