@@ -162,8 +162,7 @@ function createHttpLimiter(options) {
   // Each call under its deadline through the lane (lane.cjs: never charged after it), or as the client sends it.
   const { run } = callsFor(client, tb, timeoutMs);
   const failures = failureLog(logger, fail);
-  const refused = (error, share) => failures.chargeBackRefused(error, classifyFailure(error), share);
-  const local = fail === "local" ? new LocalBuckets({ capacity: localCapacity, refused }) : undefined;
+  const local = fail === "local" ? new LocalBuckets({ capacity: localCapacity }) : undefined;
   const shadowLoggedMs = new Map();
 
   /** The buckets `req` takes from (identity and cost found), or an empty list when every limit is skipped. */
@@ -220,7 +219,15 @@ function createHttpLimiter(options) {
     if (local !== undefined) {
       // A charge-back (TB.LOWER) for each key Redis has not seen all of, pipelined before the call, or the
       // in-memory decision (local.cjs).
-      outcome = await local.decide(buckets, run, call);
+      // A charge-back refused for a configuration error is logged, counted and given to onError, as a failed
+      // call is; the call itself goes on to Redis.
+      const refused = (error, share) => {
+        const failure = classifyFailure(error);
+        failures.chargeBackRefused(error, failure, share);
+        metrics?.failed(failure.class);
+        report(error, req, failure);
+      };
+      outcome = await local.decide(buckets, run, call, refused);
     } else {
       try {
         outcome = { decision: await run(call) };
@@ -239,14 +246,18 @@ function createHttpLimiter(options) {
     const failure = classifyFailure(outcome.error);
     failures.failed(outcome.error, failure);
     metrics?.call(fail, failure.class, (performance.now() - started) / 1000);
-    if (onError !== undefined) {
-      try {
-        onError(outcome.error, req, failure.class);
-      } catch (hookError) {
-        logger.error(`redis-tb: onError threw (${hookError?.message ?? hookError}); the fail mode answers as usual`);
-      }
-    }
+    report(outcome.error, req, failure);
     return outcome;
+  }
+
+  /** Gives a failure to onError, whose own exception is logged and goes no further. */
+  function report(error, req, failure) {
+    if (onError === undefined) return;
+    try {
+      onError(error, req, failure.class);
+    } catch (hookError) {
+      logger.error(`redis-tb: onError threw (${hookError?.message ?? hookError}); the fail mode answers as usual`);
+    }
   }
 
   /** A decision on `buckets` with each bucket's limit (name, rate, burst, cost, key) beside its report. */

@@ -94,10 +94,11 @@ class LocalBuckets {
    * call or a charge-back failed like a fault. A TbArgumentError rejects. `buckets`: [{ key, rate, burst, cost,
    * name? }], `name` the limit's.
    */
-  async decide(buckets, run, call) {
+  async decide(buckets, run, call, refused = this.refused) {
     try {
       const decision = await run(async (tb) => {
-        const charges = this.chargeBacks(buckets, (bucket, tokens) => tb.lower(bucket.key, bucket.rate, bucket.burst, tokens));
+        const lower = (bucket, tokens) => tb.lower(bucket.key, bucket.rate, bucket.burst, tokens);
+        const charges = this.chargeBacks(buckets, lower, this.now(), refused);
         const answer = settle(() => call(tb));
         // A charge-back that met a fault leaves the call to the in-memory buckets, whatever the call got: that key's
         // fault goes on.
@@ -121,7 +122,7 @@ class LocalBuckets {
    * its share (0 when another charge-back in flight already covers it all), and its outcome settles the share
    * (chargeBackOutcome). Returns a promise per charge-back, resolving (never rejecting) with { outcome, error }.
    */
-  chargeBacks(buckets, lower, nowMs = this.now()) {
+  chargeBacks(buckets, lower, nowMs = this.now(), refused = this.refused) {
     const charges = [];
     const seen = new Set();
     for (const bucket of buckets) {
@@ -134,19 +135,22 @@ class LocalBuckets {
       entry.owed = 0;
       entry.charging += share;
       entry.inFlight += 1;
-      charges.push(settle(() => lower(bucket, tokens)).then(({ error }) => this._settled(entry, share, error)));
+      charges.push(settle(() => lower(bucket, tokens)).then(({ error }) => this._settled(entry, share, error, refused)));
     }
     return charges;
   }
 
-  /** A charge-back of `share` settled with `error` (undefined: accepted): the share leaves `charging`. */
-  _settled(entry, share, error) {
+  /**
+   * A charge-back of `share` settled with `error` (undefined: accepted): the share leaves `charging`; `refused`
+   * hears of one dropped for a configuration error.
+   */
+  _settled(entry, share, error, refused) {
     const outcome = chargeBackOutcome(error);
     entry.inFlight -= 1;
     // Exactly 0 once none is in flight, so that float residue (0.1 + 0.2 - 0.1 - 0.2) never keeps a key diverged.
     entry.charging = entry.inFlight === 0 ? 0 : Math.max(0, entry.charging - share);
     if (outcome === "owed") entry.owed += share;
-    if (outcome === "dropped") this.refused(error, share);
+    if (outcome === "dropped") refused(error, share);
     return { outcome, error };
   }
 

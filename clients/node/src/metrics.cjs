@@ -140,8 +140,13 @@ class MiddlewareMetrics {
   /** One limiter call: what decided it (one of SOURCES), the class of its failure if it failed, its seconds. */
   call(source, failureClass, seconds) {
     this.decisions.set(source, this.decisions.get(source) + 1);
-    if (failureClass !== undefined) this.failures.set(failureClass, (this.failures.get(failureClass) ?? 0) + 1);
+    if (failureClass !== undefined) this.failed(failureClass);
     this.observe(seconds);
+  }
+
+  /** A failure of class `failureClass` (a call's, or a charge-back's refused for a configuration error). */
+  failed(failureClass) {
+    this.failures.set(failureClass, (this.failures.get(failureClass) ?? 0) + 1);
   }
 }
 

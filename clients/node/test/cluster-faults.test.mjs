@@ -1,8 +1,8 @@
 // Unplanned and planned failovers of a 3 primaries + 3 replicas cluster under load through Express (docs/clients.md,
 // "When Redis fails"): one primary is killed, or stopped and started again (after its replica took over, or before),
 // or hands its shard to a replica without the module. Every identity must stay within burst + rate * t plus the
-// calls in flight when the fault begins, however long the shard is gone; before the in-memory buckets continued from
-// Redis's last answer and charged back what they admitted, such a fault handed every identity 3-4 fresh bursts. Each
+// calls in flight when the fault begins, however long the shard is gone: the in-memory buckets continue from Redis's
+// last answer, and Redis is brought down to them when it answers again, so no fault hands out a fresh burst. Each
 // test starts its own cluster (cluster-node-timeout 1000 ms: a replica takes over within a few seconds), so the
 // scenarios are independent.
 import assert from "node:assert/strict";

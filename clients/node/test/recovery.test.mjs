@@ -206,16 +206,17 @@ describe("recovery after a fault", () => {
       await outOfMemory(server, true);
       assert.equal(await app.get("acl"), 200, "admitted in memory: 1 owed");
       // The next call's charge-back meets NOPERM (Redis checks the ACL before memory): the 1 it covered is dropped
-      // and logged as an error; its call meets OOM, and is admitted in memory: 1 owed again.
+      // and logged as an error (and given to onError, as a failed call is); its call meets OOM, and is admitted in
+      // memory: 1 owed again.
       assert.equal(await app.get("acl"), 200);
-      assert.deepEqual(classes, ["oom", "oom"]);
+      assert.deepEqual(classes, ["oom", "noperm", "oom"]);
       assert.equal(lines.error.length, 1, JSON.stringify(lines.error));
       assert.match(lines.error[0], /refused a charge-back \(NOPERM, a configuration error: .*no permissions to run the 'tb\.lower' command.*\(1 admitted in memory\) is dropped/);
       await outOfMemory(server, false);
       // Its charge-back refused again (not logged again within the minute), the call goes on to Redis, whose
       // bucket never saw the 2 admitted in memory (full: 3), and takes 1.
       assert.equal(await app.get("acl"), 200);
-      assert.deepEqual(classes, ["oom", "oom"], "answered by Redis");
+      assert.deepEqual(classes, ["oom", "noperm", "oom", "noperm"], "the charge-back refused, the call answered by Redis");
       const first = await storedTokens(server, key);
       assert.ok(Math.abs(first - 2) < 0.05, `${first} tokens: Redis's full bucket less this call's 1`);
       // Nothing is owed any more: no charge-back, and Redis answers on.
