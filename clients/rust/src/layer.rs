@@ -735,11 +735,11 @@ impl Shared {
     /// call per slot of the buckets.
     async fn ask(&self, buckets: &[LocalBucket<'_>], request: &Parts) -> Result<Reply, Error> {
         if self.fail == FailMode::Local {
-            let charges = self.charges(buckets);
-            if !charges.is_empty() {
+            let pending = self.charges(buckets);
+            if !pending.charges.is_empty() {
                 // Boxed: charge-backs follow a fault only, and unboxed their future would make every call's as
                 // large as theirs, moved at each await on the way down.
-                Box::pin(self.charge_back(charges, request)).await?;
+                Box::pin(self.charge_back(pending, request)).await?;
             }
         }
         let parts = if self.client.is_cluster() {
@@ -830,23 +830,23 @@ impl Shared {
 
     /// The charge-backs to send before a call for `buckets`: none (and no clock read) in the usual call, where no
     /// key is diverged.
-    fn charges(&self, buckets: &[LocalBucket<'_>]) -> Vec<ChargeBack> {
-        match self.local.lock() {
+    fn charges(&self, buckets: &[LocalBucket<'_>]) -> Pending<'_> {
+        let charges = match self.local.lock() {
             Ok(mut local) if local.has_diverged() => local.charge_backs(buckets, self.now_ms()),
             _ => Vec::new(),
-        }
-    }
-
-    /// Before a call for keys the in-memory buckets diverged on, one `TB.LOWER` each (`charges`), in call order,
-    /// on the call's connection: Redis's bucket comes down to the in-memory one. A charge-back that fails like a
-    /// fault fails the call (its share and those not sent are owed again, and the fail mode decides); one refused
-    /// by a configuration error is dropped, reported, and the call goes on.
-    async fn charge_back(&self, charges: Vec<ChargeBack>, request: &Parts) -> Result<(), Error> {
-        let mut pending = Pending {
+        };
+        Pending {
             local: &self.local,
             charges,
             next: 0,
-        };
+        }
+    }
+
+    /// Before a call for keys the in-memory buckets diverged on, one `TB.LOWER` each (`pending`), in call order,
+    /// on the call's connection: Redis's bucket comes down to the in-memory one. A charge-back that fails like a
+    /// fault fails the call (its share and those not sent are owed again, and the fail mode decides); one refused
+    /// by a configuration error is dropped, reported, and the call goes on.
+    async fn charge_back(&self, mut pending: Pending<'_>, request: &Parts) -> Result<(), Error> {
         while let Some(charge) = pending.charges.get(pending.next) {
             let result = self
                 .client
