@@ -819,3 +819,90 @@ async fn a_charge_back_meeting_a_fault_stays_owed_and_one_refused_by_configurati
         "{text}"
     );
 }
+
+/// A request dropped while its charge-back is out (a client that went away, a timeout around the layer) leaves what
+/// the charge-back covered owed: the next request sends it again, and what Redis answers afterwards is taken as it
+/// is. Left in flight, the share would be subtracted from every answer and sent down again with every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_during_its_charge_back_leaves_it_owed() {
+    use tower::ServiceExt;
+    let server = with_module();
+    let mut conn = server.conn();
+    let (rate, burst) = (0.001, 10.0);
+    let slow_client = Client::builder(&server.url())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("a client");
+    let layer = RateLimitLayer::new(
+        slow_client,
+        [Limit::new("api", rate, burst).expect("a limit")],
+    )
+    .expect("a layer")
+    .key(|_| Identity::Key("someone".to_owned()));
+    let service = tower_layer::Layer::layer(
+        &layer,
+        tower::service_fn(|_: http::Request<axum::body::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+        }),
+    );
+    let request = || {
+        http::Request::builder()
+            .uri("/")
+            .body(axum::body::Body::empty())
+            .expect("a request")
+    };
+    let left = |response: &http::Response<axum::body::Body>| {
+        response
+            .headers()
+            .get("ratelimit-remaining")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    };
+    for expected in ["9", "8"] {
+        let response = service
+            .clone()
+            .oneshot(request())
+            .await
+            .expect("a response");
+        assert_eq!(left(&response).as_deref(), Some(expected));
+    }
+    maxmemory(&mut conn, "1");
+    for expected in ["7", "6", "5"] {
+        let response = service
+            .clone()
+            .oneshot(request())
+            .await
+            .expect("a response");
+        assert_eq!(left(&response).as_deref(), Some(expected));
+    }
+    maxmemory(&mut conn, "0");
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(500)
+        .arg("WRITE")
+        .query(&mut conn)
+        .expect("CLIENT PAUSE");
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(100),
+        service.clone().oneshot(request()),
+    )
+    .await;
+    assert!(
+        dropped.is_err(),
+        "the request ended while writes were paused"
+    );
+    // A write waits for the pause to end; the dropped request's TB.LOWER (a minimum) runs then too.
+    remaining(&mut conn, "ratelimit:{someone}:api", rate, burst);
+    for expected in ["4", "3", "2"] {
+        let response = service
+            .clone()
+            .oneshot(request())
+            .await
+            .expect("a response");
+        assert_eq!(left(&response).as_deref(), Some(expected));
+    }
+    assert_eq!(
+        remaining(&mut conn, "ratelimit:{someone}:api", rate, burst),
+        2
+    );
+}
