@@ -303,10 +303,11 @@ class Middleware(Generic[App, Limiter]):
         """A charge-back failed with `error`: whether the plan's call goes on to Redis. A configuration error (a
         missing ACL permission, a script error: the failure table's rows logged as errors) drops what it covered,
         logged as an error, counted and given to `on_error`, and the call goes on: a limiter that can never charge
-        back must not stay in memory for good. Any other error is a fault: False, and the caller re-raises it (the
+        back must not stay in memory for good; so does a command the server still lacks after the client's own
+        retry (a module older than TB.LOWER). A fault (`Failure.fault`) answers False: the caller re-raises it (the
         call is decided in memory) and reports the charge-back unsent."""
         failure = classify(error)
-        if not failure.config_error:
+        if failure.fault:
             return False
         self.local.charge_refused(charge)
         self.guard.charge_back_refused(charge.key, failure, error)

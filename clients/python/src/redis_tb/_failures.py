@@ -32,6 +32,17 @@ class Failure:
     #: The row's class: `timeout`, `connection`, `oom`, `readonly`, ... (`class` is a keyword in Python).
     class_: str = "other"
 
+    @property
+    def fault(self) -> bool:
+        """A row whose action is the fail mode: the server cannot run the call now, and will again. Not the
+        configuration errors, nor the rows the client answers by loading the script or switching to it, which
+        reach the middleware only when that retry failed too."""
+        return not self.config_error and self.class_ not in RETRIED_CLASSES
+
+
+#: The rows the client answers itself, by loading the script or library, or by switching to it, and retrying once.
+RETRIED_CLASSES = ("noscript", "function_missing", "unknown_command")
+
 
 #: Error codes a server puts first in its reply, for the rows where the server cannot run the call now. Older
 #: redis-py versions raise a plain ResponseError with the code in the text, so the text is checked too.
