@@ -76,8 +76,9 @@ CALLING IT
                                    or   FCALL tb_0_4_0_acquire 1 user:42 @1700000000000000 10 20 1
 
 CL.THROTTLE is redis-cell's command as the module has it (a string key holding the TAT in ns since the epoch,
-expiring trunc_ms(TAT - now) after now; refused calls write nothing; the reply's waits in whole seconds): the
-same replies, errors and key, with its ns arithmetic exact (see its section below).
+expiring at the TAT rounded up to the millisecond, so that it lasts until its TAT at any rate; refused calls write
+nothing; the reply's waits in whole seconds): the same replies, errors and key, with its ns arithmetic exact (see
+its section below).
 
 The reply, the error texts, the stored hash (`tokens` as the shortest decimal that reads back to the same double,
 an integer literal when integral below 2^53; `ts` in integer microseconds), the expiry window and the effects sent
@@ -106,9 +107,8 @@ WHERE IT DIFFERS FROM THE MODULE
     clock the expiry is read and set relative to the server's clock (PTTL, PEXPIRE) on every server, with the
     same millisecond.
   - CL.THROTTLE reads the server's clock through TIME, to the µs: its `now` is a whole µs in ns, where the
-    module reads the ns. A TAT under 1 ms ahead (a peek at quantity 0 on an idle key) makes the key expire at
-    once, as redis-cell's PEXPIRE 0 does; the module's key lasts to the end of that millisecond. On the caller's
-    clock, its expiry is set relative (PX), and a stored TAT further past the reading than both tau + 10 s and the
+    module reads the ns. On the caller's clock, its expiry is set relative (PX: the TAT's lead rounded up to the
+    ms, at least 1), and a stored TAT further past the reading than both tau + 10 s and the
     key's own expiry counts as that far (a refused call's waits are the key's, not another clock's lead). Its
     integers above 2^53 in a reply (a limit or `remaining` that large) are rounded to a double, and i64::MAX
     comes back as 9223372036854774784.
@@ -1470,6 +1470,7 @@ if AS_LIBRARY or first_failure.command == 'CL.THROTTLE' then
 
     local I64_LIMIT = big('9223372036854775808') -- 2^63
     local ONE = big('1')
+    local ROUND_UP_MS = big('999999') -- added to ns before dividing by 10^6, to round up
 
     local ERR_MAX_BURST = 'ERR max_burst must be an integer from 0 to 9223372036854775806'
     local ERR_COUNT = 'ERR count_per_period must be a positive integer'
@@ -1576,7 +1577,7 @@ if AS_LIBRARY or first_failure.command == 'CL.THROTTLE' then
       local now = big_mul(big_small(now_us(keys)), big_small(1000))
       local tat = stored or now
       -- On the caller's clock a stored TAT further past the reading than both tau + 10 s and the key's expiry (its
-      -- PTTL, which counts the TAT's lead on the server's clock, plus the 2 ms its truncation and the reading's
+      -- PTTL, which counts the TAT's lead on the server's clock, plus the 2 ms its rounding and the reading's
       -- millisecond can take) was written by a clock ahead of both: it counts as that far. The call is refused either
       -- way (the TAT stays at least tau past the reading), and its waits are then the key's own, not the other
       -- clock's lead.
@@ -1604,18 +1605,19 @@ if AS_LIBRARY or first_failure.command == 'CL.THROTTLE' then
         end
       end
       if write_tat then
-        -- Expiring trunc_ms(TAT - now) after now's millisecond, as the module's PXAT and redis-cell's PEXPIRE; on
-        -- the caller's clock relative to the server's (PX). Under 1 ms the key expires at once, as redis-cell's
-        -- PEXPIRE 0 does (the module's key lasts to the end of the millisecond).
-        local ttl_ms = big_f64(big_shift(ttl, 6))
+        -- Expiring at the TAT rounded up to the millisecond, as the module's PXAT: Redis deletes a key only once
+        -- its clock is past that millisecond, so the key lasts until its TAT and the next call sees it however soon
+        -- it comes. On the caller's clock the expiry is set relative to the server's millisecond (PX), as far from
+        -- it as the TAT rounded up is from the reading's millisecond (so the same expiry where the clocks agree,
+        -- and never less than the TAT's lead), at least 1 ms (PX takes no 0; a TAT not ahead is worth no more than
+        -- a missing key). Instants are non-negative: ceil(x / 10^6) is trunc((x + 999999) / 10^6).
+        local at_ms = big_shift(big_add(write_tat, ROUND_UP_MS), 6)
         local written
-        if ttl_ms < 1 then
-          written = redis.pcall('DEL', key)
-        elseif caller_now_us then
-          written = redis.pcall('SET', key, big_text(write_tat), 'PX', string.format('%d', ttl_ms))
+        if caller_now_us then
+          local lead_ms = math.max(big_f64(big_sub(at_ms, big_shift(now, 6))), 1)
+          written = redis.pcall('SET', key, big_text(write_tat), 'PX', string.format('%d', lead_ms))
         else
-          local now_ms = (server_now_us - server_now_us % MICROS_PER_MS) / MICROS_PER_MS
-          written = redis.pcall('SET', key, big_text(write_tat), 'PXAT', string.format('%d', now_ms + ttl_ms))
+          written = redis.pcall('SET', key, big_text(write_tat), 'PXAT', big_text(at_ms))
         end
         if type(written) == 'table' and written.err then refuse(written.err) end
       end

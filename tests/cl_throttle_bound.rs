@@ -221,3 +221,13 @@ fn check(form: Form, seed: u64) {
 fn module_keeps_the_bound_at_any_rate() {
     check(Form::Module, 0xb0_0d01);
 }
+
+#[test]
+fn script_keeps_the_bound_at_any_rate() {
+    check(Form::Script, 0xb0_0d02);
+}
+
+#[test]
+fn library_keeps_the_bound_at_any_rate() {
+    check(Form::Library, 0xb0_0d03);
+}
