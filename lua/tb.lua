@@ -17,10 +17,9 @@ ONE FILE, TWO FORMS
   versions can live side by side on one server. Loaded with FUNCTION LOAD, the file registers one function per
   command, LIB .. "_" .. the command's name in lowercase without "tb.", its dots as underscores:
   tb_0_4_0_acquire, _acquireall, _acquireeach, _acquireatmost, _reserve, _refund, _charge, _block, _lower,
-  _cl_throttle. Their flags make them behave as the module's commands: none for the nine that are `deny-oom` in the
-  module (a
-  call is refused with OOM above maxmemory before it runs, peeks and refusals included), `allow-oom` for
-  TB.REFUND, which the module performs out of memory.
+  _cl_throttle. Their flags: none for the nine that write (above maxmemory such a function is refused with OOM
+  before it runs, peeks and refusals included: see WHERE IT DIFFERS), `allow-oom` for TB.REFUND, which the module
+  performs above maxmemory too.
 
   "This file" is lua/tb.lua, which every package loads. It is generated from lua/tb.source.lua, the file to read and
   edit, by scripts/lua_inline.py (`make lua`; `make lint` checks it): the same text, with each use of a named
@@ -95,12 +94,13 @@ WHERE IT DIFFERS FROM THE MODULE
     2^63; stored `ts` values above 2^53 µs (after the year 2255) are read to the nearest double, and an instant
     computed beyond 2^53 µs (a bucket full again only after the year 2255) is rounded to a double, so its reset
     or wait may come back 1 ms low.
-  - Out of memory (above maxmemory), in the EVAL form only: the module refuses every command but TB.REFUND before
-    it runs (they are `deny-oom`), and so does the function form (its flags). Redis cannot refuse an EVAL that way
-    (a flag in the script's first line is an error on Redis 6.2), so there a call that writes nothing (a peek at
-    cost 0, a refusal, a full bucket) is answered, a call that writes is refused with the module's OOM reply
-    (Redis refuses the script's first write), and a partial TB.REFUND is refused too, where the module performs it
-    (a refund that fills the bucket deletes the key and succeeds in both).
+  - Out of memory (above maxmemory): the module answers a call that writes nothing (a peek, a refusal, a full
+    bucket), refuses one that would write with Redis's OOM reply and changes nothing, and performs TB.REFUND. The
+    EVAL form does the same (Redis refuses a script's first write with that reply; a CL.THROTTLE peek is answered
+    without its write), but for a partial TB.REFUND, which it refuses (a refund that fills the bucket deletes the
+    key and succeeds in both). The function form cannot: Redis either refuses a function before it runs (no flags)
+    or lets it write past maxmemory (`allow-oom`), so there every call but TB.REFUND is refused, peeks and
+    refusals too.
   - On the caller's clock (`@<µs>`), a reading earlier than a bucket's last one leaves the bucket's time where it
     is, and a reading more than 10 s past the server's clock counts as 10 s past (see CALLING IT); the module, on
     its server's clock, rebases the bucket to an earlier reading.
@@ -1621,7 +1621,13 @@ if AS_LIBRARY or first_failure.command == 'CL.THROTTLE' then
         else
           written = redis.pcall('SET', key, big_text(write_tat), 'PXAT', big_text(at_ms))
         end
-        if type(written) == 'table' and written.err then refuse(written.err) end
+        -- Above maxmemory Redis refuses a script's first write (OOM): an allowed call is refused with that text and
+        -- changes nothing, as the module refuses it; a peek (quantity 0) is answered without its write, as the
+        -- module answers it (it would store the TAT it found, or now: no more than a missing key).
+        if type(written) == 'table' and written.err
+            and not (#quantity == 0 and string.sub(written.err, 1, 4) == 'OOM ') then
+          refuse(written.err)
+        end
       end
       return { limited and 1 or 0, math.min(big_f64(limit), 9223372036854774784 --[[REPLY_MAX]]),
                throttle_remaining(big_sub(tolerance, ttl), interval), retry_s, whole_seconds_up(ttl) }
@@ -1643,7 +1649,8 @@ if AS_LIBRARY then
     return general()[command](keys, rest_of(argv, first))
   end
 
-  -- name, command, flags: the module's TB.REFUND is not deny-oom, every other command is.
+  -- name, command, flags: TB.REFUND is performed above maxmemory (allow-oom), as the module performs it; no flag
+  -- lets a function answer refusals there yet refuse writes, so every other one is refused before it runs.
   local functions = {
     { 'acquire', 'TB.ACQUIRE', {} },
     { 'acquireall', 'TB.ACQUIREALL', {} },

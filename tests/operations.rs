@@ -57,9 +57,11 @@ fn command_info_describes_arity_flags_and_key() {
         return;
     }
     assert_eq!(info[1], "-4");
-    for flag in ["write", "denyoom", "fast"] {
+    for flag in ["write", "fast"] {
         assert!(info.contains(&flag.to_string()), "{flag} in {info:?}");
     }
+    // Not deny-oom: above maxmemory a call that writes nothing is answered (tests/maxmemory.rs).
+    assert!(!info.contains(&"denyoom".to_string()), "{info:?}");
     // first key, last key, step.
     let at = info.iter().position(|item| item == "fast").expect("flags") + 1;
     assert_eq!(info[at..at + 3], ["1", "1", "1"], "{info:?}");

@@ -13,8 +13,10 @@ use super::{arg, one_bucket_args, one_bucket_docs, reply_counted, reply_error, T
 
 /// The command's name as registered.
 pub const ACQUIRE_NAME: &CStr = c"tb.acquire";
-/// Registration flags: it writes, may grow memory (refused under OOM), and is O(1).
-pub const ACQUIRE_FLAGS: &CStr = c"write deny-oom fast";
+/// Registration flags: it writes and is O(1). Not `deny-oom`, which would have the server refuse every call above
+/// `maxmemory`: there a call that would write is refused with Redis's OOM reply and changes nothing, and a
+/// refusal or a peek is answered (see `state::memory_for_writes`).
+pub const ACQUIRE_FLAGS: &CStr = c"write fast";
 /// What `COMMAND DOCS` and `COMMAND INFO` say about it.
 pub const ACQUIRE_DOCS: CommandDocs = one_bucket_docs(
     c"Refills the token bucket at key on the server clock and takes cost tokens if it holds them.",
@@ -152,9 +154,12 @@ fn acquire_all(call: &Call<'_>) -> Result<(Combined, Cost), TbError> {
     let combined = bucket::acquire_all(&members, server::now_us(), cost);
     // Every key was read and checked above, so these writes cannot fail half-way for a reason we could
     // have caught first; all of them reach replicas and the AOF inside the one MULTI/EXEC of this command.
-    for (bucket, write) in opened.iter().zip(&combined.writes) {
-        bucket.write(call, write.as_ref())?;
-    }
+    OpenBucket::write_each(
+        call,
+        opened
+            .iter()
+            .zip(combined.writes.iter().map(Option::as_ref)),
+    )?;
     Ok((combined, cost))
 }
 

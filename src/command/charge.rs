@@ -18,8 +18,8 @@ use super::{arg, one_bucket_args, one_bucket_docs, reply_counted, reply_error, T
 
 /// The charging command's name as registered.
 pub const CHARGE_NAME: &CStr = c"tb.charge";
-/// Like `TB.ACQUIRE`: it writes, may create a key (refused under OOM, as every call that takes is), and is O(1).
-pub const CHARGE_FLAGS: &CStr = c"write deny-oom fast";
+/// Like `TB.ACQUIRE`: it writes (refused above `maxmemory`, as every call that writes is) and is O(1).
+pub const CHARGE_FLAGS: &CStr = c"write fast";
 pub const CHARGE_DOCS: CommandDocs = one_bucket_docs(
     c"Takes cost tokens from the token bucket at key even when it does not hold them, leaving it in debt.",
     c"0.3.0",

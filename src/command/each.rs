@@ -127,9 +127,12 @@ fn acquire_each(call: &Call<'_>) -> Result<(Each, Tally), TbError> {
     let each = bucket::acquire_each(&members, server::now_us());
     // Every key was read and checked above, so the writes cannot fail half-way for a reason we could have caught
     // first; they reach replicas and the AOF inside the one MULTI/EXEC of this command.
-    for (bucket, decision) in opened.iter().zip(&each.buckets) {
-        bucket.write(call, decision.write.as_ref())?;
-    }
+    OpenBucket::write_each(
+        call,
+        opened
+            .iter()
+            .zip(each.buckets.iter().map(|decision| decision.write.as_ref())),
+    )?;
     let tally = Tally::of(each.outcome, each.largest_cost_taken(&members));
     Ok((each, tally))
 }

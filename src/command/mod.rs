@@ -63,8 +63,8 @@
 //!   4) retry_after      seconds until this call would be allowed; -1 when allowed, and when it never will be
 //!   5) reset_after      seconds until the key is empty again
 //!   Both waits are truncated to the ms, then rounded up to whole seconds (2.000 s -> 2, 2.001 s -> 3).
-//! State: a string, the theoretical arrival time in decimal ns since the epoch, expiring when it passes (to the
-//!   ms below); written by allowed calls only (quantity 0 too), replicated as `SET key tat PXAT ms`. See `gcra`.
+//! State: a string, the theoretical arrival time in decimal ns since the epoch, expiring when it passes (rounded up
+//!   to the ms); written by allowed calls only (quantity 0 too), replicated as `SET key tat PXAT ms`. See `gcra`.
 //! Errors: ERR max_burst must be an integer from 0 to 9223372036854775806 (likewise count_per_period, period,
 //!   quantity: each named), ERR key does not hold a CL.THROTTLE state (...), WRONGTYPE for a hash or other type,
 //!   and ERRs for limits whose nanoseconds overflow (see `TbError::wire_text`).
@@ -81,6 +81,10 @@
 //!   ERR tokens must be a number no lower than -(rate * 86400)         TB.LOWER
 //!   ERR charge would put the bucket more than 24 hours of refill into debt
 //!   ERR TB commands are refused inside scripts on Redis before 7.0: ...   any command from a script on 6.2
+//!   OOM command not allowed when used memory > 'maxmemory'.   Redis's own text: a call that would write, above
+//!                                               maxmemory (every command but TB.REFUND; a CL.THROTTLE peek is
+//!                                               answered without its write). No command is `deny-oom`, so a
+//!                                               refusal or a peek is answered at any memory
 //!   ERR failed to write the token bucket        the server refused a string or key the write needs; no known
 //!                                               input or configuration leads here (renamed HSET/PEXPIREAT are
 //!                                               refused at load time instead)
@@ -203,6 +207,8 @@ pub enum TbError {
     Gcra(GcraError),
     /// A `CL.THROTTLE` key holding a string that is not a decimal TAT.
     NotAThrottleState,
+    /// The call would write while the server is above `maxmemory` (see [`state::memory_for_writes`]).
+    OutOfMemory,
 }
 
 impl TbError {
@@ -256,6 +262,8 @@ impl TbError {
             TbError::NotAThrottleState => {
                 c"ERR key does not hold a CL.THROTTLE state (expected a string of decimal nanoseconds since the epoch)"
             }
+            // Redis's own reply to a `deny-oom` command, word for word, so that clients treat both alike.
+            TbError::OutOfMemory => c"OOM command not allowed when used memory > 'maxmemory'.",
             TbError::ScriptOnLegacyServer => {
                 c"ERR TB commands are refused inside scripts on Redis before 7.0: there a script (redis.set_repl, or lua-replicate-commands no) can keep their writes from replicas and the AOF. Call them outside the script (MULTI/EXEC is fine), or upgrade to Redis 7.0 or later"
             }
@@ -605,11 +613,14 @@ mod tests {
             TbError::Gcra(GcraError::IntervalUnderOneNs),
             TbError::Gcra(GcraError::ToleranceTooLong),
             TbError::Gcra(GcraError::TatOutOfRange),
+            TbError::OutOfMemory,
         ];
         for error in all {
             let text = error.wire_text().to_str().expect("ascii");
             assert!(
-                text.starts_with("ERR ") || text.starts_with("WRONGTYPE "),
+                text.starts_with("ERR ")
+                    || text.starts_with("WRONGTYPE ")
+                    || text.starts_with("OOM "),
                 "{text}"
             );
         }

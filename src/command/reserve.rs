@@ -15,8 +15,8 @@ use super::{arg, one_bucket_args, one_bucket_docs, reply_counted, reply_error, T
 
 /// The reserving command's name as registered.
 pub const RESERVE_NAME: &CStr = c"tb.reserve";
-/// Like `TB.ACQUIRE`: it writes, may grow memory (refused under OOM), and is O(1).
-pub const RESERVE_FLAGS: &CStr = c"write deny-oom fast";
+/// Like `TB.ACQUIRE`: it writes (refused above `maxmemory`, as every call that writes is) and is O(1).
+pub const RESERVE_FLAGS: &CStr = c"write fast";
 pub const RESERVE_DOCS: CommandDocs = CommandDocs {
     summary: c"Takes cost tokens from the token bucket at key now, for the caller to act after a wait of at most max_wait_ms.",
     complexity: c"O(1)",
@@ -38,9 +38,9 @@ pub(super) const RESERVE_ARITY_ERROR: &CStr =
 
 /// The refunding command's name as registered.
 pub const REFUND_NAME: &CStr = c"tb.refund";
-/// Not `deny-oom`: a refund rewrites two fields of an existing hash (at most a few bytes more, when an integral
-/// token count becomes a fraction) or deletes it, and a limiter that cannot give tokens back while memory is full
-/// would over-count.
+/// Not `deny-oom`, as no command is, and unlike the others performed above `maxmemory` too: a refund rewrites two
+/// fields of an existing hash (at most a few bytes more, when an integral token count becomes a fraction) or
+/// deletes it, and a limiter that cannot give tokens back while memory is full would over-count.
 pub const REFUND_FLAGS: &CStr = c"write fast";
 pub const REFUND_DOCS: CommandDocs = one_bucket_docs(
     c"Gives amount tokens back to the token bucket at key, up to its burst, unless it is in debt.",
@@ -135,7 +135,7 @@ fn refund(call: &Call<'_>) -> Result<bucket::Refund, TbError> {
     let refund = bucket::refund(opened.stored, server::now_us(), &params, amount);
     match refund.change {
         KeyChange::Keep => {}
-        KeyChange::Write(write) => opened.write(call, Some(&write))?,
+        KeyChange::Write(write) => opened.write_at_any_memory(call, Some(&write))?,
         KeyChange::Delete => opened.delete(call)?,
     }
     Ok(refund)

@@ -48,8 +48,34 @@ impl<'c> OpenBucket<'c> {
             .collect()
     }
 
-    /// Stores the decision's write, if it made one (see [`write_state`]).
+    /// Stores the decision's write, if it made one (see [`write_state`]); refused above `maxmemory` (see
+    /// [`memory_for_writes`]).
     pub(super) fn write(&self, call: &Call<'_>, write: Option<&Write>) -> Result<(), TbError> {
+        memory_for_writes(call, write.is_some())?;
+        self.write_at_any_memory(call, write)
+    }
+
+    /// Stores each bucket's write, if it made one: all of them, or (above `maxmemory`) none.
+    pub(super) fn write_each<'b, 'w>(
+        call: &Call<'_>,
+        writes: impl Iterator<Item = (&'b OpenBucket<'c>, Option<&'w Write>)> + Clone,
+    ) -> Result<(), TbError>
+    where
+        'c: 'b,
+    {
+        memory_for_writes(call, writes.clone().any(|(_, write)| write.is_some()))?;
+        for (bucket, write) in writes {
+            bucket.write_at_any_memory(call, write)?;
+        }
+        Ok(())
+    }
+
+    /// Stores the decision's write even above `maxmemory`: for `TB.REFUND`, which only gives tokens back.
+    pub(super) fn write_at_any_memory(
+        &self,
+        call: &Call<'_>,
+        write: Option<&Write>,
+    ) -> Result<(), TbError> {
         match write {
             Some(write) => write_state(call, &self.key, write, self.stored.is_some()),
             None => Ok(()),
@@ -59,6 +85,18 @@ impl<'c> OpenBucket<'c> {
     /// Deletes the bucket (see [`delete_state`]).
     pub(super) fn delete(&self, call: &Call<'_>) -> Result<(), TbError> {
         delete_state(call, &self.key)
+    }
+}
+
+/// Refuses a call that `writes` while the server is above `maxmemory` and could not evict below it, with Redis's
+/// own OOM reply, before anything is written. The commands are not `deny-oom`, which would have the server refuse
+/// every call, refusals and peeks too, before it runs: a call that writes nothing is answered at any memory, as
+/// redis-cell answers. Only a call that writes asks the server (the flags are computed on each read).
+pub(super) fn memory_for_writes(call: &Call<'_>, writes: bool) -> Result<(), TbError> {
+    if writes && call.out_of_memory() {
+        Err(TbError::OutOfMemory)
+    } else {
+        Ok(())
     }
 }
 

@@ -14,12 +14,16 @@ use crate::number;
 use crate::server::{self, ArgKind, Call, Command, CommandDocs, EventClass, Key, KeyKind};
 use crate::stats::Tally;
 
+use super::state::memory_for_writes;
 use super::{arg, reply_counted, reply_error, TbError};
 
 /// The command's name as registered: redis-cell's.
 pub const THROTTLE_NAME: &CStr = c"cl.throttle";
-/// It writes, may create a key (refused under OOM), and is O(1).
-pub const THROTTLE_FLAGS: &CStr = c"write deny-oom fast";
+/// It writes and is O(1). Not `deny-oom`, as no command of the module is: above `maxmemory` a call that would
+/// store a TAT is refused with Redis's OOM reply and changes nothing, a limited call is answered as redis-cell
+/// answers it, and a peek (quantity 0) is answered without its write (it would store the same TAT, or one not
+/// ahead, which counts as none).
+pub const THROTTLE_FLAGS: &CStr = c"write fast";
 pub const THROTTLE_DOCS: CommandDocs = CommandDocs {
     summary: c"Rate limits the key with GCRA on the server clock, as redis-cell's CL.THROTTLE: limited, limit, remaining, retry_after and reset_after in seconds.",
     complexity: c"O(1)",
@@ -86,7 +90,14 @@ fn throttle(call: &Call<'_>) -> Result<(Throttle, Quantity), TbError> {
     let stored_tat_ns = read_tat(&key)?;
     let decision = gcra::throttle(stored_tat_ns, server::now_ns(), &limit, quantity)?;
     if let Some(write) = &decision.write {
-        write_tat(call, &key, write)?;
+        if quantity.get() > 0 {
+            memory_for_writes(call, true)?;
+            write_tat(call, &key, write)?;
+        } else if !call.out_of_memory() {
+            // A peek stores the TAT it found, or now (no more than a missing key): above maxmemory it is answered
+            // without that write.
+            write_tat(call, &key, write)?;
+        }
     }
     Ok((decision, quantity))
 }

@@ -131,6 +131,17 @@ impl<'a> Call<'a> {
         flags & raw::REDISMODULE_CTX_FLAGS_LUA as c_int != 0
     }
 
+    /// Whether the server is above its `maxmemory` and could not evict below it: the state in which Redis refuses
+    /// its own `deny-oom` commands. The context flags compute it from the memory in use on each read.
+    pub fn out_of_memory(&self) -> bool {
+        let Some(flags) = (unsafe { raw::RedisModule_GetContextFlags }) else {
+            return false;
+        };
+        // SAFETY: `ctx` is the live context of this call.
+        let flags = unsafe { flags(self.ctx) };
+        flags & raw::REDISMODULE_CTX_FLAGS_OOM as c_int != 0
+    }
+
     /// Replies with an array of integers.
     pub fn reply_integers(&self, values: &[i64]) {
         self.reply_integers_and_rows::<0>(values, std::iter::empty());

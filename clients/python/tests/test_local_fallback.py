@@ -301,10 +301,12 @@ def redis_tokens(server: Server, key: str, rate: float, burst: float) -> float:
 
 
 def lower_stats(server: Server) -> dict[str, int]:
-    """TB.LOWER's counts in INFO commandstats: `calls` run, `rejected_calls` refused before running (OOM, ACL)."""
+    """TB.LOWER's counts in INFO commandstats: `calls` answered, `rejected_calls` refused, before running (ACL) or
+    by the command itself (OOM: it answers a call that writes nothing, so it runs; Redis counts `failed_calls`)."""
     with server.client() as admin:
         stats = admin.info("commandstats").get("cmdstat_tb.lower", {})
-    return {name: int(stats.get(name, 0)) for name in ("calls", "rejected_calls")}
+    calls, rejected, failed = (int(stats.get(name, 0)) for name in ("calls", "rejected_calls", "failed_calls"))
+    return {"calls": calls - failed, "rejected_calls": rejected + failed}
 
 
 #: The paced client: rate 2/s, burst 5, its burst used at once and then one request at each token's refill, through

@@ -305,28 +305,42 @@ def test_stored_fields_are_read_as_the_module_reads_them(
 
 
 def test_out_of_memory_as_the_module_where_the_form_allows(plain_server: Server) -> None:
-    """Above maxmemory the module refuses every command but TB.REFUND before it runs (they are deny-oom); the
-    function form does the same through its flags. The EVAL form cannot: it answers calls that write nothing, and
-    Redis refuses its first write with the module's OOM text, so a partial refund fails there."""
+    """Above maxmemory the module answers a call that writes nothing (a peek, a refusal), refuses one that would
+    write with Redis's OOM text and changes nothing, and performs TB.REFUND. The EVAL form does the same (Redis
+    refuses a script's first write with that text; a CL.THROTTLE peek is answered without its write), but refuses
+    a partial refund. The function form cannot tell a write before it runs: every function but TB.REFUND's is
+    refused there, peeks and refusals too."""
     module_server = Server(module=True)
     oom = ("error", "command not allowed when used memory > 'maxmemory'.")
     try:
         module, plain = module_server.client(), plain_server.client()
         forms = script_forms(plain)
         servers = [("module", module), *[(form, plain) for form in forms]]
+        throttle = ["0", "1", "3600"]
         for form, conn in servers:
             assert run_form(conn, form, "TB.ACQUIRE", ["10", "20", "5"]) == [1, 15, 0, 500]
+            assert run_form(conn, form, "CL.THROTTLE", throttle, "{oom}t") == [0, 1, 0, -1, 3600]
         peek, take = ["10", "20", "0"], ["10", "20", "1"]
         for form, conn in servers:
             conn.config_set("maxmemory", "1")
             try:
                 assert run_form(conn, form, "TB.ACQUIRE", take) == oom, form
+                assert run_form(conn, form, "CL.THROTTLE", throttle, "{oom}new") == oom, form
                 refunded = run_form(conn, form, "TB.REFUND", ["10", "20", "1"])
+                answered = [
+                    run_form(conn, form, "TB.ACQUIRE", peek),
+                    run_form(conn, form, "CL.THROTTLE", throttle, "{oom}t"),
+                    run_form(conn, form, "CL.THROTTLE", [*throttle, "0"], "{oom}new"),
+                ]
+                if form == "fcall":
+                    assert answered == [oom, oom, oom], form
+                else:
+                    assert answered[0][0] == 1, form
+                    assert answered[1:] == [[1, 1, 0, 3600, 3600], [0, 1, 1, -1, 0]], form
+                assert conn.exists(form + "{oom}new") == 0, form
                 if form == "eval":
-                    assert run_form(conn, form, "TB.ACQUIRE", peek)[0] == 1  # answered: it writes nothing
                     assert refunded == oom
                 else:
-                    assert run_form(conn, form, "TB.ACQUIRE", peek) == oom, form
                     assert refunded[0] == 1, form
                 assert run_form(conn, form, "TB.REFUND", ["10", "20", "20"])[0] == 1, form  # full: the key goes
                 assert conn.exists(form + "{oom}") == 0, form
@@ -336,8 +350,8 @@ def test_out_of_memory_as_the_module_where_the_form_allows(plain_server: Server)
         module_server.stop()
 
 
-def run_form(conn: redis.Redis, form: str, name: str, args: list[str]) -> Any:
-    key = form + "{oom}"
+def run_form(conn: redis.Redis, form: str, name: str, args: list[str], key: str = "{oom}") -> Any:
+    key = form + key
     if form == "module":
         return module_call(conn, name, key, args)
     return call(conn, form, name, [key], args)
