@@ -1623,9 +1623,10 @@ if AS_LIBRARY or first_failure.command == 'CL.THROTTLE' then
         end
         -- Above maxmemory Redis refuses a script's first write (OOM): an allowed call is refused with that text and
         -- changes nothing, as the module refuses it; a peek (quantity 0) is answered without its write, as the
-        -- module answers it (it would store the TAT it found, or now: no more than a missing key).
+        -- module answers it (it would store the TAT it found, or now: no more than a missing key). Redis 6.2 puts
+        -- the script's line before the text.
         if type(written) == 'table' and written.err
-            and not (#quantity == 0 and string.sub(written.err, 1, 4) == 'OOM ') then
+            and not (#quantity == 0 and string.find(written.err, 'OOM command not allowed', 1, true)) then
           refuse(written.err)
         end
       end
