@@ -6,7 +6,7 @@
 //! ```text
 //! config/       pure: the YAML format, checked once (format.rs); descriptor matching (tree.rs: exact, wildcard,
 //!               key only, nesting)
-//! decision/     pure: request -> buckets and costs (mod.rs), their Redis keys (keys.rs); module reply ->
+//! decision/     pure: request -> buckets and costs (mod.rs), their Redis keys (the client crate's); module reply ->
 //!               statuses, overall code, shadow and quota mode (verdict.rs); the response headers (headers.rs)
 //! service.rs    the gRPC service, thin over decision and backend
 //! backend.rs    Redis standalone or Cluster, timeouts, reconnecting in the background

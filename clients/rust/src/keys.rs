@@ -122,8 +122,13 @@ pub fn escape(identity: &str) -> String {
 
 /// [`escape`] written at the end of `out`.
 fn push_escaped(out: &mut String, identity: &str) {
+    push_escaped_also(out, identity, &[]);
+}
+
+/// [`escape`] written at the end of `out`, with the bytes of `also` escaped too.
+fn push_escaped_also(out: &mut String, identity: &str, also: &[u8]) {
     for &byte in identity.as_bytes() {
-        if is_kept(byte) {
+        if is_kept(byte) && !also.contains(&byte) {
             out.push(char::from(byte));
         } else {
             // Writing to a String cannot fail.
@@ -173,6 +178,26 @@ pub fn tagged_key(prefix: &str, tag: &str, limit_name: &str) -> String {
     let mut key = start_key(prefix, tag.len(), limit_name);
     key.push_str(tag);
     end_key(key, limit_name)
+}
+
+/// The key of an Envoy rate limit descriptor's bucket (tb-rls): `<prefix>{<domain>}:<key>=<value>...`, one
+/// `:<key>=<value>` per entry. Each part is escaped as [`escape`] escapes an identity, and `:` and `=` too, since
+/// here they separate the entries of one key: distinct descriptors never share a key, and the hash tag is always
+/// exactly the domain, so every bucket of one request lands in one Cluster slot.
+pub fn descriptor_key(prefix: &str, domain: &str, entries: &[(String, String)]) -> String {
+    const SEPARATORS: &[u8] = b":=";
+    let mut key = String::with_capacity(prefix.len() + domain.len() + 16 * entries.len() + 2);
+    key.push_str(prefix);
+    key.push('{');
+    push_escaped_also(&mut key, domain, SEPARATORS);
+    key.push('}');
+    for (name, value) in entries {
+        key.push(':');
+        push_escaped_also(&mut key, name, SEPARATORS);
+        key.push('=');
+        push_escaped_also(&mut key, value, SEPARATORS);
+    }
+    key
 }
 
 /// `<prefix>{`, with room for a tag of about `tag_len` bytes and the rest.

@@ -4,7 +4,7 @@
 //! Each request descriptor with a bucket limit becomes one bucket of the call:
 //!
 //! ```text
-//! key    <prefix>{<domain>}:<key>=<value>:<key>=<value>...   each part %-escaped (see `bucket_key`)
+//! key    <prefix>{<domain>}:<key>=<value>:<key>=<value>...   each part %-escaped (see `descriptor_key`)
 //! rate   requests_per_unit / the unit's seconds               tokens per second
 //! burst  the limit's burst (default requests_per_unit)
 //! cost   the descriptor's hits_addend, else the request's, else 1 (0 reports without taking)
@@ -27,7 +27,6 @@
 //!
 //! ```text
 //! mod.rs      the types, planning a request, the command's arguments, reading its reply
-//! keys.rs     a bucket's Redis key
 //! verdict.rs  the reply -> the response: statuses, overall code, shadow and quota mode
 //! headers.rs  the response headers
 //! ```
@@ -41,11 +40,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use crate::config::{Config, Limit, Policy, Unit};
 
 mod headers;
-mod keys;
 mod verdict;
 
 pub use headers::{rate_limit_headers, HeaderFormat, HeaderNames, HeaderRow, MAX_SF_INTEGER};
-pub use keys::bucket_key;
+pub use redis_tb_client::keys::descriptor_key;
 pub use verdict::Verdict;
 
 /// `RateLimitResponse.Code.OVER_LIMIT`, for callers comparing a response's code.
@@ -259,7 +257,7 @@ pub fn plan(
             } => slots.push(Slot::Zero(limit)),
             Policy::Bucket { burst, .. } => {
                 let rate_per_sec = limit.rate_per_sec().unwrap_or(1.0);
-                let key = bucket_key(&options.key_prefix, &request.domain, &bucket_entries);
+                let key = descriptor_key(&options.key_prefix, &request.domain, &bucket_entries);
                 if let Some(index) = buckets.iter().position(|bucket| bucket.key == key) {
                     if let Some(bucket) = buckets.get_mut(index) {
                         bucket.cost = bucket.cost.saturating_add(cost);

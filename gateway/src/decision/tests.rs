@@ -156,8 +156,8 @@ fn command_args_are_key_rate_burst_cost_per_bucket() {
 
 #[test]
 fn keys_escape_separators_so_entries_never_collide() {
-    let one = bucket_key("p:", "d", &[("a".to_owned(), "b:c=d".to_owned())]);
-    let two = bucket_key(
+    let one = descriptor_key("p:", "d", &[("a".to_owned(), "b:c=d".to_owned())]);
+    let two = descriptor_key(
         "p:",
         "d",
         &[
@@ -167,7 +167,7 @@ fn keys_escape_separators_so_entries_never_collide() {
     );
     assert_eq!(one, "p:{d}:a=b%3Ac%3Dd");
     assert_eq!(two, "p:{d}:a=b:c=d");
-    assert_eq!(bucket_key("", "x}y", &[]), "{x%7Dy}");
+    assert_eq!(descriptor_key("", "x}y", &[]), "{x%7Dy}");
 }
 
 #[test]
@@ -612,7 +612,7 @@ fn bucket_keys_match_the_shared_fixture() {
                 (part(0), part(1))
             })
             .collect();
-        let key = bucket_key(&text("prefix"), &text("domain"), &entries);
+        let key = descriptor_key(&text("prefix"), &text("domain"), &entries);
         assert_eq!(key, text("key"), "{entries:?}");
         // One `{` and one `}` after the prefix: the hash tag is exactly the escaped domain.
         let tagged = key
@@ -653,7 +653,7 @@ fn a_domain_is_escaped_as_the_packages_escape_an_identity() {
         let prefix = row["prefix"].as_str().expect("a prefix");
         let limit = row["limit"].as_str().expect("a limit");
         let expected = row["key"].as_str().expect("a key");
-        let tagged = bucket_key(prefix, identity, &[]) + ":" + limit;
+        let tagged = descriptor_key(prefix, identity, &[]) + ":" + limit;
         assert_eq!(tagged, expected, "{identity:?}");
         checked += 1;
     }
