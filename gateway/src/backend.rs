@@ -39,7 +39,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Value};
 use redis_tb_client::cluster::{key_slot, Routed};
 use redis_tb_client::failure::Action;
-use redis_tb_client::Backends;
+use redis_tb_client::{AcquiredEach, Backends, BucketWithCost};
 
 use crate::metrics::Metrics;
 
@@ -258,15 +258,18 @@ impl Backend {
             || self.inner.now_ms().saturating_sub(timeout) > SUSPECT_FOR_MS
     }
 
-    /// Sends `TB.ACQUIREEACH` with `args` and returns the raw reply.
-    pub async fn acquire_each(&self, args: &[String]) -> Result<Value, BackendError> {
+    /// Sends `TB.ACQUIREEACH` over `buckets` and returns its reply, one result per bucket.
+    pub async fn acquire_each(
+        &self,
+        buckets: &[BucketWithCost<'_>],
+    ) -> Result<AcquiredEach, BackendError> {
         let Some((generation, connection)) = self.current() else {
             self.reconnect();
             return Err(BackendError::Unavailable("not connected".to_owned()));
         };
         let outcome = tokio::time::timeout(
             self.inner.timeout,
-            acquire_each(&self.inner.backends, connection, args),
+            acquire_each(&self.inner.backends, connection, buckets),
         )
         .await;
         let result = match outcome {
@@ -391,20 +394,18 @@ impl Backend {
     }
 }
 
-/// `TB.ACQUIREEACH` with the module's arguments, on the backend `backends` has found.
+/// `TB.ACQUIREEACH` over `buckets`, on the backend `backends` has found.
 async fn acquire_each(
     backends: &Backends,
     connection: Connection,
-    args: &[String],
-) -> Result<Value, redis_tb_client::Error> {
+    buckets: &[BucketWithCost<'_>],
+) -> Result<AcquiredEach, redis_tb_client::Error> {
     match connection {
-        Connection::Single(mut connection) => {
-            backends.acquire_each_raw(&mut connection, args).await
-        }
+        Connection::Single(mut connection) => backends.acquire_each(&mut connection, buckets).await,
         Connection::Cluster(mut connection) => {
-            let slot = key_slot(args.first().map_or("", String::as_str));
+            let slot = key_slot(buckets.first().map_or("", |bucket| bucket.key));
             backends
-                .acquire_each_raw(&mut Routed::new(&mut connection, slot), args)
+                .acquire_each(&mut Routed::new(&mut connection, slot), buckets)
                 .await
         }
     }

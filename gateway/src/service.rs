@@ -61,7 +61,7 @@ impl RateLimiter {
         let mut reply = None;
         if !plan.buckets.is_empty() {
             for _ in 0..MAX_CALLS {
-                let value = self.backend.acquire_each(&plan.command_args()).await.map_err(|err| {
+                let parsed = self.backend.acquire_each(&plan.command_buckets()).await.map_err(|err| {
                     let unavailable = matches!(err, BackendError::Unavailable(_));
                     self.metrics.redis_error(unavailable);
                     if let Some(suppressed) = self.failure_log.admit() {
@@ -77,11 +77,6 @@ impl RateLimiter {
                     } else {
                         (Outcome::Error, Status::internal(err.to_string()))
                     }
-                })?;
-                let parsed = decision::parse_reply(&value, plan.buckets.len()).map_err(|why| {
-                    self.metrics.redis_error(false);
-                    tracing::error!(domain = %request.domain, error = %why, "unexpected reply from redis");
-                    (Outcome::Error, Status::internal(format!("unexpected reply from redis: {why}")))
                 })?;
                 let again = plan.unshadow(&parsed);
                 reply = Some(parsed);

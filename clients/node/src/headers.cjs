@@ -5,9 +5,9 @@
 //   RateLimit: "<name>";r=<remaining>;t=<ceil(reset_after_ms / 1000)>
 // and the older single-limit fields from the limiting bucket (the one that refused, or the one with the fewest
 // tokens left): RateLimit-Limit (its burst), RateLimit-Remaining, RateLimit-Reset (seconds until full).
-// Retry-After (whole seconds, rounded up) only on a refusal that waiting can cure: a cost above a bucket's burst
-// never succeeds, so it has none. One mapping with the Python package and tb-rls: docs/headers.md, with the cases
-// in fixtures/headers.json.
+// Retry-After (whole seconds, rounded up, the limiting bucket's wait) only on a refusal that waiting can cure: a cost
+// above a bucket's burst never succeeds, so it has none. One mapping with the Python package and tb-rls:
+// docs/headers.md, with the cases in fixtures/headers.json.
 //
 // Every number is an integer from 0 to MAX_INTEGER, the largest RFC 8941 sf-integer (15 digits): a burst of 1e21
 // would print as `1e+21`, a burst / rate that overflows as `Infinity`, the module's saturated remaining with 19
@@ -83,16 +83,14 @@ function headersFor(decision, standard) {
   return headers;
 }
 
-/** How long until a refused call would succeed: the longest wait of the buckets that could not pay; -1 for never. */
+/**
+ * How long until a refused call would succeed: the limiting bucket's wait (the bucket the reply names, which the
+ * single-limit fields describe; the module names the one that cannot pay, the longest wait); -1 for never.
+ */
 function waitMs(decision) {
   if (decision.allowed) return 0;
-  let longest = 0;
-  for (const bucket of decision.buckets) {
-    if (bucket.fits === true) continue;
-    if (bucket.retryAfterMs < 0) return -1;
-    longest = Math.max(longest, bucket.retryAfterMs);
-  }
-  return longest;
+  const limiting = decision.buckets[decision.limitingIndex] ?? decision.buckets[0];
+  return limiting === undefined ? 0 : limiting.retryAfterMs;
 }
 
 module.exports = { rateLimitHeaders, headersFor, waitMs, FORMATS, MAX_INTEGER };

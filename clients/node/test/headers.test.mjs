@@ -20,8 +20,9 @@ function decisionOf(item) {
     limitingIndex: item.limiting_index,
     buckets: item.buckets.map((b) => ({
       name: b.name,
-      rate: b.rate,
-      burst: b.burst,
+      // "NaN", "Infinity" and "-Infinity" (strings: JSON has no such numbers) stand for those numbers.
+      rate: Number(b.rate),
+      burst: Number(b.burst),
       fits: b.fits,
       remaining: b.remaining,
       retryAfterMs: b.retry_after_ms,

@@ -21,9 +21,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Value};
 
-use crate::command::{self, Call};
+use crate::command::{self, BucketWithCost, Call};
 use crate::error::Error;
 use crate::failure;
+use crate::replies::AcquiredEach;
 use crate::script;
 
 /// How often a caller that left a module that had answered tries it again.
@@ -122,17 +123,28 @@ impl Backends {
             .unwrap_or(Backend::Module)
     }
 
-    /// `TB.ACQUIREEACH` given its module arguments (`key rate burst cost` quadruples), sent on `connection` to
-    /// the first backend the server offers; the reply as Redis sent it (the module's and the script's are alike).
-    pub async fn acquire_each_raw<C>(
+    /// `TB.ACQUIREEACH` over `buckets`, sent on `connection` to the first backend the server offers (as
+    /// [`Client::acquire_each`](crate::Client::acquire_each) over a connection the caller keeps): one result per
+    /// bucket, in call order, or [`Error::Protocol`] for a reply of another shape.
+    pub async fn acquire_each<C>(
         &self,
         connection: &mut C,
-        args: &[String],
-    ) -> Result<Value, Error>
+        buckets: &[BucketWithCost<'_>],
+    ) -> Result<AcquiredEach, Error>
     where
         C: ConnectionLike + Send,
     {
-        self.run(connection, &command::acquire_each_raw(args)).await
+        let reply = self
+            .run(connection, &command::acquire_each(buckets))
+            .await?;
+        if reply.buckets.len() != buckets.len() {
+            return Err(Error::Protocol(format!(
+                "TB.ACQUIREEACH: {} results for {} buckets",
+                reply.buckets.len(),
+                buckets.len()
+            )));
+        }
+        Ok(reply)
     }
 
     /// Sends `call` to the backend in use, switching and retrying as the replies say (a few attempts at most).

@@ -117,27 +117,6 @@ pub(crate) fn acquire_each(buckets: &[BucketWithCost<'_>]) -> Call<replies::Acqu
     }
 }
 
-/// `TB.ACQUIREEACH` from the module's arguments (`key rate burst cost` quadruples, as a caller that builds them
-/// itself holds them), its reply left as Redis sent it.
-pub(crate) fn acquire_each_raw(args: &[String]) -> Call<Value> {
-    let mut keys = Vec::with_capacity(args.len() / 4);
-    let mut script_args = Vec::with_capacity(args.len());
-    for (index, arg) in args.iter().enumerate() {
-        if index % 4 == 0 {
-            keys.push(arg.clone());
-        } else {
-            script_args.push(arg.clone());
-        }
-    }
-    Call {
-        name: "TB.ACQUIREEACH",
-        keys,
-        module_args: args.to_vec(),
-        script_args,
-        parse: |value| Ok(value.clone()),
-    }
-}
-
 pub(crate) fn acquire_at_most(
     key: &str,
     rate: f64,

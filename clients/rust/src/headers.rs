@@ -6,9 +6,13 @@
 //! - [`Standard::Legacy`]: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` of the limiting bucket.
 //! - [`Standard::Both`] (the default): both sets; [`Standard::None`]: neither.
 //! - Every number is an integer from 0 to [`MAX_INTEGER`], the largest RFC 8941 sf-integer: larger values (a burst
-//!   of 1e21, an infinite `burst / rate`, the module's saturated 2^63-1) go out as it (`fixtures/headers.json`).
-//! - `Retry-After` on a refusal, `ceil(retry_after_ms / 1000)` whole seconds; left out when `retry_after_ms` is
-//!   -1 (the cost exceeds the burst: waiting never helps).
+//!   of 1e21, an infinite `burst / rate`, the module's saturated 2^63-1) go out as it, values below 0 and NaN as 0
+//!   (`fixtures/headers.json`).
+//! - A limit's name is an sf-string: quoted, `"` and `\` escaped. It holds only 0x20 to 0x7E; a name's other bytes
+//!   go out as `%XX` (a [`Limit`](crate::Limit) refuses such a name, tb-rls takes names from requests).
+//! - `Retry-After` on a refusal, `ceil(retry_after_ms / 1000)` whole seconds of the limiting bucket (the one the
+//!   reply names, which the single-limit fields describe); left out when its `retry_after_ms` is -1 (the cost
+//!   exceeds the burst: waiting never helps).
 #![forbid(unsafe_code)]
 
 use std::fmt::{self, Write};
@@ -36,7 +40,7 @@ fn clamp(number: i64) -> i64 {
     number.clamp(0, MAX_INTEGER)
 }
 
-/// A non-negative double as a field's integer: rounded as given, clamped (infinity and NaN-free inputs only).
+/// A double as a field's integer, rounded as given: clamped to 0..=MAX_INTEGER, infinity as MAX_INTEGER, NaN as 0.
 fn clamp_f64(number: f64) -> i64 {
     if number >= MAX_INTEGER as f64 {
         MAX_INTEGER
@@ -51,8 +55,11 @@ fn clamp_f64(number: f64) -> i64 {
 /// A limit as the headers describe it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Policy<'a> {
+    /// The limit's name, sent as an sf-string.
     pub name: &'a str,
+    /// Tokens per second.
     pub rate: f64,
+    /// Capacity in tokens.
     pub burst: f64,
 }
 
@@ -64,17 +71,25 @@ fn seconds_up(ms: i64) -> i64 {
     }
 }
 
-/// An RFC 8941 sf-string: quoted, with `\` and `"` escaped, written at the end of `out`.
+/// An RFC 8941 sf-string, written at the end of `out`: quoted, with `\` and `"` escaped, and every byte outside
+/// 0x20 to 0x7E (which an sf-string cannot hold) as `%XX`.
 fn push_sf_string(out: &mut impl Write, text: &str) -> fmt::Result {
     out.write_char('"')?;
     let mut rest = text;
-    while let Some(at) = rest.find(['\\', '"']) {
-        let (plain, escaped) = rest.split_at(at);
+    while let Some(at) = rest.find(|c: char| matches!(c, '\\' | '"') || !(' '..='~').contains(&c)) {
+        let (plain, special) = rest.split_at(at);
         out.write_str(plain)?;
-        out.write_char('\\')?;
-        let mut chars = escaped.chars();
+        let mut chars = special.chars();
         if let Some(c) = chars.next() {
-            out.write_char(c)?;
+            if matches!(c, '\\' | '"') {
+                out.write_char('\\')?;
+                out.write_char(c)?;
+            } else {
+                let mut bytes = [0; 4];
+                for byte in c.encode_utf8(&mut bytes).bytes() {
+                    write!(out, "%{byte:02X}")?;
+                }
+            }
         }
         rest = chars.as_str();
     }
@@ -122,22 +137,11 @@ pub fn write_current_field<'a>(
     names: impl IntoIterator<Item = &'a str>,
     reply: &AcquiredEach,
 ) -> fmt::Result {
-    write_current_items(out, names, &reply.buckets)
-}
-
-/// [`write_current_field`] of the buckets of a reply, in call order: for a caller that holds them without an
-/// [`AcquiredEach`] (the tower layer's one-limit call).
-pub(crate) fn write_current_items<'a>(
-    out: &mut impl Write,
-    names: impl IntoIterator<Item = &'a str>,
-    buckets: &[BucketResult],
-) -> fmt::Result {
-    for (index, (name, bucket)) in names.into_iter().zip(buckets).enumerate() {
+    for (index, (name, bucket)) in names.into_iter().zip(&reply.buckets).enumerate() {
         if index > 0 {
             out.write_str(", ")?;
         }
         push_sf_string(out, name)?;
-        // itoa: the integers without the formatting machinery, on every response.
         let mut digits = itoa::Buffer::new();
         out.write_str(";r=")?;
         out.write_str(digits.format(remaining(bucket)))?;
@@ -149,13 +153,8 @@ pub(crate) fn write_current_items<'a>(
 
 /// The bucket the legacy fields describe: the reply's limiting one (the first when that index is out of range).
 pub fn legacy_index(policy_count: usize, reply: &AcquiredEach) -> usize {
-    legacy_index_of(policy_count, reply.limiting_index)
-}
-
-/// [`legacy_index`] of a reply's limiting index.
-pub(crate) fn legacy_index_of(policy_count: usize, limiting_index: usize) -> usize {
-    if limiting_index < policy_count {
-        limiting_index
+    if reply.limiting_index < policy_count {
+        reply.limiting_index
     } else {
         0
     }
@@ -171,7 +170,8 @@ pub fn reset_seconds(bucket: &BucketResult) -> i64 {
     seconds_up(bucket.reset_after_ms)
 }
 
-/// `Retry-After` of a decision: on a refusal that waiting can end, its wait in whole seconds rounded up.
+/// `Retry-After` of a decision: on a refusal that waiting can end, the limiting bucket's wait in whole seconds
+/// rounded up.
 pub fn retry_after_seconds(reply: &AcquiredEach) -> Option<i64> {
     let retry_after_ms = reply.retry_after_ms();
     (!reply.allowed && retry_after_ms >= 0).then(|| seconds_up(retry_after_ms))
@@ -187,7 +187,8 @@ pub fn sends_legacy(standard: Standard) -> bool {
     matches!(standard, Standard::Legacy | Standard::Both)
 }
 
-/// The header fields (name, value) for a decision over `policies`, one per bucket of `reply` in call order.
+/// The header fields (name, value) for a decision over `policies`, one per bucket of `reply` in call order: the
+/// mapping of docs/headers.md, which the tower layer and tb-rls send.
 pub fn rate_limit_headers(
     policies: &[Policy<'_>],
     reply: &AcquiredEach,
@@ -315,5 +316,18 @@ pub(crate) mod tests {
                 ("RateLimit", "\"a \\\"b\\\" \\\\\";r=5;t=0".to_owned()),
             ]
         );
+    }
+
+    #[test]
+    fn sf_strings_escape_quotes_and_backslashes_and_percent_encode_the_rest() {
+        let sf = |text: &str| {
+            let mut out = String::new();
+            push_sf_string(&mut out, text).expect("a String takes it");
+            out
+        };
+        assert_eq!(sf("a \"b\" \\c"), "\"a \\\"b\\\" \\\\c\"");
+        assert_eq!(sf("café\ttab"), "\"caf%C3%A9%09tab\"");
+        assert_eq!(sf("\u{7f}\u{0}\r\n"), "\"%7F%00%0D%0A\"");
+        assert_eq!(sf("\u{a0}"), "\"%C2%A0\"");
     }
 }

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
@@ -88,37 +88,12 @@ struct Shared {
     shadow: bool,
     #[cfg(feature = "prometheus")]
     metrics: Option<crate::metrics::Metrics>,
-    /// What the header fields need that depends on the limits alone, made once with them.
-    made: MadeFields,
     local: Mutex<LocalBuckets>,
     epoch: Instant,
     /// A fault is under way: its warning was logged; cleared by the next call that answers.
     in_fault: AtomicBool,
     log: Mutex<LogState>,
     anonymous_warned: AtomicBool,
-}
-
-/// The parts of the RateLimit fields that depend on the limits alone, so that a request formats only what its
-/// reply changes.
-#[derive(Clone)]
-struct MadeFields {
-    /// `RateLimit-Policy` of a request that every limit applies to, enforced (the usual request).
-    policy: Option<HeaderValue>,
-    /// `RateLimit-Limit` of each limit, in the order of the layer's limits.
-    quotas: Vec<HeaderValue>,
-}
-
-impl MadeFields {
-    fn new(limits: &[Limit]) -> MadeFields {
-        let policies: Vec<Policy<'_>> = limits.iter().map(Limit::policy).collect();
-        MadeFields {
-            policy: HeaderValue::from_str(&headers::policy_field(&policies)).ok(),
-            quotas: limits
-                .iter()
-                .map(|limit| HeaderValue::from(headers::quota(limit.burst)))
-                .collect(),
-        }
-    }
 }
 
 #[derive(Default)]
@@ -218,7 +193,6 @@ impl RateLimitLayer {
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 client,
-                made: MadeFields::new(&limits),
                 limits,
                 key: None,
                 ipv6_subnet: Ipv6Subnet::DEFAULT,
@@ -246,7 +220,6 @@ impl RateLimitLayer {
             Err(shared) => Shared {
                 client: shared.client.clone(),
                 limits: shared.limits.clone(),
-                made: shared.made.clone(),
                 key: shared.key.clone(),
                 ipv6_subnet: shared.ipv6_subnet,
                 prefix: shared.prefix.clone(),
@@ -374,9 +347,8 @@ pub struct RateLimit<S> {
     shared: Arc<Shared>,
 }
 
-/// One limit that applies to a request, with its place among the layer's limits and its bucket key.
+/// One limit that applies to a request, with its bucket key.
 struct Planned<'a> {
-    index: usize,
     limit: &'a Limit,
     key: String,
 }
@@ -430,31 +402,39 @@ impl<'a> PlanList<'a> {
     }
 }
 
-/// The RateLimit fields of a response, each set or not, appended in this order.
+/// The header fields of a response, in the order of docs/headers.md, as [`headers::rate_limit_headers`] gives
+/// them.
 #[derive(Default)]
-struct Fields {
-    policy: Option<HeaderValue>,
-    current: Option<HeaderValue>,
-    limit: Option<HeaderValue>,
-    remaining: Option<HeaderValue>,
-    reset: Option<HeaderValue>,
-    retry_after: Option<HeaderValue>,
-}
+struct Fields(Vec<(&'static str, String)>);
 
 impl Fields {
-    /// Appends the fields that are set to `headers`, in the order of docs/headers.md.
+    /// The fields of a decision over the enforced limits `plan`.
+    fn of(standard: Standard, plan: &[Planned<'_>], reply: &AcquiredEach) -> Fields {
+        let policies: Vec<Policy<'_>> = plan.iter().map(|planned| planned.limit.policy()).collect();
+        Fields(headers::rate_limit_headers(&policies, reply, standard))
+    }
+
+    /// Appends the fields to `headers`.
     fn append_to(self, headers: &mut HeaderMap) {
-        let mut append = |name: HeaderName, value: Option<HeaderValue>| {
-            if let Some(value) = value {
+        for (name, value) in self.0 {
+            // Every value is printable ASCII (an sf-string or digits), so each converts.
+            if let (Some(name), Ok(value)) = (header_name(name), HeaderValue::try_from(value)) {
                 headers.append(name, value);
             }
-        };
-        append(RATELIMIT_POLICY, self.policy);
-        append(RATELIMIT, self.current);
-        append(RATELIMIT_LIMIT, self.limit);
-        append(RATELIMIT_REMAINING, self.remaining);
-        append(RATELIMIT_RESET, self.reset);
-        append(RETRY_AFTER, self.retry_after);
+        }
+    }
+}
+
+/// The `HeaderName` of a field [`headers::rate_limit_headers`] names.
+fn header_name(name: &str) -> Option<HeaderName> {
+    match name {
+        "RateLimit-Policy" => Some(RATELIMIT_POLICY),
+        "RateLimit" => Some(RATELIMIT),
+        "RateLimit-Limit" => Some(RATELIMIT_LIMIT),
+        "RateLimit-Remaining" => Some(RATELIMIT_REMAINING),
+        "RateLimit-Reset" => Some(RATELIMIT_RESET),
+        "Retry-After" => Some(RETRY_AFTER),
+        _ => None,
     }
 }
 
@@ -475,13 +455,6 @@ impl Reply {
         match self {
             Reply::One(bucket) => bucket.fits,
             Reply::Each(each) => each.allowed,
-        }
-    }
-
-    fn limiting_index(&self) -> usize {
-        match self {
-            Reply::One(_) => 0,
-            Reply::Each(each) => each.limiting_index,
         }
     }
 
@@ -564,7 +537,7 @@ impl Shared {
             enforced: PlanList::Empty,
             shadow: PlanList::Empty,
         };
-        for (index, limit) in self.limits.iter().enumerate() {
+        for limit in &self.limits {
             let key = match limit.key.as_ref().or(self.key.as_ref()) {
                 Some(key) => match key(parts) {
                     Identity::Skip => continue,
@@ -586,7 +559,7 @@ impl Shared {
             } else {
                 &mut plans.enforced
             };
-            plan.push(Planned { index, limit, key });
+            plan.push(Planned { limit, key });
         }
         let applies = !(plans.enforced.as_slice().is_empty() && plans.shadow.as_slice().is_empty());
         applies.then_some(plans)
@@ -910,9 +883,7 @@ impl Shared {
             if !enforced {
                 return Verdict::Pass(Fields::default());
             }
-            // No Retry-After for an allowed request.
-            let fields = self.fields_of(plan, reply.buckets(), reply.limiting_index(), None);
-            return Verdict::Pass(fields);
+            return Verdict::Pass(Fields::of(self.standard, plan, &reply.into_each()));
         }
         let refused: Vec<String> = plan
             .iter()
@@ -924,7 +895,7 @@ impl Shared {
             return Verdict::Refuse(Response::new(Body::empty()), refused);
         }
         let reply = &reply.into_each();
-        let fields = self.fields(plan, reply);
+        let fields = Fields::of(self.standard, plan, reply);
         // Every limit applies in the usual request: the layer's list is the request's.
         let listed: Vec<Limit>;
         let limits: &[Limit] = if plan.len() == self.limits.len() {
@@ -949,79 +920,6 @@ impl Shared {
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         fields.append_to(response.headers_mut());
         Verdict::Refuse(response, refused)
-    }
-
-    /// The RateLimit fields of a decision over the enforced limits `plan`: docs/headers.md's mapping, as
-    /// [`headers::rate_limit_headers`] gives it, with the parts that depend on the limits alone made beforehand.
-    fn fields(&self, plan: &[Planned<'_>], reply: &AcquiredEach) -> Fields {
-        let retry_after = headers::retry_after_seconds(reply);
-        self.fields_of(plan, &reply.buckets, reply.limiting_index, retry_after)
-    }
-
-    /// [`Shared::fields`] of a reply's buckets, limiting index and `Retry-After` seconds.
-    fn fields_of(
-        &self,
-        plan: &[Planned<'_>],
-        buckets: &[BucketResult],
-        limiting_index: usize,
-        retry_after: Option<i64>,
-    ) -> Fields {
-        let mut fields = Fields::default();
-        if plan.is_empty() {
-            return fields;
-        }
-        // The varying values are written one after another into one buffer that their header values then share:
-        // one allocation for all of them, where a value each would take two (its bytes and their shared count).
-        let mut written = BytesMut::with_capacity(plan.len() * 24 + 24);
-        let mut current_len = None;
-        if headers::sends_draft(self.standard) {
-            // A plan is in the order of the layer's limits: as long as their list, it is their list.
-            let made = self
-                .made
-                .policy
-                .clone()
-                .filter(|_| plan.len() == self.limits.len());
-            fields.policy = made.or_else(|| {
-                let policies: Vec<Policy<'_>> =
-                    plan.iter().map(|planned| planned.limit.policy()).collect();
-                HeaderValue::from_str(&headers::policy_field(&policies)).ok()
-            });
-            current_len = headers::write_current_items(
-                &mut written,
-                plan.iter().map(|planned| planned.limit.name.as_str()),
-                buckets,
-            )
-            .ok()
-            .map(|()| written.len());
-        }
-        let mut legacy = None;
-        if headers::sends_legacy(self.standard) {
-            let index = headers::legacy_index_of(plan.len(), limiting_index);
-            if let (Some(planned), Some(bucket)) = (plan.get(index), buckets.get(index)) {
-                fields.limit = self.made.quotas.get(planned.index).cloned();
-                let start = written.len();
-                let mut digits = itoa::Buffer::new();
-                written.extend_from_slice(digits.format(headers::remaining(bucket)).as_bytes());
-                let middle = written.len();
-                written.extend_from_slice(digits.format(headers::reset_seconds(bucket)).as_bytes());
-                legacy = Some((start, middle));
-            }
-        }
-        let written = written.freeze();
-        let value = |range: std::ops::Range<usize>| {
-            written
-                .get(range.clone())
-                .and_then(|_| HeaderValue::from_maybe_shared(written.slice(range)).ok())
-        };
-        if let Some(end) = current_len {
-            fields.current = value(0..end);
-        }
-        if let Some((start, middle)) = legacy {
-            fields.remaining = value(start..middle);
-            fields.reset = value(middle..written.len());
-        }
-        fields.retry_after = retry_after.map(HeaderValue::from);
-        fields
     }
 
     /// A request's outcome and the limits that refused it, counted when the layer has metrics.
@@ -1202,87 +1100,6 @@ mod tests {
     use super::*;
     use crate::headers::tests::bucket;
 
-    /// The fields the layer appends, with what depends on the limits alone made beforehand, are
-    /// `rate_limit_headers`'s (docs/headers.md's mapping), for every standard, for all the layer's limits and for
-    /// some of them, allowed and refused.
-    #[test]
-    fn the_layer_s_fields_are_the_header_mapping_s() {
-        let client = Client::new("redis://127.0.0.1:1/").expect("a client");
-        let limits = [
-            Limit::new("per-user", 10.0, 20.0).expect("a limit"),
-            Limit::new("ten\"ant", 100.0, 1000.5).expect("a limit"),
-            Limit::new("day", 0.001, 1e21).expect("a limit"),
-        ];
-        let replies = [
-            AcquiredEach {
-                allowed: true,
-                limiting_index: 0,
-                buckets: vec![bucket(19, 0, 100), bucket(999, 0, 10), bucket(5, 0, 0)],
-            },
-            AcquiredEach {
-                allowed: false,
-                limiting_index: 1,
-                buckets: vec![
-                    bucket(0, 100, 2000),
-                    bucket(980, 2500, 200),
-                    bucket(0, -1, 9),
-                ],
-            },
-            AcquiredEach {
-                allowed: false,
-                limiting_index: 2,
-                buckets: vec![bucket(3, 0, 1), bucket(4, 0, 1), bucket(0, -1, i64::MAX)],
-            },
-        ];
-        for standard in [
-            Standard::Draft,
-            Standard::Legacy,
-            Standard::Both,
-            Standard::None,
-        ] {
-            let layer = RateLimitLayer::new(client.clone(), limits.clone())
-                .expect("a layer")
-                .standard(standard);
-            let shared = &layer.shared;
-            for chosen in [vec![0, 1, 2], vec![1], vec![0, 2]] {
-                let plan: Vec<Planned<'_>> = chosen
-                    .iter()
-                    .map(|&index| Planned {
-                        index,
-                        limit: &shared.limits[index],
-                        key: String::new(),
-                    })
-                    .collect();
-                let policies: Vec<Policy<'_>> =
-                    plan.iter().map(|planned| planned.limit.policy()).collect();
-                for full in &replies {
-                    let reply = AcquiredEach {
-                        allowed: full.allowed,
-                        limiting_index: full.limiting_index.min(plan.len() - 1),
-                        buckets: chosen.iter().map(|&index| full.buckets[index]).collect(),
-                    };
-                    let mut response = Response::new(());
-                    shared
-                        .fields(&plan, &reply)
-                        .append_to(response.headers_mut());
-                    let made: Vec<(String, String)> = response
-                        .headers()
-                        .iter()
-                        .map(|(name, value)| {
-                            (name.to_string(), value.to_str().expect("text").to_owned())
-                        })
-                        .collect();
-                    let mapped: Vec<(String, String)> =
-                        headers::rate_limit_headers(&policies, &reply, standard)
-                            .into_iter()
-                            .map(|(name, value)| (name.to_ascii_lowercase(), value))
-                            .collect();
-                    assert_eq!(made, mapped, "{standard:?}, limits {chosen:?}, {reply:?}");
-                }
-            }
-        }
-    }
-
     #[test]
     fn a_one_bucket_reply_gives_the_verdict_of_its_acquire_each_shape() {
         let client = Client::new("redis://127.0.0.1:1/").expect("a client");
@@ -1290,7 +1107,6 @@ mod tests {
             .expect("a layer");
         let shared = &layer.shared;
         let plan = [Planned {
-            index: 0,
             limit: &shared.limits[0],
             key: String::new(),
         }];

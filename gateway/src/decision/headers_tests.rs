@@ -1,5 +1,7 @@
-//! The header mapping against fixtures/headers.json, and the sf-string rule.
+//! The headers tb-rls sends against fixtures/headers.json.
 use super::*;
+
+use redis_tb_client::BucketResult;
 
 /// `json` with each `\uD800`-`\uDFFF` escape that is not half of a pair replaced by `\uFFFD`: JSON text may hold a
 /// lone surrogate (fixtures/headers.json's refused names do), a Rust string may not.
@@ -40,10 +42,18 @@ fn headers_fixture() -> serde_json::Value {
     serde_json::from_str(&without_lone_surrogates(text)).expect("fixtures/headers.json parses")
 }
 
+/// A fixture's number: a JSON number, or `"NaN"`, `"Infinity"` or `"-Infinity"`, which JSON cannot write.
+fn number(value: &serde_json::Value) -> f64 {
+    value
+        .as_f64()
+        .or_else(|| value.as_str().and_then(|text| text.parse().ok()))
+        .expect("a number")
+}
+
 #[test]
 fn headers_follow_the_shared_fixture() {
     let fixture = headers_fixture();
-    assert_eq!(fixture["max_integer"].as_i64(), Some(MAX_SF_INTEGER));
+    assert_eq!(fixture["max_integer"].as_i64(), Some(headers::MAX_INTEGER));
     let cases = fixture["cases"].as_array().expect("cases");
     for case in cases {
         let about = case["about"].as_str().expect("about");
@@ -54,35 +64,35 @@ fn headers_follow_the_shared_fixture() {
             "none" => HeaderFormat::None,
             other => panic!("{about}: standard {other}"),
         };
-        let number = |value: &serde_json::Value| value.as_f64().expect("a number");
         let int = |value: &serde_json::Value| value.as_i64().expect("an integer");
         let buckets = case["buckets"].as_array().expect("buckets");
-        let rows: Vec<HeaderRow> = buckets
+        let policies: Vec<Policy<'_>> = buckets
             .iter()
-            .map(|bucket| HeaderRow {
+            .map(|bucket| Policy {
                 name: bucket["name"].as_str().expect("a name"),
-                rate_per_sec: number(&bucket["rate"]),
+                rate: number(&bucket["rate"]),
                 burst: number(&bucket["burst"]),
-                reply: BucketReply {
+            })
+            .collect();
+        let allowed = case["allowed"].as_bool().expect("allowed");
+        let reply = AcquiredEach {
+            allowed,
+            limiting_index: usize::try_from(int(&case["limiting_index"])).expect("an index"),
+            buckets: buckets
+                .iter()
+                .map(|bucket| BucketResult {
                     fits: bucket["fits"].as_bool().expect("fits"),
                     remaining: int(&bucket["remaining"]),
                     retry_after_ms: int(&bucket["retry_after_ms"]),
                     reset_after_ms: int(&bucket["reset_after_ms"]),
-                },
-            })
-            .collect();
-        let limiting_index = usize::try_from(int(&case["limiting_index"])).expect("an index");
-        let refused = !case["allowed"].as_bool().expect("allowed");
-        let got: Vec<(String, String)> = rate_limit_headers(
-            format,
-            &HeaderNames::default(),
-            &rows,
-            limiting_index,
-            refused,
-        )
-        .into_iter()
-        .map(|header| (header.key, header.value))
-        .collect();
+                })
+                .collect(),
+        };
+        let got: Vec<(String, String)> =
+            response_headers(format, &HeaderNames::default(), &policies, &reply, !allowed)
+                .into_iter()
+                .map(|header| (header.key, header.value))
+                .collect();
         let expected: Vec<(String, String)> = case["headers"]
             .as_array()
             .expect("headers")
@@ -97,29 +107,73 @@ fn headers_follow_the_shared_fixture() {
 }
 
 #[test]
+fn a_refusal_let_through_has_no_retry_after_and_legacy_names_are_the_chosen_ones() {
+    let policies = [Policy {
+        name: "per-user",
+        rate: 10.0,
+        burst: 20.0,
+    }];
+    let reply = AcquiredEach {
+        allowed: false,
+        limiting_index: 0,
+        buckets: vec![BucketResult {
+            fits: false,
+            remaining: 0,
+            retry_after_ms: 1500,
+            reset_after_ms: 2000,
+        }],
+    };
+    let names = HeaderNames {
+        limit: "X-RateLimit-Limit".to_owned(),
+        remaining: "X-RateLimit-Remaining".to_owned(),
+        reset: "X-RateLimit-Reset".to_owned(),
+    };
+    let keys = |refused: bool| -> Vec<String> {
+        response_headers(HeaderFormat::Legacy, &names, &policies, &reply, refused)
+            .into_iter()
+            .map(|header| format!("{}: {}", header.key, header.value))
+            .collect()
+    };
+    assert_eq!(
+        keys(true),
+        [
+            "X-RateLimit-Limit: 20",
+            "X-RateLimit-Remaining: 0",
+            "X-RateLimit-Reset: 2",
+            "Retry-After: 2"
+        ]
+    );
+    assert_eq!(keys(false).len(), 3);
+}
+
+#[test]
 fn a_name_outside_printable_ascii_never_reaches_a_header() {
     // fixtures/headers.json's names: the accepted ones go out as they are (quote and backslash escaped); the
     // packages refuse the others when a limit is built, and tb-rls, whose override names hold a request's keys,
-    // writes their other bytes as %XX: nothing outside 0x20-0x7E passes, and no name ends its string early.
+    // sends their other bytes as %XX: nothing outside 0x20-0x7E passes, and no name ends its string early.
     let fixture = headers_fixture();
     let names = &fixture["names"];
     let field = |name: &str| {
-        let row = HeaderRow {
+        let policy = Policy {
             name,
-            rate_per_sec: 1.0,
+            rate: 1.0,
             burst: 1.0,
-            reply: BucketReply {
+        };
+        let reply = AcquiredEach {
+            allowed: true,
+            limiting_index: 0,
+            buckets: vec![BucketResult {
                 fits: true,
                 remaining: 1,
                 retry_after_ms: 0,
                 reset_after_ms: 0,
-            },
+            }],
         };
-        rate_limit_headers(
+        response_headers(
             HeaderFormat::Draft,
             &HeaderNames::default(),
-            &[row],
-            0,
+            &[policy],
+            &reply,
             false,
         )
         .into_iter()
@@ -156,12 +210,4 @@ fn a_name_outside_printable_ascii_never_reaches_a_header() {
         checked += 1;
     }
     assert!(checked >= 10, "{checked} names");
-}
-
-#[test]
-fn sf_strings_escape_quotes_and_backslashes_and_percent_encode_the_rest() {
-    assert_eq!(sf_string("a \"b\" \\c"), "\"a \\\"b\\\" \\\\c\"");
-    assert_eq!(sf_string("café\ttab"), "\"caf%C3%A9%09tab\"");
-    assert_eq!(sf_string("\u{7f}\u{0}\r\n"), "\"%7F%00%0D%0A\"");
-    assert_eq!(sf_string("\u{a0}"), "\"%C2%A0\"");
 }

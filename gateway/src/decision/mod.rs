@@ -26,7 +26,8 @@
 //! charged; when they all are over, the request is refused and, as any refusal, takes nothing.
 //!
 //! ```text
-//! mod.rs      the types, planning a request, the command's arguments, reading its reply
+//! mod.rs      the types, planning a request, the command's buckets (the client crate builds the command and
+//!             reads its reply)
 //! verdict.rs  the reply -> the response: statuses, overall code, shadow and quota mode
 //! headers.rs  the response headers
 //! ```
@@ -37,12 +38,14 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
+use redis_tb_client::BucketWithCost;
+
 use crate::config::{Config, Limit, Policy, Unit};
 
 mod headers;
 mod verdict;
 
-pub use headers::{rate_limit_headers, HeaderFormat, HeaderNames, HeaderRow, MAX_SF_INTEGER};
+pub use headers::{response_headers, HeaderFormat, HeaderNames};
 pub use redis_tb_client::keys::descriptor_key;
 pub use verdict::Verdict;
 
@@ -114,27 +117,6 @@ pub struct Plan {
     pub slots: Vec<Slot>,
     /// Per slot: a quota descriptor (its limit's `quota_mode`, or the global one; never an unlimited one).
     pub quota: Vec<bool>,
-}
-
-/// The command's reply for one bucket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BucketReply {
-    /// The bucket held its cost.
-    pub fits: bool,
-    /// Whole tokens left after the call (before it, for a refused call).
-    pub remaining: i64,
-    /// 0 when it fits; -1 when the cost exceeds the burst; else ms until it would fit.
-    pub retry_after_ms: i64,
-    /// ms until the bucket is full again.
-    pub reset_after_ms: i64,
-}
-
-/// The whole reply: `[allowed, limiting_index, [fits, remaining, retry_after_ms, reset_after_ms] ...]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EachReply {
-    pub allowed: bool,
-    pub limiting_index: usize,
-    pub buckets: Vec<BucketReply>,
 }
 
 /// How responses are shaped, beyond the configuration file.
@@ -302,59 +284,29 @@ fn override_path(domain: &str, entries: &[(&str, &str)]) -> String {
 }
 
 impl Plan {
-    /// The command's arguments after its name: `key rate burst cost` per bucket.
-    pub fn command_args(&self) -> Vec<String> {
-        let mut args = Vec::with_capacity(4 * self.buckets.len());
-        for bucket in &self.buckets {
-            args.push(bucket.key.clone());
-            args.push(bucket.rate_per_sec.to_string());
-            args.push(bucket.burst.to_string());
-            args.push(if bucket.charged_zero {
-                "0".to_owned()
-            } else {
-                bucket.cost.to_string()
-            });
-        }
-        args
+    /// The buckets of the command, in plan order: each with its key, rate, burst and cost (0 once it is charged
+    /// nothing, see `unshadow`).
+    pub fn command_buckets(&self) -> Vec<BucketWithCost<'_>> {
+        self.buckets
+            .iter()
+            .map(|bucket| BucketWithCost {
+                key: &bucket.key,
+                rate: bucket.rate_per_sec,
+                burst: f64::from(bucket.burst),
+                cost: if bucket.charged_zero {
+                    0.0
+                } else {
+                    cost_tokens(bucket.cost)
+                },
+            })
+            .collect()
     }
 }
 
-/// Reads the command's reply, checking its shape against the plan; `Err` says what was wrong.
-pub fn parse_reply(value: &redis::Value, bucket_count: usize) -> Result<EachReply, String> {
-    use redis::Value;
-    let int = |value: Option<&Value>| match value {
-        Some(Value::Int(number)) => Ok(*number),
-        other => Err(format!("expected an integer, got {other:?}")),
-    };
-    let Value::Array(items) = value else {
-        return Err(format!("expected an array, got {value:?}"));
-    };
-    if items.len() != 2 + bucket_count {
-        return Err(format!(
-            "expected {} elements for {bucket_count} buckets, got {}",
-            2 + bucket_count,
-            items.len()
-        ));
-    }
-    let allowed = int(items.first())? == 1;
-    let limiting_index = usize::try_from(int(items.get(1))?).unwrap_or(0);
-    let mut buckets = Vec::with_capacity(bucket_count);
-    for item in items.iter().skip(2) {
-        let Value::Array(row) = item else {
-            return Err(format!("expected a bucket row, got {item:?}"));
-        };
-        buckets.push(BucketReply {
-            fits: int(row.first())? == 1,
-            remaining: int(row.get(1))?,
-            retry_after_ms: int(row.get(2))?,
-            reset_after_ms: int(row.get(3))?,
-        });
-    }
-    Ok(EachReply {
-        allowed,
-        limiting_index,
-        buckets,
-    })
+/// A cost as the command's number. A burst is at most `u32::MAX`, so every cost above that exceeds every burst
+/// and is answered alike (never fits, `retry_after_ms` -1): it goes out as `u32::MAX + 1`, exact in an f64.
+fn cost_tokens(cost: u64) -> f64 {
+    u32::try_from(cost).map_or(f64::from(u32::MAX) + 1.0, f64::from)
 }
 
 #[cfg(test)]

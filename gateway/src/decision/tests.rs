@@ -2,6 +2,8 @@
 //! headers.
 use super::*;
 
+use redis_tb_client::{AcquiredEach, BucketResult};
+
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
@@ -57,8 +59,8 @@ fn request(descriptors: Vec<RateLimitDescriptor>, hits_addend: u32) -> RateLimit
     }
 }
 
-fn row(fits: bool, remaining: i64, retry_after_ms: i64, reset_after_ms: i64) -> BucketReply {
-    BucketReply {
+fn row(fits: bool, remaining: i64, retry_after_ms: i64, reset_after_ms: i64) -> BucketResult {
+    BucketResult {
         fits,
         remaining,
         retry_after_ms,
@@ -75,7 +77,7 @@ fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
 }
 
 /// Plans `user=a` and `generic_key=global` (two buckets, no addend) and answers them with one call's `rows`.
-fn respond_two(options: &Options, allowed: bool, rows: Vec<BucketReply>) -> Verdict {
+fn respond_two(options: &Options, allowed: bool, rows: Vec<BucketResult>) -> Verdict {
     let plan = plan(
         &config(),
         options,
@@ -90,7 +92,7 @@ fn respond_two(options: &Options, allowed: bool, rows: Vec<BucketReply>) -> Verd
     .expect("plans");
     plan.respond(
         options,
-        Some(&EachReply {
+        Some(&AcquiredEach {
             allowed,
             limiting_index: 0,
             buckets: rows,
@@ -126,7 +128,7 @@ fn cost_is_the_descriptors_addend_else_the_requests_else_one() {
 }
 
 #[test]
-fn command_args_are_key_rate_burst_cost_per_bucket() {
+fn command_buckets_are_key_rate_burst_cost_per_bucket() {
     let plan = plan(
         &config(),
         &Options::default(),
@@ -140,18 +142,29 @@ fn command_args_are_key_rate_burst_cost_per_bucket() {
     )
     .expect("plans");
     assert_eq!(
-        plan.command_args(),
+        plan.command_buckets(),
         vec![
-            "tb-rls:{web}:user=alice",
-            "10",
-            "20",
-            "1",
-            "tb-rls:{web}:generic_key=global",
-            "10",
-            "600",
-            "2",
+            BucketWithCost {
+                key: "tb-rls:{web}:user=alice",
+                rate: 10.0,
+                burst: 20.0,
+                cost: 1.0,
+            },
+            BucketWithCost {
+                key: "tb-rls:{web}:generic_key=global",
+                rate: 10.0,
+                burst: 600.0,
+                cost: 2.0,
+            },
         ]
     );
+}
+
+#[test]
+fn a_cost_above_every_burst_goes_out_exact() {
+    assert_eq!(cost_tokens(7), 7.0);
+    assert_eq!(cost_tokens(u64::from(u32::MAX)), 4_294_967_295.0);
+    assert_eq!(cost_tokens(u64::MAX), 4_294_967_296.0);
 }
 
 #[test]
@@ -198,7 +211,7 @@ fn unmatched_unlimited_and_replaced_limits_send_no_bucket() {
     assert_eq!(plan.buckets.len(), 1);
     let verdict = plan.respond(
         &Options::default(),
-        Some(&EachReply {
+        Some(&AcquiredEach {
             allowed: true,
             limiting_index: 0,
             buckets: vec![row(true, 4, 0, 200)],
@@ -271,7 +284,7 @@ fn a_route_override_sets_the_rate() {
     };
     let verdict = plan.respond(
         &options,
-        Some(&EachReply {
+        Some(&AcquiredEach {
             allowed: true,
             limiting_index: 0,
             buckets: vec![row(true, 41, 0, 85_715)],
@@ -334,7 +347,7 @@ fn statuses_carry_code_limit_remaining_and_reset() {
     .expect("plans");
     let verdict = plan.respond(
         &Options::default(),
-        Some(&EachReply {
+        Some(&AcquiredEach {
             allowed: false,
             limiting_index: 0,
             buckets: vec![row(false, 0, 100, 2_000), row(true, 599, 0, 1_500)],
@@ -393,7 +406,7 @@ fn a_shadow_misfit_is_taken_out_of_the_charge_and_answered_ok() {
         ),
     )
     .expect("plans");
-    let refused = EachReply {
+    let refused = AcquiredEach {
         allowed: false,
         limiting_index: 1,
         buckets: vec![row(true, 19, 0, 0), row(false, 0, 900, 900)],
@@ -402,8 +415,11 @@ fn a_shadow_misfit_is_taken_out_of_the_charge_and_answered_ok() {
         plan.unshadow(&refused),
         "only a shadow bucket refused: call again"
     );
-    assert_eq!(plan.command_args().get(7).map(String::as_str), Some("0"));
-    let allowed = EachReply {
+    assert_eq!(
+        plan.command_buckets().get(1).map(|bucket| bucket.cost),
+        Some(0.0)
+    );
+    let allowed = AcquiredEach {
         allowed: true,
         limiting_index: 1,
         buckets: vec![row(true, 19, 0, 100), row(true, 0, 0, 900)],
@@ -433,7 +449,7 @@ fn a_real_misfit_beside_a_shadow_one_refuses() {
         ),
     )
     .expect("plans");
-    let refused = EachReply {
+    let refused = AcquiredEach {
         allowed: false,
         limiting_index: 0,
         buckets: vec![row(false, 0, 50, 2_000), row(false, 0, 900, 900)],
@@ -456,7 +472,7 @@ fn global_shadow_mode_never_refuses() {
     .expect("plans");
     let verdict = plan.respond(
         &options,
-        Some(&EachReply {
+        Some(&AcquiredEach {
             allowed: false,
             limiting_index: 0,
             buckets: vec![row(false, 0, 50, 2_000)],
@@ -539,7 +555,7 @@ fn a_cost_above_burst_gets_no_retry_after() {
     .expect("plans");
     let verdict = plan.respond(
         &options,
-        Some(&EachReply {
+        Some(&AcquiredEach {
             allowed: false,
             limiting_index: 0,
             buckets: vec![row(false, 20, -1, 0)],
@@ -547,42 +563,6 @@ fn a_cost_above_burst_gets_no_retry_after() {
     );
     assert!(verdict.over_limit);
     assert_eq!(header(&verdict.response, "Retry-After"), None);
-}
-
-#[test]
-fn replies_are_read_and_misshapen_ones_refused() {
-    use redis::Value;
-    let good = Value::Array(vec![
-        Value::Int(0),
-        Value::Int(1),
-        Value::Array(vec![
-            Value::Int(1),
-            Value::Int(5),
-            Value::Int(0),
-            Value::Int(300),
-        ]),
-        Value::Array(vec![
-            Value::Int(0),
-            Value::Int(0),
-            Value::Int(-1),
-            Value::Int(0),
-        ]),
-    ]);
-    assert_eq!(
-        parse_reply(&good, 2),
-        Ok(EachReply {
-            allowed: false,
-            limiting_index: 1,
-            buckets: vec![row(true, 5, 0, 300), row(false, 0, -1, 0)],
-        })
-    );
-    assert!(parse_reply(&good, 3).is_err());
-    assert!(parse_reply(&Value::Int(1), 1).is_err());
-    assert!(parse_reply(
-        &Value::Array(vec![Value::Int(1), Value::Int(0), Value::Int(1)]),
-        1
-    )
-    .is_err());
 }
 
 #[test]
@@ -771,7 +751,7 @@ fn quota_descriptors_refuse_only_when_every_one_is_over() {
             ),
         )
         .expect("plans");
-        let first = EachReply {
+        let first = AcquiredEach {
             allowed: fits.iter().all(|&fit| fit),
             limiting_index: 0,
             buckets: fits
@@ -781,7 +761,7 @@ fn quota_descriptors_refuse_only_when_every_one_is_over() {
         };
         // When the misfits may be let through, they are charged 0 and the call is made again: it fits.
         let reply = if planned.unshadow(&first) {
-            EachReply {
+            AcquiredEach {
                 allowed: true,
                 limiting_index: 0,
                 buckets: fits.iter().map(|_| row(true, 1, 0, 6_000)).collect(),

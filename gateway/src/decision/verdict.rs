@@ -9,14 +9,16 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration;
 
-use super::{EachReply, Options, Plan, Slot};
+use redis_tb_client::AcquiredEach;
+
+use super::{Options, Plan, Slot};
 use crate::config::{Limit, Policy};
 
 impl Plan {
     /// After a refused call: if every bucket that did not fit is shadow-only, or quota-only while some quota
     /// descriptor still fits, charge those 0 and return true (call again); otherwise the refusal stands and this
     /// returns false.
-    pub fn unshadow(&mut self, reply: &EachReply) -> bool {
+    pub fn unshadow(&mut self, reply: &AcquiredEach) -> bool {
         if reply.allowed {
             return false;
         }
@@ -46,7 +48,7 @@ impl Plan {
     }
 
     /// Whether the bucket at `index` is over its limit: charged 0 after an earlier refusal, or not fitting.
-    fn bucket_over(&self, index: usize, reply: Option<&EachReply>) -> bool {
+    fn bucket_over(&self, index: usize, reply: Option<&AcquiredEach>) -> bool {
         self.buckets
             .get(index)
             .is_some_and(|bucket| bucket.charged_zero)
@@ -56,7 +58,7 @@ impl Plan {
     }
 
     /// For one slot: over its limit, and reported OK anyway by its limit's own shadow mode.
-    fn slot_over(&self, slot: &Slot, reply: Option<&EachReply>) -> (bool, bool) {
+    fn slot_over(&self, slot: &Slot, reply: Option<&AcquiredEach>) -> (bool, bool) {
         match slot {
             Slot::NoLimit | Slot::Unlimited => (false, false),
             Slot::Zero(limit) => (true, limit.shadow_mode),
@@ -70,7 +72,7 @@ impl Plan {
     }
 
     /// Whether the request has quota descriptors and every one is reported OVER_LIMIT, so quota refuses it.
-    fn every_quota_over(&self, reply: Option<&EachReply>) -> bool {
+    fn every_quota_over(&self, reply: Option<&AcquiredEach>) -> bool {
         let mut quotas = self
             .slots
             .iter()
@@ -85,7 +87,7 @@ impl Plan {
     }
 
     /// The response for `reply` (`None` when the plan had no bucket and nothing was called).
-    pub fn respond(&self, options: &Options, reply: Option<&EachReply>) -> Verdict {
+    pub fn respond(&self, options: &Options, reply: Option<&AcquiredEach>) -> Verdict {
         let mut statuses = Vec::with_capacity(self.slots.len());
         let mut over_limit = self.every_quota_over(reply);
         let mut shadow_hits = 0;
