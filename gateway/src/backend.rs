@@ -502,9 +502,7 @@ mod tests {
     /// UNAVAILABLE, every other action INTERNAL (docs/gateway.md maps the table's actions to tb-rls's answers).
     #[test]
     fn every_reply_of_the_shared_failure_table_gets_its_answer() {
-        let fixture: serde_json::Value =
-            serde_json::from_str(include_str!("../../fixtures/failures.json"))
-                .expect("fixtures/failures.json parses");
+        let fixture = tb_test_support::fixture("failures.json");
         let mut checked = 0;
         for case in fixture["cases"].as_array().expect("cases") {
             let Some(reply) = case["reply"].as_str() else {

@@ -1,14 +1,14 @@
 //! Test harness shared by the workspace's packages: what the module's suites, tb-rls's and the client crate's
 //! would otherwise each write again. Each package spawns its servers with its own harness (they differ in what
 //! they load and how they restart) on ports from here, polls with [`wait_until`], and joins servers into a
-//! cluster with [`create_cluster`].
+//! cluster with [`create_cluster`]. Their tests of the shared rules read `fixtures/*.json` with [`fixture`].
 //!
 //! `redis-cli` is `$REDIS_CLI` (default `/usr/bin/redis-cli`, Debian's), never looked up on the PATH, as the
 //! packages' harnesses do for `redis-server`.
 #![forbid(unsafe_code)]
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -95,4 +95,80 @@ pub fn free_port_with_bus() -> u16 {
         }
     }
     panic!("no free port with a free cluster bus port");
+}
+
+/// Stands for a lone surrogate in a fixture's strings: JSON text may hold one (`"\ud800"`, as the packages' rules
+/// must handle it), a Rust string cannot. A test skips the cases that hold it.
+pub const LONE_SURROGATE: &str = "(lone surrogate)";
+
+/// `fixtures/<name>` of the repository, parsed, each lone surrogate of its strings as [`LONE_SURROGATE`].
+pub fn fixture(name: &str) -> serde_json::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures")
+        .join(name);
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+    serde_json::from_str(&without_lone_surrogates(&text))
+        .unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+}
+
+/// A fixture's number: a JSON number, or `"NaN"`, `"Infinity"` or `"-Infinity"`, which JSON cannot write.
+pub fn fixture_number(value: &serde_json::Value) -> f64 {
+    value
+        .as_f64()
+        .or_else(|| value.as_str().and_then(|text| text.parse().ok()))
+        .unwrap_or_else(|| panic!("a number, not {value}"))
+}
+
+/// `text` with each `\uD800`-`\uDFFF` escape that is not half of a pair replaced by [`LONE_SURROGATE`].
+fn without_lone_surrogates(text: &str) -> String {
+    let surrogate = |at: usize| -> Option<u16> {
+        let escape = text.get(at..at + 6)?;
+        let code = u16::from_str_radix(escape.strip_prefix("\\u")?, 16).ok()?;
+        (0xD800..=0xDFFF).contains(&code).then_some(code)
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    while let Some(rest) = text.get(at..).filter(|rest| !rest.is_empty()) {
+        if let Some(code) = surrogate(at) {
+            let paired = (0xD800..=0xDBFF).contains(&code)
+                && surrogate(at + 6).is_some_and(|low| (0xDC00..=0xDFFF).contains(&low));
+            let width = if paired { 12 } else { 6 };
+            out.push_str(if paired {
+                &rest[..width]
+            } else {
+                LONE_SURROGATE
+            });
+            at += width;
+            continue;
+        }
+        // Any other escape (`\\`, `\"`, `\n`, `\u0041`) is copied whole, so its backslash starts nothing.
+        let width = if rest.starts_with('\\') { 2 } else { 1 };
+        let taken: String = rest.chars().take(width).collect();
+        out.push_str(&taken);
+        at += taken.len();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lone_surrogates_are_marked_and_pairs_kept() {
+        let parsed: serde_json::Value = serde_json::from_str(&without_lone_surrogates(
+            r#"["\ud800x", "\ud83d\ude00", "\\ud800", "\udc00"]"#,
+        ))
+        .expect("parses");
+        assert_eq!(
+            parsed,
+            serde_json::json!([
+                format!("{LONE_SURROGATE}x"),
+                "\u{1F600}",
+                "\\ud800",
+                LONE_SURROGATE
+            ])
+        );
+    }
 }

@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::path::Path;
 
 use redis_tb_client::failure::{self, Action};
 use redis_tb_client::headers::{self, Policy, Standard};
@@ -18,56 +17,7 @@ use redis_tb_client::{
     STALL_FRACTION,
 };
 use serde_json::Value;
-
-/// Stands for a lone surrogate, which JSON text may hold (`"\ud800"`) and a Rust string cannot.
-const LONE_SURROGATE: &str = "(lone surrogate)";
-
-/// A fixture's number: a JSON number, or `"NaN"`, `"Infinity"` or `"-Infinity"`, which JSON cannot write.
-fn fixture_number(value: &Value) -> f64 {
-    value
-        .as_f64()
-        .or_else(|| value.as_str().and_then(|text| text.parse().ok()))
-        .expect("a number")
-}
-
-fn fixture(name: &str) -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name);
-    let text = std::fs::read_to_string(&path).expect("the fixture file");
-    serde_json::from_str(&without_lone_surrogates(&text)).expect("the fixture parses")
-}
-
-/// `text` with each `\uD800`-`\uDFFF` escape that is not half of a pair replaced by [`LONE_SURROGATE`].
-fn without_lone_surrogates(text: &str) -> String {
-    let surrogate = |at: usize| -> Option<u16> {
-        let escape = text.get(at..at + 6)?;
-        let code = u16::from_str_radix(escape.strip_prefix("\\u")?, 16).ok()?;
-        (0xD800..=0xDFFF).contains(&code).then_some(code)
-    };
-    let mut out = String::with_capacity(text.len());
-    let mut at = 0;
-    while at < text.len() {
-        if let Some(code) = surrogate(at) {
-            let paired = (0xD800..=0xDBFF).contains(&code)
-                && surrogate(at + 6).is_some_and(|low| (0xDC00..=0xDFFF).contains(&low));
-            if paired {
-                out.push_str(&text[at..at + 12]);
-                at += 12;
-            } else {
-                out.push_str(LONE_SURROGATE);
-                at += 6;
-            }
-            continue;
-        }
-        // Any other escape (`\\`, `\"`, `\n`, `\u0041`) is copied whole, so its backslash starts nothing.
-        let width = if text[at..].starts_with('\\') { 2 } else { 1 };
-        let taken: String = text[at..].chars().take(width).collect();
-        out.push_str(&taken);
-        at += taken.len();
-    }
-    out
-}
+use tb_test_support::{fixture, fixture_number, LONE_SURROGATE};
 
 fn cases<'a>(value: &'a Value, field: &str) -> &'a Vec<Value> {
     value[field].as_array().expect("an array of cases")

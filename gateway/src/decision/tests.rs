@@ -567,15 +567,8 @@ fn a_cost_above_burst_gets_no_retry_after() {
 
 #[test]
 fn bucket_keys_match_the_shared_fixture() {
-    // fixtures/keys.json's "gateway" section (its last): awkward values, domains and prefixes, and their keys.
-    // Only that section is parsed: the others hold lone surrogates, which JSON text may and a Rust string cannot.
-    let text = include_str!("../../../fixtures/keys.json");
-    let section = text
-        .find("\"gateway\"")
-        .and_then(|at| text.get(at..))
-        .expect("a gateway section");
-    let fixture: serde_json::Value =
-        serde_json::from_str(&format!("{{{section}")).expect("the section parses");
+    // fixtures/keys.json's "gateway" section: awkward values, domains and prefixes, and their keys.
+    let fixture = tb_test_support::fixture("keys.json");
     let rows = fixture["gateway"]["keys"]
         .as_array()
         .expect("a gateway section");
@@ -607,24 +600,15 @@ fn bucket_keys_match_the_shared_fixture() {
 #[test]
 fn a_domain_is_escaped_as_the_packages_escape_an_identity() {
     // fixtures/keys.json's "keys" section: the packages' identity rule, `<prefix>{<tag>}:<limit>`. A domain
-    // without `:` or `=` (which tb-rls escapes besides, as its entry separators) gets the identity's tag. One row
-    // per line; the rows holding a lone surrogate (JSON text may, a Rust string may not) do not parse and are left
-    // out. No identity and the empty one are left out too: tb-rls refuses an empty domain.
-    let text = include_str!("../../../fixtures/keys.json");
-    let start = text.find("\"keys\"").expect("a keys section");
-    let end = text
-        .find("\"ip_identity\"")
-        .expect("an ip_identity section");
+    // without `:` or `=` (which tb-rls escapes besides, as its entry separators) gets the identity's tag. The rows
+    // holding a lone surrogate (JSON text may, a Rust string may not), no identity and the empty one are left out:
+    // tb-rls refuses an empty domain.
+    let fixture = tb_test_support::fixture("keys.json");
     let mut checked = 0;
-    for line in text.get(start..end).expect("the keys section").lines() {
-        let Ok(row) = serde_json::from_str::<serde_json::Value>(line.trim().trim_end_matches(','))
-        else {
-            continue;
-        };
-        let Some(identity) = row["identity"]
-            .as_str()
-            .filter(|identity| !identity.is_empty())
-        else {
+    for row in fixture["keys"].as_array().expect("a keys section") {
+        let Some(identity) = row["identity"].as_str().filter(|identity| {
+            !identity.is_empty() && !identity.contains(tb_test_support::LONE_SURROGATE)
+        }) else {
             continue;
         };
         if identity.contains([':', '=']) {
