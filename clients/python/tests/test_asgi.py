@@ -323,3 +323,38 @@ async def test_the_local_fallback_answers_limits_whose_waits_overflow(key: str) 
     assert refused.status_code == 429
     assert refused.headers["retry-after"] == most
     await conn.aclose()
+
+
+def test_limited_takes_the_middlewares_options_and_defaults() -> None:
+    """`limited` passes its options on as they are, and leaves the rest to the middleware's defaults: `Options`
+    names every option of the middleware after `limiter` and `limits`."""
+    import inspect
+
+    from redis_tb import _decide
+    from redis_tb.asgi import limited
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+    parameters = inspect.signature(_decide.Middleware.__init__).parameters
+    assert list(_decide.Options.__annotations__) == [
+        name for name in parameters if name not in ("self", "app", "limiter", "limits")
+    ]
+    limiter = AsyncTokenBucket(redis.asyncio.Redis())
+    limits = [Limit("per-client", rate=1, burst=2)]
+    by_default = limited(limiter, limits)(app)
+    plain = RateLimitMiddleware(app, limiter=limiter, limits=limits, metrics=None)
+    for name in ("prefix", "fail", "standard", "ipv6_subnet", "timeout", "shadow", "refusals", "on_error"):
+        assert getattr(by_default, name) == getattr(plain, name), name
+    assert by_default.local.capacity == plain.local.capacity
+    chosen = limited(limiter, limits, prefix="api:", fail="closed", timeout=0.5, status_code=503, metrics=None)(app)
+    assert (chosen.app, chosen.limiter, chosen.prefix, chosen.fail, chosen.timeout, chosen.refusals.status) == (
+        app,
+        limiter,
+        "api:",
+        "closed",
+        0.5,
+        503,
+    )
+    with pytest.raises(ValueError, match="fail must be"):
+        limited(limiter, limits, fail="sideways")(app)  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
-"""The local fallback's rule (docs/clients.md, "When Redis fails"): every case of `fixtures/local.json` run through
-the package's own in-memory buckets and the middleware's own charge-back code (ASGI and WSGI), on a clock the test
-sets, with a limiter whose replies the fixture scripts."""
+"""The local fallback's rule (docs/clients.md, "When Redis fails"): every case of `fixtures/local.json` run through the
+package's own in-memory buckets and the middlewares' own charge-back code (the shared decision's charge-back lane, sent
+by the ASGI and by the WSGI middleware), on a clock the test sets, with a limiter whose replies the fixture scripts."""
 
 from __future__ import annotations
 
@@ -122,8 +122,9 @@ def no_wsgi_app(environ: Any, start_response: Any) -> list[bytes]:
 
 class Runner:
     """One middleware of `kind` over the scripted limiter and the case's in-memory buckets. `start` begins a limiter
-    call's charge-backs (`_charge_back`, the middleware's own) and returns a function that finishes it: None when
-    the charge-backs let the call go on to Redis, else the error that fails it."""
+    call's charge-backs (the decision's `_charge_back` lane over the buckets' `charge_backs`, sent by the
+    middleware's own `_send`) and returns a function that finishes it: None when the charge-backs let the call go
+    on to Redis, else the error that fails it."""
 
     def __init__(self, kind: str, local: LocalBuckets) -> None:
         self.kind = kind
@@ -143,7 +144,8 @@ class Runner:
         outcome: list[BaseException | None] = []
         if isinstance(self.middleware, asgi.RateLimitMiddleware):
             self.async_limiter.charges = charges
-            task = self.loop.create_task(self.middleware._charge_back(plan, {}))
+            lane = self.middleware._charge_back(self.middleware.local.charge_backs(plan.keys), {})
+            task = self.loop.create_task(self.middleware._send(lane))
             self.loop.run_until_complete(asyncio.sleep(0))  # the task runs up to its first charge-back
 
             def finish_task() -> BaseException | None:
@@ -159,7 +161,7 @@ class Runner:
 
         def run() -> None:
             try:
-                middleware._charge_back(plan, {})
+                middleware._send(middleware._charge_back(middleware.local.charge_backs(plan.keys), {}))
             except Exception as error:
                 outcome.append(error)
             else:

@@ -1,6 +1,8 @@
-"""What both middlewares share: their options, the response to give from Redis's reply or from the fail mode, and
-what they count. Which limits apply and the calls that decide them are `_plan`'s; each middleware (`asgi`, `wsgi`)
-sends the calls."""
+"""What both middlewares share: their options, and the decision on a request (`Middleware.decide`) as plain code
+that sends nothing: it yields the Redis calls it needs, in lanes, and takes their replies or errors (`Flow`); the
+ASGI middleware performs them with `await`, the WSGI one in its thread. The response to give from Redis's reply or
+from the fail mode, and what is counted, are decided here too. Which limits apply and the calls that decide them
+are `_plan`'s."""
 
 from __future__ import annotations
 
@@ -9,17 +11,17 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypedDict, TypeVar
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from . import _protocol as protocol
 from ._failures import Failure, classify
-from ._guard import MAX_IN_FLIGHT, STALL_FRACTION, Guard, configure
+from ._guard import MAX_IN_FLIGHT, STALL_FRACTION, Guard, NotSent, configure
 from ._local import CAPACITY, ChargeBack, LocalBuckets
 from ._metrics import DEFAULT_REGISTRY, metrics_for
 from ._plan import LimitsSpec, Plan, plan
@@ -42,6 +44,26 @@ ErrorHook = Callable[[BaseException, Mapping[str, Any], Failure], object]
 #: A shadow limit's refusals are logged at most once per limit in this many seconds.
 SHADOW_LOG_INTERVAL_S = 1.0
 logger = logging.getLogger("redis_tb")
+T = TypeVar("T")
+
+#: A lane: Redis calls sent one after the other within one deadline (`MAX_IN_FLIGHT`, `STALL_FRACTION`; see each
+#: middleware's `_within_deadline`). Each call's reply is sent back in, or its error thrown in; a lane cancelled at
+#: its deadline has the cancellation thrown in. It returns what the calls found.
+Calls = Generator[protocol.Call[Any], Any, T]
+
+
+class Probe:
+    """Asks the middleware to ping Redis in the background (the closed gate's probe, `Guard.probe_due`); the flow
+    goes on at once, and the probe reports to `Guard.probed`."""
+
+
+PROBE = Probe()
+#: A decision as its middleware runs it: it yields `PROBE` or a lane (`Calls`), to which the middleware sends the
+#: lane's result, or throws its error (`NotSent` when the gate closed while the lane waited unwritten); it returns
+#: the decision.
+Flow = Generator["Calls[Any] | Probe", Any, T]
+#: A refund of a plan refused in part (`Plan.refunds`).
+Refund = protocol.Call[Any]
 
 
 @dataclass(frozen=True)
@@ -150,9 +172,27 @@ App = TypeVar("App")
 Limiter = TypeVar("Limiter", bound=AsyncTokenBucket | TokenBucket)
 
 
+class Options(TypedDict, total=False):
+    """The middleware's options after `limiter` and `limits`, as `redis_tb.asgi.limited` passes them on: their
+    defaults are `Middleware`'s."""
+
+    key: KeyFunction | None
+    prefix: str
+    fail: FailMode
+    standard: Standard
+    ipv6_subnet: int
+    timeout: float
+    local_capacity: int
+    shadow: bool
+    status_code: int
+    body: Body
+    on_error: ErrorHook | None
+    metrics: Any
+
+
 class Middleware(Generic[App, Limiter]):
-    """The options both middlewares take, checked and kept once, and what they do with a call's outcome: the
-    wrapped app (ASGI or WSGI), the limiter (async or sync) and the rest, described on
+    """The options both middlewares take, with their defaults, checked and kept once, and the decision on a request
+    (`decide`) that both run: the wrapped app (ASGI or WSGI), the limiter (async or sync) and the rest, described on
     `redis_tb.asgi.RateLimitMiddleware`."""
 
     def __init__(
@@ -242,21 +282,102 @@ class Middleware(Generic[App, Limiter]):
         """The default key function: the peer address, IPv6 grouped by the `ipv6_subnet` prefix."""
         return ip_identity(peer_address(request), self.ipv6_subnet)
 
-    def plans(self, request: Mapping[str, Any]) -> tuple[Plan | None, Plan | None] | None:
-        """The enforced plan and the shadow plan of `request`; None (counted as skipped) when no limit applies."""
+    def decide(self, request: Mapping[str, Any]) -> Flow[Verdict | None]:
+        """The decision on `request`, as a flow its middleware runs (`Flow`): the refusal to answer, the verdict
+        whose headers go on the response, or None (no limit applies, or the fail mode lets it through)."""
         found = plan(request, self.limits, self.key, self.prefix)
         if found is None:
             if self.metrics is not None:
                 self.metrics.request("skipped")
             return None
-        return found.split(self.shadow)
+        enforced, shadow = found.split(self.shadow)
+        verdict = None if enforced is None else (yield from self._decision(enforced, request, True))
+        if verdict is not None and not verdict.allowed:
+            if self.metrics is not None:
+                self.metrics.request("refused", verdict.refused)
+            return verdict
+        self._served(shadow, None if shadow is None else (yield from self._decision(shadow, request, False)))
+        return verdict
 
-    def refused(self, verdict: Verdict) -> None:
-        """An enforced plan refused the request."""
+    def _decision(self, plan: Plan, request: Mapping[str, Any], enforced: bool) -> Flow[Verdict | None]:
+        """One limiter call for `plan`: Redis's answer, or the fail mode's when Redis fails or the gate is closed.
+        `enforced`: the answer is the response's (headers, body); else only whether it allows."""
+        started = time.perf_counter()
+        verdict: Verdict | None
+        answered = False
+        if not self.guard.admits:
+            if self.guard.probe_due():
+                yield PROBE
+            verdict = self.fallback(plan, enforced)
+        else:
+            try:
+                reply, refunds = yield self._ask(plan, request)
+            except NotSent:
+                verdict = self.fallback(plan, enforced)
+            except Exception as error:  # every failure is a row of the failure table, none a 500
+                self._report(error, request, self.guard.failed(error))
+                verdict = self.fallback(plan, enforced)
+            else:
+                verdict = self.answered(plan, reply, enforced)
+                answered = True
+                # Each refund in a lane of its own, within its own deadline; one that fails leaves the request
+                # refused, with the reply of the part that refused it (the fail mode never answers it, since Redis
+                # did): logged, and the others are still sent.
+                for refund in refunds:
+                    try:
+                        yield _single(refund)
+                    except Exception as error:
+                        self.guard.refund_failed(refund.keys[0], error)
         if self.metrics is not None:
-            self.metrics.request("refused", verdict.refused)
+            source = (self.limiter.backend_in_use or protocol.MODULE) if answered else self.fail
+            self.metrics.decided(source, time.perf_counter() - started)
+        return verdict
 
-    def served(self, shadow: Plan | None, verdict: Verdict | None) -> None:
+    def _ask(self, plan: Plan, request: Mapping[str, Any]) -> Calls[tuple[Acquired | AcquiredEach, list[Refund]]]:
+        """The plan's lane: its charge-backs, then its call (in a cluster, one per slot); returns the reply and the
+        refunds to send when a part of it refused."""
+        if self.fail == "local":
+            charges = self.local.charge_backs(plan.keys)
+            if charges:
+                yield from self._charge_back(charges, request)
+        parts = plan.parts() if self.in_parts else (plan,)
+        if len(parts) == 1:
+            reply: Acquired | AcquiredEach = yield plan.call()
+            return reply, []
+        replies = []
+        for part in parts:
+            replies.append((yield part.call()))
+        return plan.combined(parts, replies), plan.refunds(parts, replies)
+
+    def _charge_back(self, charges: list[ChargeBack], request: Mapping[str, Any]) -> Calls[None]:
+        """Brings Redis down to the in-memory buckets of the plan's diverged keys (`LocalBuckets.charge_backs`, taken
+        when its lane starts), before the plan's call, one `TB.LOWER` each, in order. Accepted: what it covered is in
+        Redis's bucket. A fault (`Failure.fault`, or the lane cancelled at its deadline) fails the call (decided in
+        memory), and what it and the ones after it covered is owed again, for the next call that reaches Redis. Refused
+        by a configuration error (a missing ACL permission, a script error: the failure table's rows logged as errors),
+        or by a server that still lacks the command after the client's own retry (a module older than TB.LOWER): what it
+        covered is dropped, logged as an error, counted and given to `on_error`, and the call goes on; a limiter that
+        can never charge back must not stay in memory for good."""
+        settled = 0
+        try:
+            for charge in charges:
+                try:
+                    yield charge_back_call(charge)
+                except Exception as error:
+                    failure = classify(error)
+                    if failure.fault:
+                        raise
+                    self.local.charge_refused(charge)
+                    self.guard.charge_back_refused(charge.key, failure, error)
+                    self._report(error, request, failure)
+                else:
+                    self.local.charged(charge)
+                settled += 1
+        finally:
+            for charge in charges[settled:]:
+                self.local.charge_failed(charge)
+
+    def _served(self, shadow: Plan | None, verdict: Verdict | None) -> None:
         """The request is served: allowed, or refused by shadow limits only (`verdict`, that of the shadow plan)."""
         if verdict is None or verdict.allowed:
             if self.metrics is not None:
@@ -279,53 +400,6 @@ class Middleware(Generic[App, Limiter]):
                     name,
                 )
 
-    def called(self, started: float, answered: bool) -> None:
-        """A limiter call ended, begun at `started` (`time.perf_counter()`): Redis `answered` it (through the backend
-        the client uses), or the fail mode did."""
-        if self.metrics is not None:
-            source = (self.limiter.backend_in_use or protocol.MODULE) if answered else self.fail
-            self.metrics.decided(source, time.perf_counter() - started)
-
-    def parts(self, plan: Plan) -> tuple[Plan, ...]:
-        return plan.parts() if self.in_parts else (plan,)
-
-    def charge_backs(self, plan: Plan) -> list[ChargeBack]:
-        """The charge-backs to send before the plan's call, in order (`charge_back_call`), one per key whose
-        in-memory bucket diverged from Redis: each then reported to `charge_accepted` or `charge_refused`, and the
-        ones that met a fault or were not sent to `charges_unsent`."""
-        return self.local.charge_backs(plan.keys) if self.fail == "local" else []
-
-    def charge_accepted(self, charge: ChargeBack) -> None:
-        """Redis took a charge-back: what it covered is in its bucket."""
-        self.local.charged(charge)
-
-    def charge_refused(self, charge: ChargeBack, error: BaseException, request: Mapping[str, Any]) -> bool:
-        """A charge-back failed with `error`: whether the plan's call goes on to Redis. A configuration error (a
-        missing ACL permission, a script error: the failure table's rows logged as errors) drops what it covered,
-        logged as an error, counted and given to `on_error`, and the call goes on: a limiter that can never charge
-        back must not stay in memory for good; so does a command the server still lacks after the client's own
-        retry (a module older than TB.LOWER). A fault (`Failure.fault`) answers False: the caller re-raises it (the
-        call is decided in memory) and reports the charge-back unsent."""
-        failure = classify(error)
-        if failure.fault:
-            return False
-        self.local.charge_refused(charge)
-        self.guard.charge_back_refused(charge.key, failure, error)
-        self._report(error, request, failure)
-        return True
-
-    def charges_unsent(self, charges: Sequence[ChargeBack]) -> None:
-        """Charge-backs that met a fault or were never sent: what they covered is owed again, for the next call
-        that reaches Redis."""
-        for charge in charges:
-            self.local.charge_failed(charge)
-
-    def refund_failed(self, refund: protocol.Call[Any], error: BaseException) -> None:
-        """A refund of a request refused in part (`Plan.refunds`) failed. The request stays refused, with the reply
-        of the part that refused it: the fail mode never answers it, since Redis did. Logged (`Guard.refund_failed`);
-        the caller still sends the refunds after it."""
-        self.guard.refund_failed(refund.keys[0], error)
-
     def answered(self, plan: Plan, reply: Acquired | AcquiredEach, enforced: bool) -> Verdict:
         """Redis answered: the in-memory buckets of the plan's keys continue from its report. `enforced`: the answer
         is the response's (headers, body); else only whether it allows."""
@@ -333,11 +407,6 @@ class Middleware(Generic[App, Limiter]):
         if self.fail == "local":
             self.local.observe(plan.limits, plan.keys, reply)
         return verdict(plan, reply, self.standard, self.refusals if enforced else None)
-
-    def failed(self, plan: Plan, error: BaseException, request: Mapping[str, Any], enforced: bool) -> Verdict | None:
-        """A limiter call failed: counted, logged, given to `on_error`, and the fail mode answers."""
-        self._report(error, request, self.guard.failed(error))
-        return self.fallback(plan, enforced)
 
     def _report(self, error: BaseException, request: Mapping[str, Any], failure: Failure) -> None:
         """A limiter call failed: counted, and given to `on_error`."""
@@ -357,6 +426,12 @@ class Middleware(Generic[App, Limiter]):
             return unavailable()
         reply = self.local.acquire_each(plan.limits, plan.keys)
         return verdict(plan, reply, self.standard, self.refusals if enforced else None)
+
+
+def _single(call: protocol.Call[Any]) -> Calls[Any]:
+    """A lane of one call."""
+    reply = yield call
+    return reply
 
 
 def charge_back_call(charge: ChargeBack) -> protocol.Call[Any]:

@@ -10,23 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import _decide, _plan
-from ._decide import Body, Decision, ErrorHook, FailMode, client_address, default_body
+from . import _decide
+from ._decide import Decision, Options, client_address
 from ._guard import MAX_IN_FLIGHT, STALL_FRACTION, NotSent
-from ._local import CAPACITY
-from ._metrics import DEFAULT_REGISTRY
 from ._plan import LimitsSpec, by_path
-from ._protocol import Call
 from .aio import AsyncTokenBucket
-from .headers import Standard
-from .identity import DEFAULT_IPV6_SUBNET
-from .limit import KeyFunction
-from .replies import Acquired, AcquiredEach
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -73,49 +68,38 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        plans = self.plans(scope)
-        if plans is None:
-            await self.app(scope, receive, send)
-            return
-        enforced, shadow = plans
-        verdict = None if enforced is None else await self._decision(enforced, scope, True)
+        verdict = await self._run(self.decide(scope))
         if verdict is not None and not verdict.allowed:
-            self.refused(verdict)
             await _respond(send, verdict)
             return
-        self.served(shadow, None if shadow is None else await self._decision(shadow, scope, False))
         if verdict is None or not verdict.headers:
             await self.app(scope, receive, send)
         else:
             await self.app(scope, receive, _with_headers(send, verdict.headers))
 
-    async def _decision(self, plan: _plan.Plan, scope: Scope, enforced: bool) -> _decide.Verdict | None:
-        """One limiter call for `plan`: Redis's answer, or the fail mode's when Redis fails or the gate is closed."""
-        started = time.perf_counter()
-        verdict: _decide.Verdict | None
-        answered = False
-        if not self.guard.admits:
-            if self.guard.probe_due():
-                self._probe_task = asyncio.ensure_future(self._probe())
-            verdict = self.fallback(plan, enforced)
-        else:
-            try:
-                reply, refunds = await self._within_deadline(partial(self._ask, plan, scope))
-            except NotSent:
-                verdict = self.fallback(plan, enforced)
-            except Exception as error:  # every failure is a row of the failure table, none a 500
-                verdict = self.failed(plan, error, scope, enforced)
-            else:
-                verdict = self.answered(plan, reply, enforced)
-                answered = True
-                await self._give_back(refunds)
-        self.called(started, answered)
-        return verdict
+    async def _run(self, flow: _decide.Flow[T]) -> T:
+        """Runs a decision (`_decide.Flow`): each lane of calls within its deadline, a probe as a task of its own."""
+        try:
+            action = next(flow)
+            while True:
+                if isinstance(action, _decide.Probe):
+                    self._probe_task = asyncio.ensure_future(self._probe())
+                    action = next(flow)
+                    continue
+                try:
+                    result = await self._within_deadline(partial(self._send, action))
+                except Exception as error:
+                    action = flow.throw(error)
+                else:
+                    action = flow.send(result)
+        except StopIteration as done:
+            value: T = done.value
+            return value
 
     async def _within_deadline(self, send: Callable[[], Awaitable[T]]) -> T:
-        """Runs `send()`, a limiter call, once one of the `MAX_IN_FLIGHT` slots is free and no call out has waited
-        more than `STALL_FRACTION` of the deadline, cancelled at the deadline (redis-py then closes the connection:
-        nothing more is written to it; a call still waiting for a slot was never written)."""
+        """Runs `send()`, a lane, once one of the `MAX_IN_FLIGHT` slots is free and no call out has waited more than
+        `STALL_FRACTION` of the deadline, cancelled at the deadline (redis-py then closes the connection: nothing
+        more is written to it; a lane still waiting for a slot was never written)."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         if sys.version_info >= (3, 11):  # no task per call, unlike wait_for before 3.12
@@ -132,42 +116,22 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
             with self.written():
                 return await send()
 
-    async def _ask(self, plan: _plan.Plan, scope: Scope) -> tuple[Acquired | AcquiredEach, list[Call[Any]]]:
-        """The plan's reply, and the refunds to send when a part of it (one call per cluster slot) refused."""
-        await self._charge_back(plan, scope)
-        parts = self.parts(plan)
-        if len(parts) == 1:
-            return await self.limiter._run(plan.call()), []
-        replies = [await self.limiter._run(part.call()) for part in parts]
-        return plan.combined(parts, replies), plan.refunds(parts, replies)
-
-    async def _give_back(self, refunds: list[Call[Any]]) -> None:
-        """Each refund in a call of its own, within its own deadline; one that fails leaves the request refused
-        (`refund_failed`), and the others are still sent."""
-        for refund in refunds:
-            try:
-                await self._within_deadline(partial(self.limiter._run, refund))
-            except Exception as error:
-                self.refund_failed(refund, error)
-
-    async def _charge_back(self, plan: _plan.Plan, scope: Scope) -> None:
-        """Brings Redis down to the in-memory buckets of the plan's diverged keys, before the plan's call. A
-        charge-back that meets a fault (or is cancelled at the deadline) fails the call, and what it and the ones
-        after it covered stays owed; one refused for good is dropped, and the call goes on."""
-        charges = self.charge_backs(plan)
-        settled = 0
+    async def _send(self, calls: _decide.Calls[T]) -> T:
+        """Sends a lane's calls one after the other, each reply sent back in, each error (the cancellation at the
+        deadline too) thrown in."""
+        run = self.limiter._run
         try:
-            for charge in charges:
+            call = next(calls)
+            while True:
                 try:
-                    await self.limiter._run(_decide.charge_back_call(charge))
-                except Exception as error:
-                    if not self.charge_refused(charge, error, scope):
-                        raise
+                    reply = await run(call)
+                except BaseException as error:
+                    call = calls.throw(error)
                 else:
-                    self.charge_accepted(charge)
-                settled += 1
-        finally:
-            self.charges_unsent(charges[settled:])
+                    call = calls.send(reply)
+        except StopIteration as done:
+            value: T = done.value
+            return value
 
     async def _probe(self) -> None:
         try:
@@ -201,41 +165,12 @@ async def _respond(send: Send, verdict: _decide.Verdict) -> None:
 
 
 def limited(
-    limiter: AsyncTokenBucket,
-    limits: LimitsSpec,
-    *,
-    key: KeyFunction | None = None,
-    prefix: str = "ratelimit:",
-    fail: FailMode = "local",
-    standard: Standard = "both",
-    ipv6_subnet: int = DEFAULT_IPV6_SUBNET,
-    timeout: float = 1.0,
-    local_capacity: int = CAPACITY,
-    shadow: bool = False,
-    status_code: int = 429,
-    body: Body = default_body,
-    on_error: ErrorHook | None = None,
-    metrics: Any = DEFAULT_REGISTRY,
+    limiter: AsyncTokenBucket, limits: LimitsSpec, **options: Unpack[Options]
 ) -> Callable[[ASGIApp], RateLimitMiddleware]:
-    """The middleware as a wrapper: `app = limited(limiter, limits)(app)`."""
+    """The middleware as a wrapper: `app = limited(limiter, limits)(app)`; the options and their defaults are
+    `RateLimitMiddleware`'s."""
 
     def wrap(app: ASGIApp) -> RateLimitMiddleware:
-        return RateLimitMiddleware(
-            app,
-            limiter=limiter,
-            limits=limits,
-            key=key,
-            prefix=prefix,
-            fail=fail,
-            standard=standard,
-            ipv6_subnet=ipv6_subnet,
-            timeout=timeout,
-            local_capacity=local_capacity,
-            shadow=shadow,
-            status_code=status_code,
-            body=body,
-            on_error=on_error,
-            metrics=metrics,
-        )
+        return RateLimitMiddleware(app, limiter=limiter, limits=limits, **options)
 
     return wrap

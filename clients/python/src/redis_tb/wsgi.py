@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from functools import partial
 from http import HTTPStatus
 from typing import Any, TypeVar
 
-from . import _decide, _plan
+from . import _decide
 from ._decide import Decision, client_address
 from ._guard import MAX_IN_FLIGHT, STALL_FRACTION, NotSent
 from ._plan import by_path
-from ._protocol import Call
 from .client import TokenBucket
-from .replies import Acquired, AcquiredEach
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -32,16 +30,9 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
     """Rate limits requests of a WSGI app; the options are those of `redis_tb.asgi.RateLimitMiddleware`."""
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        request: Mapping[str, Any] = environ
-        plans = self.plans(request)
-        if plans is None:
-            return self.app(environ, start_response)
-        enforced, shadow = plans
-        verdict = None if enforced is None else self._decision(enforced, request, True)
+        verdict = self._run(self.decide(environ))
         if verdict is not None and not verdict.allowed:
-            self.refused(verdict)
             return _respond(start_response, verdict)
-        self.served(shadow, None if shadow is None else self._decision(shadow, request, False))
         if verdict is None or not verdict.headers:
             return self.app(environ, start_response)
         headers = verdict.headers
@@ -51,33 +42,29 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
 
         return self.app(environ, start_with_headers)
 
-    def _decision(self, plan: _plan.Plan, request: Mapping[str, Any], enforced: bool) -> _decide.Verdict | None:
-        """One limiter call for `plan`: Redis's answer, or the fail mode's when Redis fails or the gate is closed."""
-        started = time.perf_counter()
-        verdict: _decide.Verdict | None
-        answered = False
-        if not self.guard.admits:
-            if self.guard.probe_due():
-                threading.Thread(target=self._probe, name="redis-tb probe", daemon=True).start()
-            verdict = self.fallback(plan, enforced)
-        else:
-            try:
-                reply, refunds = self._within_deadline(partial(self._ask, plan, request))
-            except NotSent:
-                verdict = self.fallback(plan, enforced)
-            except Exception as error:  # every failure is a row of the failure table, none a 500
-                verdict = self.failed(plan, error, request, enforced)
-            else:
-                verdict = self.answered(plan, reply, enforced)
-                answered = True
-                self._give_back(refunds)
-        self.called(started, answered)
-        return verdict
+    def _run(self, flow: _decide.Flow[T]) -> T:
+        """Runs a decision (`_decide.Flow`): each lane of calls within its deadline, a probe in a thread of its own."""
+        try:
+            action = next(flow)
+            while True:
+                if isinstance(action, _decide.Probe):
+                    threading.Thread(target=self._probe, name="redis-tb probe", daemon=True).start()
+                    action = next(flow)
+                    continue
+                try:
+                    result = self._within_deadline(partial(self._send, action))
+                except Exception as error:
+                    action = flow.throw(error)
+                else:
+                    action = flow.send(result)
+        except StopIteration as done:
+            value: T = done.value
+            return value
 
     def _within_deadline(self, send: Callable[[], T]) -> T:
-        """Runs `send()`, a limiter call, once one of the `MAX_IN_FLIGHT` slots is free and no call out has waited
-        more than `STALL_FRACTION` of the deadline (waiting up to the deadline); the fail mode's if the gate closes
-        meanwhile."""
+        """Runs `send()`, a lane, once one of the `MAX_IN_FLIGHT` slots is free and no call out has waited more than
+        `STALL_FRACTION` of the deadline (waiting up to the deadline); the fail mode's if the gate closes meanwhile.
+        Each call's own deadline is the socket timeout (`_guard.configure`)."""
         deadline = time.monotonic() + self.timeout
         if not self.thread_slots.acquire(timeout=self.timeout):
             raise TimeoutError(f"{MAX_IN_FLIGHT} limiter calls are out: none ended within the deadline")
@@ -93,42 +80,21 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
         finally:
             self.thread_slots.release()
 
-    def _ask(self, plan: _plan.Plan, request: Mapping[str, Any]) -> tuple[Acquired | AcquiredEach, list[Call[Any]]]:
-        """The plan's reply, and the refunds to send when a part of it (one call per cluster slot) refused."""
-        self._charge_back(plan, request)
-        parts = self.parts(plan)
-        if len(parts) == 1:
-            return self.limiter._run(plan.call()), []
-        replies = [self.limiter._run(part.call()) for part in parts]
-        return plan.combined(parts, replies), plan.refunds(parts, replies)
-
-    def _give_back(self, refunds: list[Call[Any]]) -> None:
-        """Each refund in a call of its own, within its own deadline; one that fails leaves the request refused
-        (`refund_failed`), and the others are still sent."""
-        for refund in refunds:
-            try:
-                self._within_deadline(partial(self.limiter._run, refund))
-            except Exception as error:
-                self.refund_failed(refund, error)
-
-    def _charge_back(self, plan: _plan.Plan, request: Mapping[str, Any]) -> None:
-        """Brings Redis down to the in-memory buckets of the plan's diverged keys, before the plan's call. A
-        charge-back that meets a fault fails the call, and what it and the ones after it covered stays owed; one
-        refused for good is dropped, and the call goes on."""
-        charges = self.charge_backs(plan)
-        settled = 0
+    def _send(self, calls: _decide.Calls[T]) -> T:
+        """Sends a lane's calls one after the other, each reply sent back in, each error thrown in."""
+        run = self.limiter._run
         try:
-            for charge in charges:
+            call = next(calls)
+            while True:
                 try:
-                    self.limiter._run(_decide.charge_back_call(charge))
-                except Exception as error:
-                    if not self.charge_refused(charge, error, request):
-                        raise
+                    reply = run(call)
+                except BaseException as error:
+                    call = calls.throw(error)
                 else:
-                    self.charge_accepted(charge)
-                settled += 1
-        finally:
-            self.charges_unsent(charges[settled:])
+                    call = calls.send(reply)
+        except StopIteration as done:
+            value: T = done.value
+            return value
 
     def _probe(self) -> None:
         try:
