@@ -59,6 +59,7 @@ def test_classifier_follows_the_fixture(case: dict[str, Any]) -> None:
     failure = classify(exception_of(case))
     assert failure.config_error == (case["action"] == "error-fail-mode"), failure
     assert failure.class_ == case["class"], failure
+    assert failure.row == case["row"], failure
 
 
 @dataclass(frozen=True)

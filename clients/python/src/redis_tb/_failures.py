@@ -21,10 +21,12 @@ from . import errors
 
 @dataclass(frozen=True)
 class Failure:
-    """One row: what failed (the error code or the exception's type, for the logs), the row's `class` in
-    `fixtures/failures.json` (the label of `redis_tb_redis_failures_total`), and whether it is a configuration
+    """One row: its name in `fixtures/failures.json` (`row`: "timeout", "OOM", "other ERR", as the Node and Rust
+    packages name it; the logs give it beside the error's own text, which carries the code or the exception's
+    message), its `class` there (the label of `redis_tb_redis_failures_total`), and whether it is a configuration
     error (logged at ERROR level)."""
 
+    #: The fixture's row name.
     row: str
     config_error: bool
     #: A timeout or a connection that could not be made or was lost (not an error reply).
@@ -156,32 +158,73 @@ def _type_class(error: BaseException) -> str:
     return "other"
 
 
+#: The fixture's row name of each class that has one row; `connection` and `other` have two (see `_row`).
+_CLASS_ROWS = {
+    "timeout": "timeout",
+    "cluster_unreachable": "cluster unreachable",
+    "max_clients": "too many clients",
+    "clusterdown": "CLUSTERDOWN",
+    "masterdown": "MASTERDOWN",
+    "loading": "LOADING",
+    "busy": "BUSY",
+    "readonly": "READONLY",
+    "oom": "OOM",
+    "noreplicas": "NOREPLICAS",
+    "misconf": "MISCONF",
+    "moved": "MOVED/ASK that do not settle",
+    "tryagain": "TRYAGAIN",
+    "crossslot": "CROSSSLOT",
+    "noscript": "NOSCRIPT",
+    "function_missing": "function missing",
+    "unknown_command": "unknown command",
+    "noauth": "NOAUTH",
+    "wrongpass": "WRONGPASS",
+    "noperm": "NOPERM",
+    "wrongtype": "WRONGTYPE",
+}
+
+
+def _row(class_: str, error: BaseException) -> str:
+    """The fixture's row name of `error`, whose class is `class_`."""
+    if class_ == "connection":
+        refused = isinstance(error, ConnectionRefusedError) or "connection refused" in str(error).lower()
+        return "connection refused" if refused else "connection reset"
+    if class_ == "other":
+        # A server's error reply, or something else gone wrong (a bug to see).
+        return "other ERR" if isinstance(error, (errors.ServerError, redis_errors.ResponseError)) else "any other error"
+    return _CLASS_ROWS.get(class_, "any other error")
+
+
+def _failure(error: BaseException, config_error: bool, class_: str, lost_connection: bool = False) -> Failure:
+    return Failure(_row(class_, error), config_error, lost_connection, class_)
+
+
 def classify(error: BaseException) -> Failure:
     """The row of the failure table `error` belongs to."""
     if isinstance(error, _CONFIG_TYPES):
-        return Failure(type(error).__name__, True, class_=_type_class(error))
+        return _failure(error, True, _type_class(error))
     if isinstance(error, redis_errors.ClusterCrossSlotError) or (
         isinstance(error, redis_errors.RedisClusterException) and "same key slot" in str(error)
     ):
         # The key layout keeps a request's buckets in one slot: if this happens anyway, it is a bug to see.
-        return Failure("CROSSSLOT", True, class_="crossslot")
+        return _failure(error, True, "crossslot")
     if isinstance(error, _UNAVAILABLE_TYPES):
-        return Failure(type(error).__name__, False, _is_lost_connection(error), _type_class(error))
+        return _failure(error, False, _type_class(error), _is_lost_connection(error))
     if isinstance(error, errors.ServerError):
         code = error.server_message.split(" ", 1)[0]
-        return Failure(code, True, class_=_CODE_CLASSES.get(code, "other"))
+        return _failure(error, True, _CODE_CLASSES.get(code, "other"))
     if isinstance(error, redis_errors.ResponseError):
         text = _SCRIPT_ERROR.sub("", str(error), count=1)
         code = text.split(" ", 1)[0]
         if code in UNAVAILABLE_CODES:
-            return Failure(code, False, class_=_CODE_CLASSES[code])
+            return _failure(error, False, _CODE_CLASSES[code])
         if code in _CODE_CLASSES:
-            return Failure(code, True, class_=_CODE_CLASSES[code])
+            return _failure(error, True, _CODE_CLASSES[code])
         if "unknown command" in text:
             # The client switches to the script and retries once: this is the retry failing too.
-            return Failure("script or module missing", False, class_="unknown_command")
+            return _failure(error, False, "unknown_command")
         if text.startswith(("Function not found", "ERR Function not found")):
             # The client loads the library and retries once: this is the retry failing too.
-            return Failure("script or module missing", False, class_="function_missing")
-        return Failure("ERR", True)
-    return Failure(type(error).__name__, True)
+            return _failure(error, False, "function_missing")
+        return _failure(error, True, "other")
+    return _failure(error, True, "other")
