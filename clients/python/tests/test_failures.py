@@ -37,6 +37,7 @@ import redis_tb
 from redis_tb import AsyncTokenBucket, Limit, TokenBucket, asgi, wsgi
 from redis_tb._failures import classify
 from redis_tb._guard import MAX_IN_FLIGHT, STALL_FRACTION, Guard
+from redis_tb._protocol import is_unknown_command
 
 FIXTURE: dict[str, Any] = json.loads((Path(__file__).resolve().parents[3] / "fixtures/failures.json").read_text())
 LIMITS = [Limit("per-client", rate=0.01, burst=2)]  # no refill to speak of during a test
@@ -60,6 +61,21 @@ def test_classifier_follows_the_fixture(case: dict[str, Any]) -> None:
     assert failure.config_error == (case["action"] == "error-fail-mode"), failure
     assert failure.class_ == case["class"], failure
     assert failure.row == case["row"], failure
+
+
+def test_the_unknown_command_row_is_the_backends_unknown_command() -> None:
+    """One check decides both: a reply of fixtures/backends.json is the failure table's "unknown command" row exactly
+    when it is what moves calls to the script (a command unknown to a script's `redis.call` is neither)."""
+    cases = json.loads((Path(__file__).resolve().parents[3] / "fixtures/backends.json").read_text())["cases"]
+    checked = 0
+    for case in cases:
+        if "reply" not in case:
+            continue
+        error = BaseParser.parse_error(case["reply"])  # type: ignore[no-untyped-call]
+        unknown = classify(error).class_ == "unknown_command"
+        assert unknown == is_unknown_command(error) == (case["class"] == "unknown-command"), case
+        checked += 1
+    assert checked >= 10, checked
 
 
 @dataclass(frozen=True)

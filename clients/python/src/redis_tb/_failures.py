@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from redis import exceptions as redis_errors
 
 from . import errors
+from ._protocol import is_unknown_command
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ def classify(error: BaseException) -> Failure:
             return _failure(error, False, _CODE_CLASSES[code])
         if code in _CODE_CLASSES:
             return _failure(error, True, _CODE_CLASSES[code])
-        if "unknown command" in text:
+        if is_unknown_command(error):
             # The client switches to the script and retries once: this is the retry failing too.
             return _failure(error, False, "unknown_command")
         if text.startswith(("Function not found", "ERR Function not found")):
