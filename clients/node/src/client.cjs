@@ -10,7 +10,7 @@
 // Where the server refuses TIME inside scripts, the library and the script take the caller's clock instead.
 
 const { connect } = require("./connection.cjs");
-const { TbReplyError, TbArgumentError, TbProtocolError, isReplyError } = require("./errors.cjs");
+const { TbReplyError, TbArgumentError, TbProtocolError, isReplyError, isUnknownCommand } = require("./errors.cjs");
 const script = require("./script.cjs");
 
 /** The backends in the order they are tried. */
@@ -76,15 +76,6 @@ function bucketList(name, buckets, withCost) {
     if (withCost) args.push(number(`${where}.cost`, bucket.cost ?? 1));
   });
   return args;
-}
-
-/**
- * The server does not know the command sent: no module, or no FCALL (Redis 6.2); the second text is redis-py's
- * for a cluster (fixtures/backends.json holds both packages' cases). A command unknown to a script's `redis.call`
- * is not this: see `isTimeRefused`.
- */
-function isUnknownCommand(error) {
-  return /unknown command|doesn't exist in redis commands/i.test(error.message) && !/from (lua )?script/i.test(error.message);
 }
 
 /** An error's text for a log line, without the arguments a server quotes after it (they hold keys, so identities). */

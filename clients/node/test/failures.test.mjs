@@ -14,6 +14,7 @@ import { Redis, Cluster as IoCluster, ReplyError } from "ioredis";
 import { ErrorReply } from "redis";
 
 import { classifyFailure, fastifyRateLimit, rateLimit, TbClient, TbReplyError, TbUnavailableError } from "../src/index.mjs";
+import { isUnknownCommand } from "../src/errors.cjs";
 import { connect } from "./clients.mjs";
 import { REPOSITORY, Server, rawCommand, waitUntil } from "./harness.mjs";
 import { closeServer, limitHeaders, listen } from "./http-helpers.mjs";
@@ -146,6 +147,19 @@ async function withServer(options, body) {
     await server.stop();
   }
 }
+
+test("one check decides both: a reply of fixtures/backends.json is the unknown command row exactly when it moves calls to the script", () => {
+  const { cases } = JSON.parse(fs.readFileSync(path.join(REPOSITORY, "fixtures", "backends.json"), "utf8"));
+  let checked = 0;
+  for (const item of cases.filter((item) => item.reply !== undefined)) {
+    const error = new ReplyError(item.reply);
+    const row = classifyFailure(error).class === "unknown_command";
+    assert.equal(row, isUnknownCommand(error), item.reply);
+    assert.equal(row, item.class === "unknown-command", item.reply);
+    checked += 1;
+  }
+  assert.ok(checked >= 10, `${checked} replies`);
+});
 
 describe("each row on a real server", () => {
   for (const kind of ["ioredis", "node-redis"]) {
