@@ -517,18 +517,16 @@ async fn the_metrics_count_a_known_sequence_exactly() {
         .shadow(true);
     let layer = RateLimitLayer::new(client(&server.url()), [api, trial])
         .expect("a layer")
-        .key(|parts| {
-            if parts.uri.path() == "/health" {
-                Identity::Skip
-            } else {
-                Identity::Key("someone".to_owned())
-            }
+        .key(|parts| match (parts.uri.path(), parts.uri.query()) {
+            ("/health", _) => Identity::Skip,
+            (_, Some("as=other")) => Identity::Key("someone else".to_owned()),
+            _ => Identity::Key("someone".to_owned()),
         })
         .metrics(&mut registry);
     let address = serve(layer).await;
 
     // Allowed (a call for each plan); served though the shadow limit refuses; refused by api (its one call);
-    // skipped (no call).
+    // skipped (no call): five calls answered by the module.
     let statuses = [
         get_path(address, "/").await.status,
         get_path(address, "/").await.status,
@@ -536,7 +534,9 @@ async fn the_metrics_count_a_known_sequence_exactly() {
         get_path(address, "/health").await.status,
     ];
     assert_eq!(statuses, [200, 200, 429, 200]);
-    // Out of memory: the call fails (class oom) and the local fail mode refuses, continuing from api's 0 left.
+    // Out of memory: a refusal writes nothing, so the module still answers it (its sixth call). Calls that would
+    // write (another identity's first, enforced and shadow) fail (class oom) and the local fail mode admits them
+    // from that identity's full in-memory buckets.
     let () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxmemory")
@@ -544,23 +544,24 @@ async fn the_metrics_count_a_known_sequence_exactly() {
         .query(&mut server.conn())
         .expect("CONFIG SET");
     assert_eq!(get_path(address, "/").await.status, 429);
+    assert_eq!(get_path(address, "/?as=other").await.status, 200);
 
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).expect("the scrape");
     for line in [
-        "redis_tb_requests_total{outcome=\"allowed\"} 1",
+        "redis_tb_requests_total{outcome=\"allowed\"} 2",
         "redis_tb_requests_total{outcome=\"shadow_refused\"} 1",
         "redis_tb_requests_total{outcome=\"refused\"} 2",
         "redis_tb_requests_total{outcome=\"skipped\"} 1",
         "redis_tb_refusals_total{limit=\"trial\"} 1",
         "redis_tb_refusals_total{limit=\"api\"} 2",
-        "redis_tb_decisions_total{source=\"module\"} 5",
-        "redis_tb_decisions_total{source=\"local\"} 1",
+        "redis_tb_decisions_total{source=\"module\"} 6",
+        "redis_tb_decisions_total{source=\"local\"} 2",
         "redis_tb_decisions_total{source=\"function\"} 0",
         "redis_tb_decisions_total{source=\"closed\"} 0",
-        "redis_tb_redis_failures_total{class=\"oom\"} 1",
-        "redis_tb_call_duration_seconds_count 6",
-        "redis_tb_call_duration_seconds_bucket{le=\"2.5\"} 6",
+        "redis_tb_redis_failures_total{class=\"oom\"} 2",
+        "redis_tb_call_duration_seconds_count 8",
+        "redis_tb_call_duration_seconds_bucket{le=\"2.5\"} 8",
     ] {
         assert!(text.lines().any(|found| found == line), "{line} in\n{text}");
     }
