@@ -1,8 +1,8 @@
 //! redis-tb: a native token-bucket rate limiter for Redis, `TB.ACQUIRE key rate burst [cost]`.
 //!
 //! Layout:
-//! - `bucket`: the pure token-bucket arithmetic (state + now + parameters -> decision + new state). No Redis,
-//!   no clock, no I/O; public, so benches and property tests drive it directly.
+//! - `bucket`: the pure token-bucket arithmetic (state + now + parameters -> decision + new state), the workspace
+//!   crate `redis-tb-core` (core/) re-exported. No Redis, no clock, no I/O; public, so benches drive it directly.
 //! - `codec`: the stored form of a bucket (`State` <-> the `tokens`/`ts` hash values). Pure and public, like
 //!   `bucket`, so benches measure it.
 //! - `number`: decimal text to numbers, for arguments and stored fields alike. Pure and public.
@@ -24,7 +24,7 @@
     )
 )]
 
-pub mod bucket;
+pub use redis_tb_core as bucket;
 pub mod codec;
 mod command;
 pub mod gcra;

@@ -1,12 +1,15 @@
-//! The token bucket itself: pure arithmetic, no Redis, no clock, no I/O.
+//! redis-tb-core: the token bucket itself, pure arithmetic with no store, no clock and no I/O. The module
+//! (`redis-tb`, as `redis_tb::bucket`) runs it on the state of a Redis hash at the server's time; the client
+//! (`redis-tb-client`) runs it on its in-memory buckets at a monotonic time. Whoever calls keeps the state and
+//! reads the clock, as redis-cell keeps its algorithm behind a store interface.
 //!
-//! `acquire(stored, now_us, params, cost)` takes the bucket as it was last written, the current server time and
+//! `acquire(stored, now_us, params, cost)` takes the bucket as it was last written, the current time and
 //! the caller's parameters, and returns a [`Decision`]: what to reply, and whether (and what) to write back.
 //! [`reserve`] and [`refund`] do the same for pacing (take now, act later) and for giving tokens back;
 //! [`acquire_each`] (`each.rs`) takes its own cost from each of several buckets, all or none, and
 //! [`acquire_at_most`] (`at_most.rs`) takes up to a number of whole tokens.
-//! Everything that touches the server lives in `command/`; time is always an argument here so that unit tests,
-//! property tests and benchmarks control it fully. `make lint` checks that this file never imports
+//! Everything that touches the server lives in the module's `command/`; time is always an argument here so that
+//! unit tests, property tests and benchmarks control it fully. `make lint` checks that this crate never imports
 //! `redis_module` or reads a clock.
 //!
 //! The model: a bucket holds `tokens` as of `updated_us`. At any later instant `t` it holds
@@ -15,9 +18,9 @@
 //! would be full again. A clock that reads earlier than `updated_us` is the one exception: the bucket keeps its
 //! tokens, refills from that reading on, and the first call to see it records the new time base (`refilled`).
 //!
-//! What holds for `tokens`: every state this module writes has `tokens ≤ burst` (of the call that wrote it), and
+//! What holds for `tokens`: every state this crate writes has `tokens ≤ burst` (of the call that wrote it), and
 //! `tokens ≥ 0` unless it was written by a [`reserve`] that granted with a wait, by a [`charge`] or [`block`]
-//! (in `bucket/charge.rs`), or by a [`lower`] to a negative level (`bucket/lower.rs`). Such a bucket is *in debt*: its negative `tokens` are slots already promised to
+//! (in `charge.rs`), or by a [`lower`] to a negative level (`lower.rs`). Such a bucket is *in debt*: its negative `tokens` are slots already promised to
 //! callers, or tokens taken after the fact, repaid by the refill before anyone else is served.
 //! [`acquire`] and [`acquire_all`] deny on a bucket in debt until the refill has repaid the debt and brought
 //! `cost` on top, and say so in `retry_after_ms`; [`refund`] gives nothing back to it. A state read back from
@@ -28,6 +31,15 @@
 //! derived with saturating conversions and then checked against the same refill function a later call will use,
 //! so the advertised waits are exact with respect to what the server will actually decide.
 #![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
 
 mod at_most;
 mod each;
