@@ -49,6 +49,8 @@ pub use each::{acquire_each, Each, Member};
 
 /// Microseconds in a second: the unit conversion between `rate_per_sec` and the `*_us` timestamps.
 const MICROS_PER_SEC: f64 = 1_000_000.0;
+/// Milliseconds in a second, for reply fields in milliseconds against `rate_per_sec`.
+const MILLIS_PER_SEC: f64 = 1_000.0;
 /// Microseconds in a millisecond: replies and expiries are in milliseconds, state in microseconds.
 const MICROS_PER_MS: i64 = 1_000;
 
@@ -218,6 +220,21 @@ impl State {
             (elapsed_s + self.tokens / params.rate_per_sec) * params.rate_per_sec
         };
         tokens.min(params.burst)
+    }
+
+    /// The bucket a reply describes: a bucket full again `reset_after_ms` after `at_us` lacks
+    /// `rate · reset_after_ms / 1000` tokens then. Since the reply rounds its reset up to a millisecond, this
+    /// holds at most `rate · 1 ms` fewer tokens than the bucket that answered, never more. A caller that keeps
+    /// no state of its own (a client's in-memory bucket continuing from Redis's last answer) reads it back with
+    /// [`State::tokens_at`], and `burst - tokens_at(t)`, which reaches 0 at the reset, is what that bucket still
+    /// lacks at `t`: all that tokens taken with that reply can still be worth, as the refill forgets the rest.
+    /// Finite for every reply.
+    pub fn of_reply(reset_after_ms: i64, at_us: i64, params: &Params) -> State {
+        let reset_s = reset_after_ms as f64 / MILLIS_PER_SEC;
+        State {
+            tokens: (params.burst - params.rate_per_sec * reset_s).max(-f64::MAX),
+            updated_us: at_us,
+        }
     }
 }
 

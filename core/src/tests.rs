@@ -246,6 +246,26 @@ fn arb_history() -> impl Strategy<Value = (Params, Vec<(i64, f64)>)> {
     })
 }
 
+/// A reply read back as a bucket: full again at its reset, and what it lacks falls to 0 then.
+#[test]
+fn a_reply_reads_back_as_the_bucket_that_answered() {
+    let p = params(10.0, 5.0);
+    let drained = replay(&p, &[(T0, 5.0)]);
+    assert_eq!(drained[0].reset_after_ms, 500);
+    let read = State::of_reply(drained[0].reset_after_ms, T0, &p);
+    assert_eq!(read.tokens, 0.0);
+    assert_eq!(read.tokens_at(T0 + 200_000, &p), 2.0);
+    assert_eq!(read.tokens_at(T0 + 500_000, &p), 5.0);
+    // Rounded up to a millisecond: at most rate · 1 ms short of the bucket, never above it.
+    let d = acquire(None, T0, &p, cost(0.55));
+    let read = State::of_reply(d.reset_after_ms, T0, &p);
+    assert_eq!(d.reset_after_ms, 55);
+    assert!((read.tokens - 4.45).abs() < 1e-12, "{read:?}");
+    // A reset too far for any rate stays finite.
+    let read = State::of_reply(i64::MAX, T0, &params(f64::MAX, 1.0));
+    assert_eq!(read.tokens, -f64::MAX);
+}
+
 proptest! {
     #[test]
     fn tokens_stay_within_zero_and_burst((p, steps) in arb_history()) {

@@ -20,19 +20,24 @@
 //!              is full again and not diverged, else it shares its limit's overflow bucket (never charged back)
 //! ```
 //!
-//! The arithmetic is the module's in floating point, on a monotonic clock the caller passes (milliseconds):
-//! pure, no I/O, no clock of its own.
+//! The arithmetic is the module's own, the workspace crate `redis-tb-core`: the refill, whether a cost fits, the
+//! reply fields and the rule for a clock that steps back are the ones `TB.ACQUIREEACH` runs. This file keeps what
+//! only a client has (the table, what is owed, the charge-backs) and converts at its boundary: the caller passes a
+//! monotonic clock in milliseconds, the core counts integer microseconds. Pure, no I/O, no clock of its own.
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, HashMap};
+
+use redis_tb_core::{self as bucket, Cost, Member, Params, State, MAX_WAIT_LIMIT_MS};
 
 use crate::failure::{Action, Failure};
 use crate::replies::{AcquiredEach, BucketResult};
 
 /// Keys kept unless another capacity is set.
 pub const DEFAULT_CAPACITY: usize = 10_000;
-/// A floor is never below a day of refill in debt: the bound `TB.LOWER` accepts, as `TB.CHARGE`'s.
-const DEBT_BOUND_S: f64 = 86_400.0;
+/// A floor is never below a day of refill in debt: the bound `TB.LOWER` accepts, as `TB.CHARGE`'s (the core's
+/// [`MAX_WAIT_LIMIT_MS`]), in seconds.
+const DEBT_BOUND_S: f64 = (MAX_WAIT_LIMIT_MS / 1_000) as f64;
 /// How many of the least recently used keys a new key may take the place of.
 const EVICTION_WINDOW: usize = 16;
 
@@ -87,25 +92,24 @@ impl ChargeOutcome {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Held {
-    /// Tokens as of `at_ms`; at most `burst`, negative for a bucket in debt.
-    tokens: f64,
-    at_ms: f64,
+/// The core's time from the caller's monotonic milliseconds: whole microseconds, saturating (`as` from f64
+/// saturates at the bounds and maps NaN to 0).
+fn micros(now_ms: f64) -> i64 {
+    (now_ms * 1_000.0).round() as i64
 }
 
-impl Held {
-    fn now(self, rate: f64, burst: f64, now_ms: f64) -> f64 {
-        let elapsed_s = (now_ms - self.at_ms).max(0.0) / 1000.0;
-        (self.tokens + elapsed_s * rate).min(burst)
-    }
+/// The core's parameters of `bucket`: `None` for a rate or burst that is not a finite number above 0, which
+/// [`crate::Limit`] never builds.
+fn params_of(bucket: &LocalBucket<'_>) -> Option<Params> {
+    Params::new(bucket.rate, bucket.burst).ok()
 }
 
 #[derive(Clone, Debug)]
 struct Entry {
-    rate: f64,
-    burst: f64,
-    held: Held,
+    params: Params,
+    /// The bucket as the core sees it: tokens as of `updated_us` (the caller's clock in microseconds), at most
+    /// `burst`, negative for a bucket in debt.
+    held: State,
     /// Tokens admitted in memory that no charge-back sent covers; >= 0.
     owed: f64,
     /// Tokens covered by charge-backs in flight: the sum of their shares; >= 0, exactly 0 when `in_flight` is.
@@ -147,7 +151,7 @@ pub struct LocalBuckets {
     /// How many entries are diverged ([`Entry::diverged`]): with none, a call needs no look-up for them.
     diverged: usize,
     /// One per limit name, for keys that found no place.
-    overflow: HashMap<String, Held>,
+    overflow: HashMap<String, State>,
 }
 
 impl Default for LocalBuckets {
@@ -190,6 +194,7 @@ impl LocalBuckets {
         if self.diverged == 0 {
             return Vec::new();
         }
+        let now_us = micros(now_ms);
         let mut charges: Vec<ChargeBack> = Vec::new();
         for bucket in buckets {
             if charges.iter().any(|charge| charge.key == bucket.key) {
@@ -206,15 +211,15 @@ impl LocalBuckets {
                 entry.charging += share;
                 entry.in_flight = entry.in_flight.saturating_add(1);
             }
-            let debt_bound = -(entry.rate * DEBT_BOUND_S);
+            let rate = entry.params.rate_per_sec();
             charges.push(ChargeBack {
                 key: bucket.key.to_owned(),
-                rate: entry.rate,
-                burst: entry.burst,
+                rate,
+                burst: entry.params.burst(),
                 tokens: entry
                     .held
-                    .now(entry.rate, entry.burst, now_ms)
-                    .max(debt_bound),
+                    .tokens_at(now_us, &entry.params)
+                    .max(-(rate * DEBT_BOUND_S)),
                 share,
             });
         }
@@ -247,24 +252,26 @@ impl LocalBuckets {
     /// Redis answered a call for `buckets` with `results` (one per bucket) at `now_ms`: each bucket continues
     /// from there if a fault comes, less what Redis has not seen (owed, or covered by charge-backs in flight).
     pub fn answered(&mut self, buckets: &[LocalBucket<'_>], results: &[BucketResult], now_ms: f64) {
+        let now_us = micros(now_ms);
         for (bucket, result) in buckets.iter().zip(results) {
+            let Some(params) = params_of(bucket) else {
+                continue;
+            };
             // reset_after_ms is the time to full: the bucket lacks rate * reset_after_ms / 1000 tokens.
-            let reset_s = result.reset_after_ms as f64 / 1000.0;
-            let tokens = bucket.burst - bucket.rate * reset_s;
+            let tokens = State::of_reply(result.reset_after_ms, now_us, &params).tokens;
             if let Some(entry) = self.table.get_mut(bucket.key) {
-                entry.rate = bucket.rate;
-                entry.burst = bucket.burst;
-                entry.held = Held {
-                    tokens: tokens - entry.unseen(),
-                    at_ms: now_ms,
+                entry.params = params;
+                entry.held = State {
+                    tokens: (tokens - entry.unseen()).max(-f64::MAX),
+                    updated_us: now_us,
                 };
                 mark_used(&mut self.order, &mut self.next_use, entry, bucket.key);
-            } else if self.make_room(now_ms, buckets) {
-                let held = Held {
+            } else if self.make_room(now_us, buckets) {
+                let held = State {
                     tokens,
-                    at_ms: now_ms,
+                    updated_us: now_us,
                 };
-                self.insert(bucket, held);
+                self.insert(bucket, params, held);
             }
         }
     }
@@ -272,48 +279,59 @@ impl LocalBuckets {
     /// The decision of the in-memory buckets for a call that Redis did not answer: each bucket's cost from every
     /// bucket, or nothing from any, in `TB.ACQUIREEACH`'s shape. What a table bucket admits is owed.
     pub fn acquire_each(&mut self, buckets: &[LocalBucket<'_>], now_ms: f64) -> AcquiredEach {
+        let now_us = micros(now_ms);
         let mut slots = Vec::with_capacity(buckets.len());
-        let mut tokens = Vec::with_capacity(buckets.len());
-        for bucket in buckets {
-            let (slot, held) = self.slot(bucket, now_ms, buckets);
-            tokens.push(held.now(bucket.rate, bucket.burst, now_ms));
-            slots.push(slot);
-        }
-        let fits: Vec<bool> = buckets
-            .iter()
-            .zip(&tokens)
-            .map(|(bucket, held)| bucket.cost <= *held)
-            .collect();
-        let allowed = fits.iter().all(|&fit| fit);
-        let mut results = Vec::with_capacity(buckets.len());
-        for (((bucket, slot), held), fit) in buckets.iter().zip(&slots).zip(&tokens).zip(&fits) {
-            let after = if allowed { held - bucket.cost } else { *held };
-            let stored = Held {
-                tokens: after,
-                at_ms: now_ms,
+        let mut members = Vec::with_capacity(buckets.len());
+        for (index, bucket) in buckets.iter().enumerate() {
+            let (Some(params), Ok(cost)) = (params_of(bucket), Cost::new(bucket.cost)) else {
+                return unusable(buckets.len(), index);
             };
-            match slot {
-                Slot::Table(key) => {
-                    if let Some(entry) = self.table.get_mut(key) {
-                        entry.held = stored;
-                        if allowed && bucket.cost > 0.0 {
-                            let was = entry.diverged();
-                            entry.owed += bucket.cost;
-                            self.count_diverged(was, true);
+            let (slot, held) = self.slot(bucket, params, now_us, buckets);
+            slots.push(slot);
+            members.push(Member {
+                stored: Some(held),
+                params,
+                cost,
+            });
+        }
+        let each = bucket::acquire_each(&members, now_us);
+        let allowed = each.allowed();
+        let mut results = Vec::with_capacity(buckets.len());
+        for ((bucket, slot), decision) in buckets.iter().zip(&slots).zip(&each.buckets) {
+            // The core writes what changed: a grant's tokens taken, or a new time base after a clock step back.
+            // Without a write the bucket stands as it was: its refill is a function of time alone.
+            if let Some(write) = decision.write {
+                match slot {
+                    Slot::Table(key) => {
+                        if let Some(entry) = self.table.get_mut(key) {
+                            entry.held = write.state;
                         }
                     }
-                    self.touch(key);
-                }
-                Slot::Overflow(limit) => {
-                    self.overflow.insert(limit.clone(), stored);
+                    Slot::Overflow(limit) => {
+                        self.overflow.insert(limit.clone(), write.state);
+                    }
                 }
             }
-            results.push(result(bucket, after, *fit));
+            if let Slot::Table(key) = slot {
+                if allowed && bucket.cost > 0.0 {
+                    if let Some(entry) = self.table.get_mut(key) {
+                        let was = entry.diverged();
+                        entry.owed += bucket.cost;
+                        self.count_diverged(was, true);
+                    }
+                }
+                self.touch(key);
+            }
+            results.push(BucketResult {
+                fits: decision.allowed(),
+                remaining: decision.remaining,
+                retry_after_ms: decision.retry_after_ms,
+                reset_after_ms: decision.reset_after_ms,
+            });
         }
-        let limiting_index = limiting_index(&results, allowed);
         AcquiredEach {
             allowed,
-            limiting_index,
+            limiting_index: each.limiting_index,
             buckets: results,
         }
     }
@@ -323,18 +341,19 @@ impl LocalBuckets {
     fn slot(
         &mut self,
         bucket: &LocalBucket<'_>,
-        now_ms: f64,
+        params: Params,
+        now_us: i64,
         call: &[LocalBucket<'_>],
-    ) -> (Slot, Held) {
-        let full = Held {
-            tokens: bucket.burst,
-            at_ms: now_ms,
+    ) -> (Slot, State) {
+        let full = State {
+            tokens: params.burst(),
+            updated_us: now_us,
         };
         if let Some(entry) = self.table.get(bucket.key) {
             return (Slot::Table(bucket.key.to_owned()), entry.held);
         }
-        if self.make_room(now_ms, call) {
-            self.insert(bucket, full);
+        if self.make_room(now_us, call) {
+            self.insert(bucket, params, full);
             return (Slot::Table(bucket.key.to_owned()), full);
         }
         let held = *self.overflow.entry(bucket.limit.to_owned()).or_insert(full);
@@ -343,7 +362,7 @@ impl LocalBuckets {
 
     /// Whether a new key fits: the table has room, or one of its least recently used keys that is full again,
     /// is not diverged and is not a key of the `call` under way gave up its place.
-    fn make_room(&mut self, now_ms: f64, call: &[LocalBucket<'_>]) -> bool {
+    fn make_room(&mut self, now_us: i64, call: &[LocalBucket<'_>]) -> bool {
         if self.table.len() < self.capacity {
             return true;
         }
@@ -356,7 +375,7 @@ impl LocalBuckets {
                 !in_call
                     && self.table.get(key.as_str()).is_some_and(|entry| {
                         !entry.diverged()
-                            && entry.held.now(entry.rate, entry.burst, now_ms) >= entry.burst
+                            && entry.held.tokens_at(now_us, &entry.params) >= entry.params.burst()
                     })
             })
             .map(|(&used, key)| (used, key.clone()));
@@ -370,14 +389,13 @@ impl LocalBuckets {
         }
     }
 
-    fn insert(&mut self, bucket: &LocalBucket<'_>, held: Held) {
+    fn insert(&mut self, bucket: &LocalBucket<'_>, params: Params, held: State) {
         let used = self.bump();
         self.order.insert(used, bucket.key.to_owned());
         self.table.insert(
             bucket.key.to_owned(),
             Entry {
-                rate: bucket.rate,
-                burst: bucket.burst,
+                params,
                 held,
                 owed: 0.0,
                 charging: 0.0,
@@ -420,25 +438,19 @@ fn mark_used(order: &mut BTreeMap<u64, String>, next_use: &mut u64, entry: &mut 
     order.insert(*next_use, text);
 }
 
-/// Milliseconds, rounded up, saturating (a double beyond i64 becomes its bound).
-fn ceil_ms(ms: f64) -> i64 {
-    // `as` from f64 saturates at the bounds and maps NaN to 0.
-    ms.ceil() as i64
-}
-
-fn result(bucket: &LocalBucket<'_>, tokens: f64, fits: bool) -> BucketResult {
-    let retry_after_ms = if fits {
-        0
-    } else if bucket.cost > bucket.burst {
-        -1
-    } else {
-        ceil_ms((bucket.cost - tokens) / bucket.rate * 1000.0)
+/// The answer for a call whose bucket at `index` has a rate, burst or cost the core refuses (never one a
+/// [`crate::Limit`] builds): refused as impossible, nothing taken or remembered.
+fn unusable(len: usize, index: usize) -> AcquiredEach {
+    let refused = BucketResult {
+        fits: false,
+        remaining: 0,
+        retry_after_ms: -1,
+        reset_after_ms: 0,
     };
-    BucketResult {
-        fits,
-        remaining: tokens.floor().max(0.0) as i64,
-        retry_after_ms,
-        reset_after_ms: ceil_ms((bucket.burst - tokens) / bucket.rate * 1000.0).max(0),
+    AcquiredEach {
+        allowed: false,
+        limiting_index: index,
+        buckets: vec![refused; len],
     }
 }
 
@@ -625,6 +637,19 @@ mod tests {
         local.answered(&[slow], &[deep], 0.0);
         let charges = local.charge_backs(&[slow], 0.0);
         assert_eq!(charges[0].tokens, -0.001 * 86_400.0);
+    }
+
+    /// The core's rule for a clock that reads earlier than a bucket's time: no token minted, the refill starts
+    /// from the earlier reading.
+    #[test]
+    fn a_clock_that_steps_back_mints_nothing() {
+        let mut local = LocalBuckets::new(10);
+        admit(&mut local, "k", 10, 1000.0);
+        let back = local.acquire_each(&[limit("k")], 0.0);
+        assert!(!back.allowed);
+        assert_eq!(back.buckets[0].retry_after_ms, 1000);
+        assert!(local.acquire_each(&[limit("k")], 1000.0).allowed);
+        assert!(!local.acquire_each(&[limit("k")], 1000.0).allowed);
     }
 
     #[test]
