@@ -77,7 +77,12 @@ impl Node {
             .arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--save", ""])
-            .args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
+            .args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+            ])
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
@@ -306,7 +311,8 @@ impl Load {
                 let (app, records, stopping) = (app.clone(), records.clone(), stopping.clone());
                 runtime.spawn(async move {
                     // Spread the identities over the interval.
-                    let mut due = Instant::now() + interval.mul_f64(index as f64 / IDENTITIES as f64);
+                    let mut due =
+                        Instant::now() + interval.mul_f64(index as f64 / IDENTITIES as f64);
                     while !stopping.load(Ordering::Relaxed) {
                         let now = Instant::now();
                         // A stalled task catches up for at most half a second.
@@ -414,11 +420,8 @@ impl Load {
                 "{shown}: {:?}",
                 record.calls.iter().map(|call| call.1).collect::<Vec<_>>()
             );
-            let after: Vec<&(Instant, u16)> = record
-                .calls
-                .iter()
-                .filter(|call| call.0 >= since)
-                .collect();
+            let after: Vec<&(Instant, u16)> =
+                record.calls.iter().filter(|call| call.0 >= since).collect();
             if let (Some(start), Some(end)) = (after.first(), after.last()) {
                 let window = end.0.duration_since(start.0).as_secs_f64();
                 let admitted_after = after.iter().filter(|call| call.1 == 200).count() as f64;
