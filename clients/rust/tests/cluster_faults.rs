@@ -33,9 +33,12 @@ const BURST: f64 = 10.0;
 const IDENTITIES: usize = 20;
 /// Twice the rate: every identity meets its limit, 200 requests/s in all.
 const PER_IDENTITY_RPS: f64 = 10.0;
-/// One call per identity in flight when the fault begins (Redis may have taken it while the layer, given no reply,
+/// Tasks sending each identity's requests, each at its share of `PER_IDENTITY_RPS`: requests of one identity
+/// meet at the recovery, where each may send a charge-back.
+const TASKS_PER_IDENTITY: usize = 2;
+/// One call per task in flight when the fault begins (Redis may have taken it while the layer, given no reply,
 /// admits it in memory), and one answered by the primary but lost with it before it reached the replica.
-const IN_FLIGHT: f64 = 2.0;
+const IN_FLIGHT: f64 = TASKS_PER_IDENTITY as f64 + 1.0;
 /// How many tokens an identity may miss of its rate over the last seconds of a run, once the shard answers again:
 /// the tokens at the window's edges and a call in flight at each. An admission charged twice costs a whole burst.
 const RATE_SLACK: f64 = 4.0;
@@ -305,8 +308,9 @@ struct Record {
     last: Option<Instant>,
 }
 
-/// Requests of `IDENTITIES` identities at `PER_IDENTITY_RPS` each through the layer over an axum app, one task per
-/// identity (one call of it in flight: a stalled call stalls no other identity), until `stop()`.
+/// Requests of `IDENTITIES` identities at `PER_IDENTITY_RPS` each through the layer over an axum app,
+/// `TASKS_PER_IDENTITY` tasks per identity (one call of each in flight: a stalled call stalls no other identity),
+/// until `stop()`.
 struct Load {
     runtime: Option<tokio::runtime::Runtime>,
     client: Client,
@@ -340,14 +344,15 @@ impl Load {
         let records: Arc<Vec<Mutex<Record>>> =
             Arc::new((0..IDENTITIES).map(|_| Mutex::default()).collect());
         let stopping = Arc::new(AtomicBool::new(false));
-        let interval = Duration::from_secs_f64(1.0 / PER_IDENTITY_RPS);
-        let tasks = (0..IDENTITIES)
-            .map(|index| {
+        let interval = Duration::from_secs_f64(TASKS_PER_IDENTITY as f64 / PER_IDENTITY_RPS);
+        let tasks = (0..IDENTITIES * TASKS_PER_IDENTITY)
+            .map(|task| {
+                let index = task % IDENTITIES;
                 let (app, records, stopping) = (app.clone(), records.clone(), stopping.clone());
                 runtime.spawn(async move {
-                    // Spread the identities over the interval.
-                    let mut due =
-                        Instant::now() + interval.mul_f64(index as f64 / IDENTITIES as f64);
+                    // Spread the tasks over the interval.
+                    let mut due = Instant::now()
+                        + interval.mul_f64(task as f64 / (IDENTITIES * TASKS_PER_IDENTITY) as f64);
                     while !stopping.load(Ordering::Relaxed) {
                         let now = Instant::now();
                         // A stalled task catches up for at most half a second.
