@@ -15,7 +15,8 @@ function rateLimit(options) {
       next(error);
       return;
     }
-    for (const [name, value] of Object.entries(outcome.headers)) res.setHeader(name, value);
+    const { headers } = outcome;
+    for (const name in headers) res.setHeader(name, headers[name]);
     if (outcome.action === "allow") {
       next();
       return;

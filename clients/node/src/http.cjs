@@ -239,7 +239,9 @@ function createHttpLimiter(options) {
     if (outcome.error === undefined) {
       failures.answered();
       // Redis refused the request: it stays refused, whatever happens to the refunds (slots.cjs).
-      await giveBack(run, refunds, (error, bucket) => failures.refundFailed(error, classifyFailure(error), bucket.key));
+      if (refunds.length > 0) {
+        await giveBack(run, refunds, (error, bucket) => failures.refundFailed(error, classifyFailure(error), bucket.key));
+      }
       metrics?.call(source, undefined, (performance.now() - started) / 1000);
       return outcome;
     }
