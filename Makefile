@@ -57,7 +57,7 @@ run: module ## Build only the module and start redis-server in the foreground wi
 	$(if $(filter-out 127.0.0.1 localhost ::1,$(BIND)),@echo "redis-tb: BIND=$(BIND) listens beyond this machine and the server has no password: set one (requirepass or ACL) or keep the default BIND=127.0.0.1")
 	exec $(PDEATHSIG) $(REDIS_SERVER) --port $(PORT) --bind $(BIND) --save "" --appendonly no --loadmodule $(CURDIR)/$(MODULE)
 
-dist: build dist-venv node-deps ## Everything a release ships, in dist/: the module's and tb-rls's tarballs, the Python sdist and wheel, the npm tarball, the Rust crate, SHA256SUMS
+dist: build dist-venv node-deps ## Everything a release ships, in dist/: the module's and tb-rls's tarballs, the Python sdist and wheel, the npm tarball, the Rust crate and the token-bucket core it depends on, SHA256SUMS
 	@bash scripts/dist.sh dist
 
 deb: build ## The Debian packages dist/redis-tb_<version>_amd64.deb (the module and a loadmodule snippet) and dist/tb-rls_<version>_amd64.deb (the service, its user, config and systemd unit)
@@ -158,7 +158,7 @@ bench-cell: module ## CL.THROTTLE against redis-cell's, each on its own servers,
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) REDIS_CELL_MODULE=$(REDIS_CELL_MODULE) \
 		python3 scripts/bench.py --no-criterion --only '^CL\.THROTTLE'
 
-bench-middleware: build node-deps ## The Express middleware beside express-rate-limit + rate-limit-redis and rate-limiter-flexible under wrk: throughput against a bare app, app and Redis CPU per request, by peer address and by a header over 1,000 identities, 5 interleaved rounds (~4 min)
+bench-middleware: build node-deps ## The Express middleware beside express-rate-limit + rate-limit-redis and rate-limiter-flexible under wrk: throughput against a bare app, app and Redis CPU per request, by peer address and by a header over 1,000 identities, 5 interleaved rounds (~6 min)
 	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/peers.mjs
 
 bench-node-metrics: build node-deps ## What the npm middleware's metrics and shadow mode add per request: instructions (callgrind) and time, against metrics: false (~10 min)
