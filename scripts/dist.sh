@@ -9,8 +9,9 @@
 #          dist/redis_tb-<version>.tar.gz and dist/redis_tb-<version>-py3-none-any.whl: the Python package (sdist,
 #            and the wheel built from it), checked with twine
 #          dist/redis-tb-<version>.tgz: the npm package (npm pack)
-#          dist/redis-tb-client-<version>.crate: the Rust crate (cargo package, which builds the packed crate alone
-#            to verify it)
+#          dist/redis-tb-client-<version>.crate and dist/redis-tb-core-<version>.crate: the Rust crate and the
+#            token-bucket arithmetic it depends on (one cargo package run, which builds each packed crate alone to
+#            verify it, the client against the packed core)
 #   deb    dist/redis-tb_<version>_amd64.deb: the module in /usr/lib/redis/modules/redis-tb.so and the snippet
 #            /etc/redis/modules.d/redis-tb.conf that loads it
 #          dist/tb-rls_<version>_amd64.deb: /usr/bin/tb-rls, a tb-rls system user, /etc/tb-rls/ratelimit.yaml and
@@ -156,20 +157,25 @@ npm_package() {
   echo "dist: dist/$file ($(du -k "dist/$file" | cut -f1) KiB)"
 }
 
-# cargo package packs the working tree as it is (--allow-dirty, like the other artifacts), with lua/tb.lua stored as
-# a file, then builds the unpacked crate by itself (fetching from crates.io what the cache lacks, as make build does).
+# cargo package packs the working tree as it is (--allow-dirty, like the other artifacts), with lua/tb.lua and the
+# licences stored as files, then builds each unpacked crate by itself (fetching from crates.io what the cache lacks,
+# as make build does). The client depends on redis-tb-core, which crates.io does not have before a release: packed
+# in the same run, the client is verified against the packed core.
 crate_package() {
-  local version_crate file
-  version_crate="$(sed -n 's/^version = "\(.*\)"$/\1/p' clients/rust/Cargo.toml | head -n 1)"
-  [ "$version_crate" = "$version" ] || {
-    echo "dist: clients/rust/Cargo.toml says $version_crate, the release is $version" >&2
-    exit 1
-  }
-  cargo package -p redis-tb-client --allow-dirty --quiet
-  file="redis-tb-client-$version.crate"
-  cp "target/package/$file" "$stage/$file"
-  mv -f "$stage/$file" "dist/$file"
-  echo "dist: dist/$file ($(du -k "dist/$file" | cut -f1) KiB)"
+  local manifest version_crate file
+  for manifest in clients/rust/Cargo.toml core/Cargo.toml; do
+    version_crate="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$manifest" | head -n 1)"
+    [ "$version_crate" = "$version" ] || {
+      echo "dist: $manifest says $version_crate, the release is $version" >&2
+      exit 1
+    }
+  done
+  cargo package -p redis-tb-core -p redis-tb-client --allow-dirty --quiet
+  for file in "redis-tb-core-$version.crate" "redis-tb-client-$version.crate"; do
+    cp "target/package/$file" "$stage/$file"
+    mv -f "$stage/$file" "dist/$file"
+    echo "dist: dist/$file ($(du -k "dist/$file" | cut -f1) KiB)"
+  done
 }
 
 module_deb() {

@@ -559,6 +559,7 @@ fn release_artifacts_sha256sums_cover_every_artifact() {
         format!("redis_tb-{VERSION}-py3-none-any.whl"),
         format!("redis-tb-{VERSION}.tgz"),
         format!("redis-tb-client-{VERSION}.crate"),
+        format!("redis-tb-core-{VERSION}.crate"),
     ] {
         assert!(
             sums.lines()
@@ -884,7 +885,8 @@ fn release_artifacts_tb_rls_deb_installs_serves_as_its_user_and_purges_cleanly()
 /// The Rust crate from `make dist`, alone: it carries the Lua fallback and the licence as files (lua/tb.lua and
 /// LICENSE are symbolic links in the repository), and docs/rust.md's "A project from nothing" builds against the
 /// unpacked `.crate` and no clone: `cargo new`, the page's `[dependencies]` with the crate's `path` pointed at the unpacked folder, the page's
-/// `src/main.rs`, built with `--offline` from the crates the workspace's own builds downloaded (the crate's example
+/// `src/main.rs`, built with `--offline` from the crates the workspace's own builds downloaded and the unpacked
+/// `redis-tb-core` crate of the same `make dist` in place of the crates.io one (the crate's example
 /// is that `main.rs`, so its dev-dependencies cover the page's) into the workspace's target/, whose builds of the
 /// same dependencies it reuses. Run against a server with the module, the app answers the page's first curl line
 /// with 200 and the RateLimit fields it shows, and a request past the burst with 429 and `Retry-After`.
@@ -931,6 +933,18 @@ fn release_artifacts_rust_crate_builds_the_docs_project_from_the_file_alone() {
     );
     let dependencies =
         dependencies.replace(clone_path, &format!("{:?}", unpacked.display().to_string()));
+    // The client names its core by version, as crates.io will serve it; here the released file serves it.
+    let core_name = format!("redis-tb-core-{VERSION}");
+    let core_scratch = unpack(&root().join("dist").join(format!("{core_name}.crate")));
+    let core = core_scratch.join(&core_name);
+    assert!(
+        core.join("LICENSE").is_file() && !core.join("LICENSE").is_symlink(),
+        "the core crate holds the licence as a file"
+    );
+    let dependencies = format!(
+        "{dependencies}\n[patch.crates-io]\nredis-tb-core = {{ path = {:?} }}\n",
+        core.display().to_string()
+    );
     let main_rs = block_after(
         &docs,
         "<!-- tested: clients/rust/examples/axum.rs -->",
@@ -1004,4 +1018,5 @@ fn release_artifacts_rust_crate_builds_the_docs_project_from_the_file_alone() {
         assert!(refusal.contains(part), "the 429 has {part}:\n{refusal}");
     }
     let _ = std::fs::remove_dir_all(scratch);
+    let _ = std::fs::remove_dir_all(core_scratch);
 }

@@ -1,5 +1,6 @@
 //! One version for every part of a release: the module (Cargo.toml, which `MODULE LIST` reports), tb-rls
-//! (gateway/Cargo.toml), the Rust client crate (clients/rust/Cargo.toml), Cargo.lock, the Python package
+//! (gateway/Cargo.toml), the Rust client crate (clients/rust/Cargo.toml) and the token-bucket core it depends on
+//! (core/Cargo.toml, and the version the client asks for), Cargo.lock, the Python package
 //! (clients/python/pyproject.toml), the npm package (clients/node/package.json and package-lock.json), the newest
 //! CHANGELOG heading, the artifact names the docs print, and the Lua function library's name (`tb_` + the
 //! version with dots as underscores, which the packages derive from their own version). Any part left behind
@@ -72,6 +73,23 @@ fn every_part_has_the_module_version() {
         (
             "Cargo.lock redis-tb-client",
             quoted_after(&lock, "name = \"redis-tb-client\"", "version =").to_string(),
+        ),
+        (
+            "core/Cargo.toml",
+            quoted_after(&read("core/Cargo.toml"), "[package]", "version =").to_string(),
+        ),
+        (
+            "Cargo.lock redis-tb-core",
+            quoted_after(&lock, "name = \"redis-tb-core\"", "version =").to_string(),
+        ),
+        (
+            "clients/rust/Cargo.toml's redis-tb-core",
+            quoted_after(
+                &read("clients/rust/Cargo.toml"),
+                "redis-tb-core = {",
+                "version =",
+            )
+            .to_string(),
         ),
         (
             "clients/python/pyproject.toml",
