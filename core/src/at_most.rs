@@ -3,7 +3,7 @@
 //! For callers that can use less than they asked for (a batch of messages, a page of rows): instead of a denial
 //! they get what is there. Whole tokens only, so the grant is an integer the caller can act on. Built on the
 //! core's refill and decision, so a grant of `n` writes exactly what `acquire` with cost `n` writes. Pure, like
-//! the rest of `bucket`: no Redis, no clock, no I/O.
+//! the rest of the crate: no Redis, no clock, no I/O.
 #![forbid(unsafe_code)]
 
 use super::{

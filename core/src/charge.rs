@@ -1,8 +1,8 @@
 //! Charges and blocks: taking tokens whether or not the bucket holds them, for costs known only after the fact
 //! (a failed login's penalty, a response's size) and for shutting a key out for a while.
 //!
-//! Pure like the rest of `bucket`: no Redis, no clock, no I/O. Both leave a bucket *in debt* exactly as a granted
-//! [`reserve`](super::reserve) does (negative `tokens`, see the module doc of `bucket`), so `acquire`, `reserve`,
+//! Pure like the rest of the crate: no Redis, no clock, no I/O. Both leave a bucket *in debt* exactly as a granted
+//! [`reserve`](super::reserve) does (negative `tokens`, see the crate doc), so `acquire`, `reserve`,
 //! `refund` and `acquire_all` need nothing new: they already deny, wait, or refuse to refund on negative tokens
 //! until the refill has repaid the debt.
 //!

@@ -3,7 +3,7 @@
 //! [`acquire_each`] is [`acquire_all`](super::acquire_all) with a cost per bucket (requests per second *and* bytes
 //! per second, say), and it reports every bucket, not only the one that decided. It shares the core's refill and
 //! decision ([`acquire`](super::acquire)), so each bucket's answer is exactly what a lone `acquire` would say of
-//! it at the same instant. Pure, like the rest of `bucket`: no Redis, no clock, no I/O.
+//! it at the same instant. Pure, like the rest of the crate: no Redis, no clock, no I/O.
 #![forbid(unsafe_code)]
 
 use super::{acquire, first_extreme, Cost, Decision, Outcome, Params, State};

@@ -193,8 +193,8 @@ pub struct State {
     /// smaller burst sees more; the refill caps it). Negative only after a [`reserve`] granted with a wait, a
     /// [`charge`], a [`block`] or a [`lower`]: the debt, at most `rate · 24 h`. A decoded state may hold any finite value.
     pub tokens: f64,
-    /// Server wall-clock time of the last write, microseconds since the Unix epoch. Moves backwards only when
-    /// the clock does (see [`refilled`]).
+    /// The caller's time of the last write in microseconds: the module's is the server's wall clock since the
+    /// Unix epoch, the client's a monotonic clock. Moves backwards only when the clock does (see [`refilled`]).
     pub updated_us: i64,
 }
 

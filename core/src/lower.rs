@@ -8,7 +8,7 @@
 //! (A [`charge`](super::charge) of what was admitted would take it again from a bucket that had already refilled
 //! during the outage.)
 //!
-//! Pure like the rest of `bucket`. A lowered bucket below 0 is *in debt* exactly as a charged one is, bounded the
+//! Pure like the rest of the crate. A lowered bucket below 0 is *in debt* exactly as a charged one is, bounded the
 //! same way: `tokens` below `-(rate · 24 h)` is refused when the [`Floor`] is built.
 #![forbid(unsafe_code)]
 
