@@ -11,10 +11,10 @@ ONE FILE, TWO FORMS
 
     "#!lua name=" .. LIB .. "\n" .. "local TB_LIBRARY = '" .. LIB .. "'\n" .. <this file>
 
-  where LIB is "tb_" followed by the package version with its dots as underscores (0.4.0: tb_0_4_0), so that two
+  where LIB is "tb_" followed by the package version with its dots as underscores (0.5.0: tb_0_5_0), so that two
   versions can live side by side on one server. Loaded with FUNCTION LOAD, the file registers one function per
   command, LIB .. "_" .. the command's name in lowercase without "tb.", its dots as underscores:
-  tb_0_4_0_acquire, _acquireall, _acquireeach, _acquireatmost, _reserve, _refund, _charge, _block, _lower,
+  tb_0_5_0_acquire, _acquireall, _acquireeach, _acquireatmost, _reserve, _refund, _charge, _block, _lower,
   _cl_throttle. Their flags: none for the nine that write (above maxmemory such a function is refused with OOM
   before it runs, peeks and refusals included: see WHERE IT DIFFERS), `allow-oom` for TB.REFUND, which the module
   performs above maxmemory too.
@@ -71,8 +71,8 @@ CALLING IT
     CL.THROTTLE       KEYS = key           ARGV = CL.THROTTLE max_burst count_per_period period [quantity]
 
   e.g. TB.ACQUIRE user:42 10 20 1  is  EVALSHA <sha1> 1 user:42 TB.ACQUIRE 10 20 1
-                                   or   FCALL tb_0_4_0_acquire 1 user:42 10 20 1
-                                   or   FCALL tb_0_4_0_acquire 1 user:42 @1700000000000000 10 20 1
+                                   or   FCALL tb_0_5_0_acquire 1 user:42 10 20 1
+                                   or   FCALL tb_0_5_0_acquire 1 user:42 @1700000000000000 10 20 1
 
 CL.THROTTLE is redis-cell's command as the module has it (a string key holding the TAT in ns since the epoch,
 expiring at the TAT rounded up to the millisecond, so that it lasts until its TAT at any rate; refused calls write

@@ -6,7 +6,7 @@
 # then `dpkg --purge`) and checks that nothing of it is left, the user included. An earlier install of tb-rls is
 # purged first: run it on a machine whose tb-rls package you can lose. tests/release.rs runs it under a lock.
 #
-#   TB_MODULE=target/release/libredis_tb.so bash scripts/test-deb-rls.sh dist/tb-rls_0.4.0_amd64.deb
+#   TB_MODULE=target/release/libredis_tb.so bash scripts/test-deb-rls.sh dist/tb-rls_0.5.0_amd64.deb
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -5,7 +5,7 @@
 # nothing of it is left. An earlier install of redis-tb is purged first: run it on a machine whose redis-tb package
 # you can lose. tests/release.rs runs it under a lock, so concurrent test runs take turns.
 #
-#   bash scripts/test-deb.sh dist/redis-tb_0.4.0_amd64.deb
+#   bash scripts/test-deb.sh dist/redis-tb_0.5.0_amd64.deb
 set -euo pipefail
 
 deb="$(realpath "$1")"

@@ -281,7 +281,7 @@ fn script() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/tb.lua")).expect("lua/tb.lua")
 }
 
-/// The function library's name for this version (`tb_0_4_0`), as the packages generate it.
+/// The function library's name for this version (`tb_0_5_0`), as the packages generate it.
 fn library_name() -> String {
     format!("tb_{}", env!("CARGO_PKG_VERSION").replace('.', "_"))
 }

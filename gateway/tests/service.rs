@@ -57,7 +57,7 @@ async fn a_redis_without_the_module_is_served_by_the_lua_library() {
         .query(&mut conn)
         .expect("FUNCTION LIST");
     assert!(
-        format!("{libraries:?}").contains("tb_0_4_0"),
+        format!("{libraries:?}").contains("tb_0_5_0"),
         "{libraries:?}"
     );
 }

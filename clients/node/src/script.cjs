@@ -4,7 +4,7 @@
 // an install from the repository path (`npm install ./clients/node`, a link) reads it from the repository root.
 // Its header documents the calling convention: KEYS are the buckets, ARGV[1] the command it emulates, then that
 // command's arguments without its keys. The Redis Functions library is built from the same text (a header naming
-// the library, then the script), under a name carrying the package version (`tb_0_4_0`), so that two versions of
+// the library, then the script), under a name carrying the package version (`tb_0_5_0`), so that two versions of
 // the package can share a server.
 
 const crypto = require("node:crypto");
@@ -53,7 +53,7 @@ function libraryName() {
   return cachedName;
 }
 
-/** The library's name for FCALL: `tb_0_4_0_acquire` for TB.ACQUIRE, `tb_0_4_0_cl_throttle` for CL.THROTTLE. */
+/** The library's name for FCALL: `tb_0_5_0_acquire` for TB.ACQUIRE, `tb_0_5_0_cl_throttle` for CL.THROTTLE. */
 function functionName(command) {
   const suffix = command.startsWith("TB.") ? command.slice("TB.".length) : command.replace(".", "_");
   return `${libraryName()}_${suffix.toLowerCase()}`;

@@ -455,7 +455,7 @@ export const luaScript: {
   source(): string;
   sha1(): string;
   file(): string;
-  /** `tb_` and the package version with underscores (`tb_0_4_0`). */
+  /** `tb_` and the package version with underscores (`tb_0_5_0`). */
   libraryName(): string;
   /** The text FUNCTION LOAD takes: a header naming the library, then the script. */
   library(): string;

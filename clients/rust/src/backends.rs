@@ -35,7 +35,7 @@ const MODULE_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
 pub enum Backend {
     /// The module's commands (`TB.ACQUIRE` ...).
     Module,
-    /// The Redis Functions library (`FCALL tb_0_4_0_acquire ...`), Redis 7.0+ and Valkey.
+    /// The Redis Functions library (`FCALL tb_0_5_0_acquire ...`), Redis 7.0+ and Valkey.
     Function,
     /// The Lua script (`EVALSHA`), where functions are unavailable.
     Script,

@@ -1,7 +1,7 @@
 //! The Lua fallback, embedded at build time: `lua/tb.lua` (a symbolic link to the repository's one file, stored
 //! as a file in the published crate) in its two forms, generated as the script's header says and as the Python
 //! and Node packages generate them: the `EVAL` form is the file as it is; the Functions library is the file
-//! behind two lines that name it after the package version (`tb_0_4_0`), so two versions share a server.
+//! behind two lines that name it after the package version (`tb_0_5_0`), so two versions share a server.
 #![forbid(unsafe_code)]
 
 use std::sync::OnceLock;
@@ -37,7 +37,7 @@ pub fn script_sha() -> &'static str {
     SHA.get_or_init(|| redis::Script::new(SCRIPT).get_hash().to_owned())
 }
 
-/// The library function that runs `command` (`TB.ACQUIREALL` -> `tb_0_4_0_acquireall`).
+/// The library function that runs `command` (`TB.ACQUIREALL` -> `tb_0_5_0_acquireall`).
 pub fn function_name(command: &str) -> String {
     let short = command.strip_prefix("TB.").unwrap_or(command);
     format!("{}_{}", library_name(), short.to_ascii_lowercase())

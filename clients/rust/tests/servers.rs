@@ -186,7 +186,7 @@ async fn a_server_without_the_module_gets_the_library_loaded_and_called() {
         .query(&mut conn)
         .expect("FUNCTION LIST");
     assert!(
-        format!("{libraries:?}").contains("tb_0_4_0"),
+        format!("{libraries:?}").contains("tb_0_5_0"),
         "{libraries:?}"
     );
 

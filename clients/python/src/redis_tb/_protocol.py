@@ -51,7 +51,7 @@ def _package_version() -> str:
 SCRIPT: str = _load_script()
 SCRIPT_SHA: str = hashlib.sha1(SCRIPT.encode("utf-8")).hexdigest()
 
-#: The Redis Functions library built from the same script: versioned (`tb_0_4_0`), so that two versions of the
+#: The Redis Functions library built from the same script: versioned (`tb_0_5_0`), so that two versions of the
 #: package can share a server, each calling its own functions.
 LIBRARY_NAME: str = "tb_" + re.sub(r"[^0-9A-Za-z]", "_", _package_version())
 LIBRARY: str = f"#!lua name={LIBRARY_NAME}\nlocal TB_LIBRARY = '{LIBRARY_NAME}'\n{SCRIPT}"
