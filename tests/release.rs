@@ -871,9 +871,10 @@ fn release_artifacts_npm_tarball_installs_into_a_project_from_nothing_as_docs_sh
 
 #[test]
 fn release_artifacts_tb_rls_deb_installs_serves_as_its_user_and_purges_cleanly() {
-    let readme = std::fs::read_to_string(root().join("README.md")).expect("read README.md");
+    let guide =
+        std::fs::read_to_string(root().join("docs/gateway.md")).expect("read docs/gateway.md");
     let step = format!("sudo dpkg -i tb-rls_{VERSION}_amd64.deb");
-    assert!(readme.contains(&step), "README.md says: {step}");
+    assert!(guide.contains(&step), "docs/gateway.md says: {step}");
     make_deb();
     let deb = root()
         .join("dist")

@@ -19,7 +19,7 @@
 // The arithmetic is the module's, in floating point on a monotonic clock; decisions have the shape of a
 // TB.ACQUIREEACH reply, so headers come out as usual.
 
-const { TbArgumentError, classifyFailure } = require("./errors.cjs");
+const { TbArgumentError, TbReplyError, classifyFailure, isReplyError } = require("./errors.cjs");
 
 const CAPACITY = 10_000;
 /** How many of the least recently used keys a new key may take the place of. */
@@ -48,6 +48,9 @@ function ceilMs(ms) {
 function chargeBackOutcome(error) {
   if (error === undefined) return "accepted";
   if (error instanceof TbArgumentError) return "owed";
+  // Only the server's own refusal drops a charge-back: after an error of the client's (a connection closed under
+  // it, a bug), Redis may or may not have taken it, and bringing it down again later is harmless (a minimum).
+  if (!(error instanceof TbReplyError || isReplyError(error))) return "owed";
   return classifyFailure(error).action === "fail-mode" ? "owed" : "dropped";
 }
 

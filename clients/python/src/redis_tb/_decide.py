@@ -20,7 +20,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from . import _protocol as protocol
-from ._failures import Failure, classify
+from ._failures import Failure, answered_by_server, classify
 from ._guard import MAX_IN_FLIGHT, STALL_FRACTION, Guard, NotSent, configure
 from ._local import CAPACITY, ChargeBack, LocalBuckets
 from ._metrics import DEFAULT_REGISTRY, metrics_for
@@ -352,8 +352,9 @@ class Middleware(Generic[App, Limiter]):
     def _charge_back(self, charges: list[ChargeBack], request: Mapping[str, Any]) -> Calls[None]:
         """Brings Redis down to the in-memory buckets of the plan's diverged keys (`LocalBuckets.charge_backs`, taken
         when its lane starts), before the plan's call, one `TB.LOWER` each, in order. Accepted: what it covered is in
-        Redis's bucket. A fault (`Failure.fault`, or the lane cancelled at its deadline) fails the call (decided in
-        memory), and what it and the ones after it covered is owed again, for the next call that reaches Redis. Refused
+        Redis's bucket. A fault (`Failure.fault`, an error that is not the server's reply, or the lane cancelled at its
+        deadline) fails the call (decided in memory), and what it and the ones after it covered is owed again, for the
+        next call that reaches Redis. Refused
         by a configuration error (a missing ACL permission, a script error: the failure table's rows logged as errors),
         or by a server that still lacks the command after the client's own retry (a module older than TB.LOWER): what it
         covered is dropped, logged as an error, counted and given to `on_error`, and the call goes on; a limiter that
@@ -365,7 +366,9 @@ class Middleware(Generic[App, Limiter]):
                     yield charge_back_call(charge)
                 except Exception as error:
                     failure = classify(error)
-                    if failure.fault:
+                    # Only the server's own refusal drops a charge-back; after anything else, Redis may or may not
+                    # have taken it, and bringing it down again later is harmless (TB.LOWER is a minimum).
+                    if failure.fault or not answered_by_server(error):
                         raise
                     self.local.charge_refused(charge)
                     self.guard.charge_back_refused(charge.key, failure, error)

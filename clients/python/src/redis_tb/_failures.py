@@ -47,6 +47,12 @@ class Failure:
 RETRIED_CLASSES = ("noscript", "function_missing", "unknown_command")
 
 
+def answered_by_server(error: BaseException) -> bool:
+    """Whether `error` is the server's own error reply, as redis-py raises it or as the client translated it. An
+    exception of the client's (a connection closed under it, a bug) says nothing of what the server did."""
+    return isinstance(error, (redis_errors.ResponseError, errors.ServerError, errors.ModuleNotLoaded))
+
+
 #: Error codes a server puts first in its reply, for the rows where the server cannot run the call now. Older
 #: redis-py versions raise a plain ResponseError with the code in the text, so the text is checked too.
 UNAVAILABLE_CODES = (
