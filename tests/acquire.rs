@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{acquire, hgetall, pexpiretime, wait_until, Server, Stopwatch};
+use common::{acquire, dirty, hgetall, pexpiretime, wait_until, Server, Stopwatch};
 
 use common::server_now_ms as now_ms;
 
@@ -292,10 +292,6 @@ fn expired_or_deleted_bucket_is_full() {
         "3",
         Some("0")
     )[1] == 3));
-}
-
-fn dirty(conn: &mut redis::Connection) -> i64 {
-    common::info_int(conn, "persistence", "rdb_changes_since_last_save")
 }
 
 #[test]

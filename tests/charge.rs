@@ -7,12 +7,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{acquire, block, charge, command_error, hgetall, info_int, pexpiretime, ping, Server};
+use common::{
+    acquire, assert_refused, block, charge, command_error, dirty, hgetall, pexpiretime, ping,
+    untouched, wrong_keys, Server, NOT_A_BUCKET, WRONGTYPE,
+};
 use redis::Value;
-
-fn dirty(conn: &mut redis::Connection) -> i64 {
-    info_int(conn, "persistence", "rdb_changes_since_last_save")
-}
 
 fn tokens(conn: &mut redis::Connection, key: &str) -> f64 {
     let fields = hgetall(conn, key);
@@ -170,24 +169,8 @@ fn bad_arguments_name_themselves_and_change_nothing() {
     let server = Server::start();
     let mut conn = server.conn();
     charge(&mut conn, "k", "0.001", "5", "7");
-    let _: () = redis::cmd("SET")
-        .arg("s")
-        .arg("x")
-        .query(&mut conn)
-        .expect("SET");
-    let _: i64 = redis::cmd("HSET")
-        .arg("corrupt")
-        .arg("tokens")
-        .arg("many")
-        .arg("ts")
-        .arg("1")
-        .query(&mut conn)
-        .expect("HSET");
-    let before = (
-        hgetall(&mut conn, "k"),
-        pexpiretime(&mut conn, "k"),
-        dirty(&mut conn),
-    );
+    wrong_keys(&mut conn);
+    let before = untouched(&mut conn, "k");
     let mut refusals: Vec<(&str, Vec<&str>, &str)> = Vec::new();
     for command in ["TB.CHARGE", "TB.BLOCK"] {
         let arity: &'static str = if command == "TB.CHARGE" {
@@ -209,16 +192,8 @@ fn bad_arguments_name_themselves_and_change_nothing() {
                 "ERR burst must be a positive number",
             ));
         }
-        refusals.push((
-            command,
-            vec!["s", "1", "5", "1"],
-            "WRONGTYPE Operation against a key holding the wrong kind of value",
-        ));
-        refusals.push((
-            command,
-            vec!["corrupt", "1", "5", "1"],
-            "ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)",
-        ));
+        refusals.push((command, vec!["s", "1", "5", "1"], WRONGTYPE));
+        refusals.push((command, vec!["corrupt", "1", "5", "1"], NOT_A_BUCKET));
     }
     for bad in ["-1", "-0.5", "abc", "inf", "nan", "1e400", ""] {
         refusals.push((
@@ -248,21 +223,8 @@ fn bad_arguments_name_themselves_and_change_nothing() {
             "ERR ms must be an integer from 1 to 86400000",
         ));
     }
-    for (command, args, expected) in &refusals {
-        assert_eq!(
-            command_error(&mut conn, command, args),
-            *expected,
-            "{command} {args:?}"
-        );
-    }
-    assert_eq!(
-        (
-            hgetall(&mut conn, "k"),
-            pexpiretime(&mut conn, "k"),
-            dirty(&mut conn)
-        ),
-        before
-    );
+    assert_refused(&mut conn, &refusals);
+    assert_eq!(untouched(&mut conn, "k"), before);
     ping(&mut conn);
 }
 

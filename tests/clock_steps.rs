@@ -39,11 +39,6 @@ fn set_clock(clock: &Clock, conn: &mut redis::Connection, at_us: i64) {
     );
 }
 
-/// The server's count of changes since the last save: one per write the module makes.
-fn dirty(conn: &mut redis::Connection) -> i64 {
-    info_int(conn, "persistence", "rdb_changes_since_last_save")
-}
-
 fn fields(tokens: &str, ts_us: i64) -> Vec<(String, String)> {
     vec![
         ("tokens".to_string(), tokens.to_string()),

@@ -6,14 +6,11 @@
 mod common;
 
 use common::{
-    acquire, buckets, charge, command_error, hgetall, info_int, lower, pexpiretime, ping,
-    start_clocked, Clock, Options, Server, CLOCK_2030_US,
+    acquire, assert_refused, buckets, charge, command_error, dirty, hgetall, info_int, lower,
+    pexpiretime, ping, start_clocked, untouched, wrong_keys, Clock, Options, Server, CLOCK_2030_US,
+    NOT_A_BUCKET, WRONGTYPE,
 };
 use redis::Value;
-
-fn dirty(conn: &mut redis::Connection) -> i64 {
-    info_int(conn, "persistence", "rdb_changes_since_last_save")
-}
 
 fn tokens(conn: &mut redis::Connection, key: &str) -> String {
     let fields = hgetall(conn, key);
@@ -106,45 +103,29 @@ fn bad_arguments_name_themselves_and_change_nothing() {
     let server = Server::start();
     let mut conn = server.conn();
     lower(&mut conn, "k", SLOW, "5", "1");
-    let _: () = redis::cmd("SET")
-        .arg("s")
-        .arg("x")
-        .query(&mut conn)
-        .expect("SET");
-    let _: i64 = redis::cmd("HSET")
-        .arg("corrupt")
-        .arg("tokens")
-        .arg("many")
-        .arg("ts")
-        .arg("1")
-        .query(&mut conn)
-        .expect("HSET");
-    let before = (
-        hgetall(&mut conn, "k"),
-        pexpiretime(&mut conn, "k"),
-        dirty(&mut conn),
-    );
+    wrong_keys(&mut conn);
+    let before = untouched(&mut conn, "k");
     let errors_before = info_int(&mut conn, "tb", "tb_errors");
     const ARITY: &str = "ERR wrong number of arguments for 'tb.lower' command";
     const TOKENS: &str = "ERR tokens must be a number no lower than -(rate * 86400)";
-    let mut refusals: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["k", "1", "5"], ARITY),
-        (vec!["k", "1", "5", "1", "1"], ARITY),
-        (vec!["s", "1", "5", "1"], "WRONGTYPE Operation against a key holding the wrong kind of value"),
-        (
-            vec!["corrupt", "1", "5", "1"],
-            "ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)",
-        ),
+    const LOWER: &str = "TB.LOWER";
+    let mut refusals: Vec<(&str, Vec<&str>, &str)> = vec![
+        (LOWER, vec!["k", "1", "5"], ARITY),
+        (LOWER, vec!["k", "1", "5", "1", "1"], ARITY),
+        (LOWER, vec!["s", "1", "5", "1"], WRONGTYPE),
+        (LOWER, vec!["corrupt", "1", "5", "1"], NOT_A_BUCKET),
         // 0.001/s: a day of refill is 86.4 tokens.
-        (vec!["k", SLOW, "5", "-86.5"], TOKENS),
-        (vec!["fresh", SLOW, "5", "-1e300"], TOKENS),
+        (LOWER, vec!["k", SLOW, "5", "-86.5"], TOKENS),
+        (LOWER, vec!["fresh", SLOW, "5", "-1e300"], TOKENS),
     ];
     for bad in ["0", "-1", "abc", "inf", "nan", ""] {
         refusals.push((
+            LOWER,
             vec!["k", bad, "5", "1"],
             "ERR rate must be a positive number",
         ));
         refusals.push((
+            LOWER,
             vec!["k", "1", bad, "1"],
             "ERR burst must be a positive number",
         ));
@@ -152,25 +133,12 @@ fn bad_arguments_name_themselves_and_change_nothing() {
     for bad in [
         "abc", "inf", "-inf", "nan", "1e400", "-1e400", "", "0x10", " 1", "1 ",
     ] {
-        refusals.push((vec!["k", "1", "5", bad], TOKENS));
+        refusals.push((LOWER, vec!["k", "1", "5", bad], TOKENS));
     }
     // The arguments are checked in order, before the key is read: a bad tokens on a string key names tokens.
-    refusals.push((vec!["s", "1", "5", "abc"], TOKENS));
-    for (args, expected) in &refusals {
-        assert_eq!(
-            command_error(&mut conn, "TB.LOWER", args),
-            *expected,
-            "{args:?}"
-        );
-    }
-    assert_eq!(
-        (
-            hgetall(&mut conn, "k"),
-            pexpiretime(&mut conn, "k"),
-            dirty(&mut conn)
-        ),
-        before
-    );
+    refusals.push((LOWER, vec!["s", "1", "5", "abc"], TOKENS));
+    assert_refused(&mut conn, &refusals);
+    assert_eq!(untouched(&mut conn, "k"), before);
     assert!(hgetall(&mut conn, "fresh").is_empty());
     // Every refusal counts as an error, but for the two of arity where the server checks it itself (7.0+: the
     // module's command docs carry the arity) and never calls the module.

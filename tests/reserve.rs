@@ -8,7 +8,7 @@ use std::thread;
 
 use common::{
     acquire, buckets, command_error, hgetall, info_int, pexpiretime, ping, primary_options,
-    replica_of, wait_acked, wait_replicas_online, Server, Stopwatch,
+    replica_of, untouched, wait_acked, wait_replicas_online, wrong_keys, Server, Stopwatch,
 };
 use redis::Value;
 
@@ -205,7 +205,8 @@ fn bad_arguments_name_themselves_and_change_nothing() {
     let server = Server::start();
     let mut conn = server.conn();
     reserve(&mut conn, "k", "1", "5", "2", "0");
-    let before = (hgetall(&mut conn, "k"), pexpiretime(&mut conn, "k"));
+    wrong_keys(&mut conn);
+    let before = untouched(&mut conn, "k");
     for bad in ["-1", "1.5", "86400001", "abc", "", "1e3", " 1"] {
         assert_eq!(
             command_error(&mut conn, "TB.RESERVE", &["k", "1", "5", "1", bad]),
@@ -244,11 +245,6 @@ fn bad_arguments_name_themselves_and_change_nothing() {
             "{command} {args:?}: {error}"
         );
     }
-    let _: () = redis::cmd("SET")
-        .arg("s")
-        .arg("v")
-        .query(&mut conn)
-        .expect("SET");
     for command in ["TB.RESERVE", "TB.REFUND"] {
         let args: &[&str] = if command == "TB.RESERVE" {
             &["s", "1", "5", "1", "10"]
@@ -257,22 +253,11 @@ fn bad_arguments_name_themselves_and_change_nothing() {
         };
         assert!(command_error(&mut conn, command, args).starts_with("WRONGTYPE"));
     }
-    let _: () = redis::cmd("HSET")
-        .arg("corrupt")
-        .arg("tokens")
-        .arg("x")
-        .arg("ts")
-        .arg("1")
-        .query(&mut conn)
-        .expect("HSET");
     assert!(
         command_error(&mut conn, "TB.REFUND", &["corrupt", "1", "5", "1"])
             .starts_with("ERR key is not a valid token bucket")
     );
-    assert_eq!(
-        (hgetall(&mut conn, "k"), pexpiretime(&mut conn, "k")),
-        before
-    );
+    assert_eq!(untouched(&mut conn, "k"), before);
     ping(&mut conn);
 }
 

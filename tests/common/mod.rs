@@ -291,6 +291,48 @@ pub fn error_text(error: &redis::RedisError) -> String {
     }
 }
 
+/// The server's count of changes since the last save: one per write the module makes.
+pub fn dirty(conn: &mut redis::Connection) -> i64 {
+    info_int(conn, "persistence", "rdb_changes_since_last_save")
+}
+
+pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+pub const NOT_A_BUCKET: &str =
+    "ERR key is not a valid token bucket (expected a hash with only the fields tokens and ts)";
+
+/// The keys the bad-argument tests aim at besides buckets: `s`, a string, and `corrupt`, a hash that is no bucket.
+pub fn wrong_keys(conn: &mut redis::Connection) {
+    let _: () = redis::cmd("SET")
+        .arg("s")
+        .arg("x")
+        .query(conn)
+        .expect("SET");
+    let _: i64 = redis::cmd("HSET")
+        .arg("corrupt")
+        .arg("tokens")
+        .arg("many")
+        .arg("ts")
+        .arg("1")
+        .query(conn)
+        .expect("HSET");
+}
+
+/// What a refused command must leave as it was: `key`'s fields and expiry, and the server's count of changes.
+pub fn untouched(conn: &mut redis::Connection, key: &str) -> (Vec<(String, String)>, Expiry, i64) {
+    (hgetall(conn, key), pexpiretime(conn, key), dirty(conn))
+}
+
+/// Each `(command, args, expected error)` refused with exactly that error.
+pub fn assert_refused(conn: &mut redis::Connection, refusals: &[(&str, Vec<&str>, &str)]) {
+    for (command, args, expected) in refusals {
+        assert_eq!(
+            command_error(conn, command, args),
+            *expected,
+            "{command} {args:?}"
+        );
+    }
+}
+
 /// `HGETALL key` as sorted pairs.
 pub fn hgetall(conn: &mut redis::Connection, key: &str) -> Vec<(String, String)> {
     let mut pairs: Vec<(String, String)> =
