@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import redis_tb
-from redis_tb.identity import ANONYMOUS_TAG, bucket_key, check_prefix, escape, ip_identity
+from redis_tb.identity import ANONYMOUS_TAG, bucket_key, escape, ip_identity
 
 FIXTURE: dict[str, Any] = json.loads((Path(__file__).resolve().parents[3] / "fixtures/keys.json").read_text())
 
@@ -49,12 +49,6 @@ def test_escaping_is_injective_and_never_yields_a_brace_or_the_anonymous_tag() -
     assert len(set(tags)) == len(tags)
     assert not any("{" in tag or "}" in tag for tag in tags)
     assert ANONYMOUS_TAG not in tags
-
-
-def test_prefix_with_an_empty_hash_tag_is_refused() -> None:
-    with pytest.raises(ValueError, match="prefix"):
-        check_prefix("app{}:")
-    assert check_prefix("{app}:") == "{app}:"
 
 
 def test_a_surrogate_pair_held_as_two_code_points_is_the_character_it_encodes() -> None:

@@ -217,7 +217,10 @@ class Middleware(Generic[App, Limiter]):
         if fail not in ("local", "open", "closed"):
             raise ValueError(f"fail must be 'local', 'open' or 'closed', not {fail!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+            raise ValueError(
+                f"timeout must be a positive finite number of seconds, not {timeout!r}: every limiter call has a "
+                "deadline (without one, a stalled Redis would stall the requests)"
+            )
         if standard not in STANDARDS:
             raise ValueError(f"standard must be one of {', '.join(STANDARDS)}, not {standard!r}")
         if not isinstance(shadow, bool):

@@ -98,7 +98,7 @@ class LocalBuckets:
 
     def __init__(self, capacity: int = CAPACITY, clock: Callable[[], float] = time.monotonic) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ValueError(f"local_capacity must be a positive number of keys, not {capacity!r}")
+            raise ValueError(f"local_capacity must be a positive integer (keys kept in memory), not {capacity!r}")
         self.capacity = capacity
         self.clock = clock
         #: key -> bucket, least recently used first.
@@ -182,18 +182,13 @@ class LocalBuckets:
     def _settle(self, charge: ChargeBack, owed_again: bool) -> None:
         with self._lock:
             bucket = self._buckets.get(charge.key)
-            if bucket is None:  # a key in flight is never evicted; this is a key forgotten by `forget`
+            if bucket is None:  # never: a key with a charge-back in flight is not evicted
                 return
             bucket.in_flight = max(0, bucket.in_flight - 1)
             # Summed and taken back in floating point: with nothing in flight, exactly nothing is being charged.
             bucket.charging = max(0.0, bucket.charging - charge.covers) if bucket.in_flight else 0.0
             if owed_again:
                 bucket.owed += charge.covers
-
-    def forget(self, key: str) -> None:
-        """Drops a key's bucket and what it owes: the key starts full."""
-        with self._lock:
-            self._buckets.pop(key, None)
 
     def _bucket(self, key: str, limit: Limit, now: float, call: Sequence[str]) -> Bucket:
         """The key's bucket (moved to the most recently used end), a new full one where there is room, else the

@@ -109,10 +109,13 @@ def tagged_key(prefix: str, tag: str, limit_name: str) -> str:
     return f"{prefix}{{{tag}}}:{limit_name}"
 
 
-def check_prefix(prefix: str) -> str:
-    """`prefix` unless it would empty the keys' hash tag (its first `{` directly followed by `}`), which would
-    scatter one request's buckets over the cluster."""
-    opening = prefix.find("{")
-    if opening >= 0 and prefix[opening + 1 : opening + 2] == "}":
-        raise ValueError(f"prefix {prefix!r} holds an empty hash tag '{{}}': bucket keys would lose theirs")
+def check_prefix(prefix: object) -> str:
+    """`prefix` if it is a string without a brace. The hash tag of every key is its identity's (every bucket of one
+    identity in one slot, and identities spread over the cluster): a brace in the prefix would change the slot a
+    bucket lands in (`{}` hashes the whole key, `{x}` puts every bucket in one slot)."""
+    if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
+        raise ValueError(
+            'prefix must be a string without "{" or "}" (the hash tag of every key is its identity\'s), '
+            f"not {prefix!r}"
+        )
     return prefix
