@@ -11,8 +11,8 @@
 
 const { TbClient } = require("./client.cjs");
 const { TbArgumentError } = require("./errors.cjs");
-const { checkOptions } = require("./options.cjs");
-const { callsFor, checkTimeout } = require("./lane.cjs");
+const { checkOptions, checkTimeout } = require("./options.cjs");
+const { callsFor } = require("./lane.cjs");
 
 const OPTIONS = ["client", "prefix", "burst", "rate", "timeoutMs"];
 const REFUSED = {
@@ -31,15 +31,15 @@ class TbStore {
    * @param options.prefix   prepended to the key (default "rl:")
    * @param options.burst    the bucket's capacity (default: express-rate-limit's `limit`, which must then be a number)
    * @param options.rate     tokens per second (default: burst per `windowMs`)
-   * @param options.timeoutMs  the deadline of each call (default 1000), after which it rejects and is never
-   *   charged later, as the middleware's (lane.cjs); 0 leaves the wait to the Redis client
+   * @param options.timeoutMs  the deadline of each call (default 1000, a positive finite number), after which it
+   *   rejects and is never charged later, as the middleware's (lane.cjs)
    */
   constructor(options = {}) {
     checkOptions("TbStore", options, OPTIONS, REFUSED);
     const { client, prefix = "rl:", burst, rate, timeoutMs = 1000 } = options;
     if (client === undefined) throw new TbArgumentError("TbStore needs { client }: a TbClient or a Redis client");
     this.client = TbClient.from(client);
-    this._calls = callsFor(client, this.client, checkTimeout("TbStore", timeoutMs));
+    this._calls = callsFor(client, this.client, checkTimeout(timeoutMs, "TbStore"));
     this.prefix = prefix;
     this.localKeys = false;
     this._burst = burst;

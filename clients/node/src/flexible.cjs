@@ -15,8 +15,8 @@
 const { TbClient } = require("./client.cjs");
 const { TbArgumentError } = require("./errors.cjs");
 const { Blocker, refillMs } = require("./block.cjs");
-const { checkOptions } = require("./options.cjs");
-const { callsFor, checkTimeout } = require("./lane.cjs");
+const { checkOptions, checkTimeout } = require("./options.cjs");
+const { callsFor } = require("./lane.cjs");
 
 /** rate-limiter-flexible's result object, field for field (its getters, toJSON, toString and inspect output). */
 class RateLimiterRes {
@@ -160,8 +160,8 @@ class RateLimiterTB {
    * @param options.duration     seconds to refill `points` tokens (default 1); 0: they never come back
    * @param options.blockDuration seconds to block a key on the refusal that crosses the limit (default 0: no block)
    * @param options.keyPrefix    default "rlflx"; the Redis key is `${keyPrefix}:${key}`
-   * @param options.timeoutMs    the deadline of each call (default 1000), after which it rejects with an Error (or
-   *   the insuranceLimiter answers) and is never charged later, as the middleware's; 0 leaves it to the Redis client
+   * @param options.timeoutMs    the deadline of each call (default 1000, a positive finite number), after which it
+   *   rejects with an Error (or the insuranceLimiter answers) and is never charged later, as the middleware's
    * The library's other options: see docs/node.md ("differs from rate-limiter-flexible").
    */
   constructor(options = {}) {
@@ -170,7 +170,7 @@ class RateLimiterTB {
     // The client is wrapped on first use, as the library touches its storeClient only when a call needs Redis
     // (so `rejectIfRedisNotReady` can refuse before that, whatever the object is).
     this._storeClient = options.storeClient;
-    this._timeoutMs = checkTimeout("RateLimiterTB", options.timeoutMs ?? 1000);
+    this._timeoutMs = checkTimeout(options.timeoutMs ?? 1000, "RateLimiterTB");
     this.points = options.points ?? 4;
     this.duration = options.duration ?? 1;
     this.blockDuration = options.blockDuration;

@@ -12,7 +12,8 @@ const { headersFor, waitMs, FORMATS } = require("./headers.cjs");
 const { checkShadow, limitList } = require("./limit.cjs");
 const { metricsFor } = require("./metrics.cjs");
 const { acquireEachBySlot, giveBack } = require("./slots.cjs");
-const { LocalBuckets, CAPACITY, checkCapacity } = require("./local.cjs");
+const { LocalBuckets, CAPACITY } = require("./local.cjs");
+const { checkBody, checkCapacity, checkPrefix, checkStatusCode, checkTimeout } = require("./options.cjs");
 const { SKIP, DEFAULT_IPV6_SUBNET, bucketKey, checkIpv6Subnet, ipIdentity, isAnonymous } = require("./identity.cjs");
 
 let anonymousWarned = false;
@@ -113,16 +114,18 @@ function failureLog(logger, fail) {
  *               null, "") limits the request under the shared anonymous identity; SKIP lets it through unlimited
  *   ipv6Subnet  the prefix length the default key groups IPv6 clients by (default 56, 1 to 64)
  *   cost        tokens per request, a number or (req) => number (default 1)
- *   prefix      the Redis key is `${prefix}{${escaped identity}}:${name}` (default "ratelimit:")
+ *   prefix      the Redis key is `${prefix}{${escaped identity}}:${name}` (default "ratelimit:"; no brace, as the
+ *               hash tag is the identity's)
  *   standard    which header fields: "both" (default), "draft", "legacy" or "none"
  *   fail        when Redis fails or does not answer in time (docs/clients.md's failure table): "local" (default)
  *               limits with in-memory buckets of the same limits in this process (local.cjs), "open" lets the
  *               request through, "closed" answers 503 with Retry-After: 1
- *   localCapacity  the keys fail "local" keeps in memory (default 10,000); beyond, a limit's overflow bucket
+ *   localCapacity  the keys fail "local" keeps in memory (default 10,000, a positive integer); beyond, a limit's
+ *               overflow bucket
  *   logger      { warn(message), error(message) } for Redis failures (default: console)
- *   timeoutMs   the deadline of a limiter call (default 1000), never charged after it (lane.cjs); 0 leaves it to
- *               the Redis client, offline queue and all
- *   statusCode  for a refusal (default 429)
+ *   timeoutMs   the deadline of a limiter call (default 1000, a positive finite number), never charged after it
+ *               (lane.cjs)
+ *   statusCode  for a refusal (default 429, 400 to 599)
  *   body        the refusal's JSON body: an object, or (decision) => object
  *   onError     (error, req, failureClass) => void, called for every failed limiter call (then the fail mode
  *               answers), with the failure table's class of the error ("timeout", "oom", ...)
@@ -142,15 +145,14 @@ function createHttpLimiter(options) {
   checkCapacity(localCapacity);
   if (client === undefined) throw new TbArgumentError("client is required: a TbClient or a Redis client");
   if (!FORMATS.includes(standard)) throw new TbArgumentError(`standard must be one of ${FORMATS.join(", ")}`);
-  if (typeof timeoutMs !== "number" || !(timeoutMs >= 0)) throw new TbArgumentError(`timeoutMs must be a number >= 0, got ${timeoutMs}`);
+  checkTimeout(timeoutMs);
   if (!FAIL_MODES.includes(fail)) throw new TbArgumentError(`fail must be one of ${FAIL_MODES.join(", ")}, got ${fail}`);
   if (typeof logger?.warn !== "function" || typeof logger?.error !== "function") {
     throw new TbArgumentError("logger must have warn(message) and error(message) methods");
   }
-  const badTag = prefix.indexOf("{");
-  if (badTag >= 0 && prefix[badTag + 1] === "}") {
-    throw new TbArgumentError(`prefix ${JSON.stringify(prefix)} has an empty hash tag ("{}"), which would put every bucket in one slot`);
-  }
+  checkPrefix(prefix);
+  checkStatusCode(statusCode);
+  checkBody(body);
   if (typeof key !== "function") throw new TbArgumentError("key must be a function of the request");
   const everyShadow = checkShadow(options.shadow, "shadow");
   const limits = limitList(options.limits).map((limit) => (everyShadow ? { ...limit, shadow: true } : limit));
@@ -159,7 +161,7 @@ function createHttpLimiter(options) {
   const metrics = metricsFor(options.metrics);
   // A logger of the application also hears of backend switches; by default those stay warnings (emitWarning).
   const tb = TbClient.from(client, options.logger === undefined ? undefined : { logger });
-  // Each call under its deadline through the lane (lane.cjs: never charged after it), or as the client sends it.
+  // Each call under its deadline through the lane (lane.cjs: never charged after it).
   const { run } = callsFor(client, tb, timeoutMs);
   const failures = failureLog(logger, fail);
   const local = fail === "local" ? new LocalBuckets({ capacity: localCapacity }) : undefined;

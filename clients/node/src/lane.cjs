@@ -277,12 +277,4 @@ function callsFor(client, tb, timeoutMs) {
   return calls;
 }
 
-/** A drop-in's `timeoutMs` option: a number >= 0 (0: no deadline, as the Redis client waits). */
-function checkTimeout(owner, timeoutMs) {
-  if (typeof timeoutMs !== "number" || !(timeoutMs >= 0)) {
-    throw new TbArgumentError(`${owner}: timeoutMs must be a number >= 0, got ${timeoutMs}`);
-  }
-  return timeoutMs;
-}
-
-module.exports = { laneFor, callsFor, checkTimeout, MAX_IN_FLIGHT, PROBE_DELAYS_MS, STALL_FRACTION };
+module.exports = { laneFor, callsFor, MAX_IN_FLIGHT, PROBE_DELAYS_MS, STALL_FRACTION };

@@ -20,6 +20,7 @@
 // TB.ACQUIREEACH reply, so headers come out as usual.
 
 const { TbArgumentError, TbReplyError, classifyFailure, isReplyError } = require("./errors.cjs");
+const { checkCapacity } = require("./options.cjs");
 
 const CAPACITY = 10_000;
 /** How many of the least recently used keys a new key may take the place of. */
@@ -57,13 +58,6 @@ function chargeBackOutcome(error) {
 function warnRefused(error, share) {
   const message = `redis-tb: Redis refused a charge-back (${error?.message ?? error}); the ${share} admitted in memory it covered are dropped`;
   process.emitWarning(message, { code: "REDIS_TB_LOCAL" });
-}
-
-function checkCapacity(capacity) {
-  if (!Number.isSafeInteger(capacity) || capacity < 0) {
-    throw new TbArgumentError(`localCapacity must be an integer >= 0 (keys kept in memory), got ${capacity}`);
-  }
-  return capacity;
 }
 
 class LocalBuckets {
@@ -282,4 +276,4 @@ function wait(report) {
   return report.retryAfterMs < 0 ? Infinity : report.retryAfterMs;
 }
 
-module.exports = { LocalBuckets, CAPACITY, checkCapacity, chargeBackOutcome, limiting };
+module.exports = { LocalBuckets, CAPACITY, chargeBackOutcome, limiting };

@@ -11,22 +11,22 @@
 const { TbClient } = require("./client.cjs");
 const { TbArgumentError } = require("./errors.cjs");
 const { Blocker } = require("./block.cjs");
-const { checkOptions } = require("./options.cjs");
-const { callsFor, checkTimeout } = require("./lane.cjs");
+const { checkOptions, checkTimeout } = require("./options.cjs");
+const { callsFor } = require("./lane.cjs");
 
 class TbThrottlerStorage {
   /**
    * @param options.client  a TbClient, or an ioredis / node-redis client or cluster
    * @param options.prefix  prepended to the guard's key (default "throttler:")
-   * @param options.timeoutMs the deadline of each call (default 1000), after which it rejects and is never charged
-   *   later, as the middleware's (lane.cjs); 0 leaves the wait to the Redis client
+   * @param options.timeoutMs the deadline of each call (default 1000, a positive finite number), after which it
+   *   rejects and is never charged later, as the middleware's (lane.cjs)
    */
   constructor(options = {}) {
     checkOptions("TbThrottlerStorage", options, ["client", "prefix", "timeoutMs"]);
     const { client, prefix = "throttler:", timeoutMs = 1000 } = options;
     if (client === undefined) throw new TbArgumentError("TbThrottlerStorage needs { client }: a TbClient or a Redis client");
     this.client = TbClient.from(client);
-    this._calls = callsFor(client, this.client, checkTimeout("TbThrottlerStorage", timeoutMs));
+    this._calls = callsFor(client, this.client, checkTimeout(timeoutMs, "TbThrottlerStorage"));
     this._blocker = new Blocker(this._calls);
     this.prefix = prefix;
   }

@@ -148,10 +148,10 @@ const DROP_INS = {
 describe("a drop-in's call that missed its deadline is never charged later", () => {
   test("a drop-in's timeoutMs is checked when it is built", () => {
     const client = { call() {}, sendCommand() {} };
-    for (const timeoutMs of [-1, "300"]) {
-      assert.throws(() => new TbStore({ client, timeoutMs }), /TbStore: timeoutMs must be a number >= 0/);
-      assert.throws(() => new RateLimiterTB({ storeClient: client, timeoutMs }), /RateLimiterTB: timeoutMs must be a number >= 0/);
-      assert.throws(() => new TbThrottlerStorage({ client, timeoutMs }), /TbThrottlerStorage: timeoutMs must be a number >= 0/);
+    for (const timeoutMs of [0, -1, Infinity, NaN, "300"]) {
+      assert.throws(() => new TbStore({ client, timeoutMs }), /TbStore: timeoutMs must be a positive finite number/);
+      assert.throws(() => new RateLimiterTB({ storeClient: client, timeoutMs }), /RateLimiterTB: timeoutMs must be a positive finite number/);
+      assert.throws(() => new TbThrottlerStorage({ client, timeoutMs }), /TbThrottlerStorage: timeoutMs must be a positive finite number/);
     }
   });
 

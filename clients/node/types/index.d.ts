@@ -243,7 +243,7 @@ export interface HttpLimiterOptions<Req = any> {
   ipv6Subnet?: number;
   /** Tokens per request (default 1). */
   cost?: number | ((req: Req) => number | Promise<number>);
-  /** The Redis key of a limit is `${prefix}{${escaped identity}}:${name}` (default "ratelimit:"). */
+  /** The Redis key of a limit is `${prefix}{${escaped identity}}:${name}` (default "ratelimit:"; no `{` or `}`). */
   prefix?: string;
   /** Which header fields (default "both"). */
   standard?: HeaderFormat;
@@ -253,15 +253,15 @@ export interface HttpLimiterOptions<Req = any> {
    */
   fail?: "local" | "open" | "closed";
   /**
-   * With fail "local": how many keys the in-memory buckets keep (default 10000, an integer >= 0); a key that finds
-   * no place shares its limit's overflow bucket (docs/clients.md, "When Redis fails").
+   * With fail "local": how many keys the in-memory buckets keep (default 10000, a positive integer); a key that
+   * finds no place shares its limit's overflow bucket (docs/clients.md, "When Redis fails").
    */
   localCapacity?: number;
   /** Where Redis failures are logged: a warning when a fault begins, configuration errors (default: console). */
   logger?: { warn(message: string): void; error(message: string): void };
-  /** The longest to wait for Redis, in ms (default 1000; 0: as long as the Redis client waits). */
+  /** The deadline of a limiter call, in ms (default 1000, a positive finite number); the fail mode answers after it. */
   timeoutMs?: number;
-  /** The status of a refusal (default 429). */
+  /** The status of a refusal (default 429): an integer from 400 to 599. */
   statusCode?: number;
   /** The refusal's JSON body (default `{ error: "rate limit exceeded", limit, retry_after_ms }`). */
   body?: object | ((decision: Decision) => object);
@@ -315,7 +315,7 @@ export interface TbStoreOptions {
   burst?: number;
   /** Tokens per second (default: burst per `windowMs`). */
   rate?: number;
-  /** The deadline of each call in ms (default 1000): it then rejects, and is never charged later; 0: none. */
+  /** The deadline of each call in ms (default 1000, a positive finite number): it then rejects, and is never charged later. */
   timeoutMs?: number;
 }
 
@@ -381,7 +381,7 @@ export interface RateLimiterTBOptions {
   /** Accepted for RateLimiterRedis's sake: the client's kind is found from the client itself. */
   useRedisPackage?: boolean;
   useRedis3AndLowerPackage?: boolean;
-  /** The deadline of each call in ms (default 1000): it then rejects (or the insuranceLimiter answers), and is never charged later; 0: none. */
+  /** The deadline of each call in ms (default 1000, a positive finite number): it then rejects (or the insuranceLimiter answers), and is never charged later. */
   timeoutMs?: number;
 }
 
@@ -443,7 +443,7 @@ export interface ThrottlerStorageRecord {
 
 /** A @nestjs/throttler ThrottlerStorage backed by a token bucket of `limit` tokens refilling `limit` per `ttl`. */
 export class TbThrottlerStorage {
-  /** `timeoutMs`: the deadline of each call in ms (default 1000), never charged after it; 0: none. */
+  /** `timeoutMs`: the deadline of each call in ms (default 1000, a positive finite number), never charged after it. */
   constructor(options: { client: TbClient | RedisLike; prefix?: string; timeoutMs?: number });
   readonly client: TbClient;
   prefix: string;
