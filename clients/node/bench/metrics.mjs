@@ -28,11 +28,8 @@ const ROUNDS = Number(process.env.BENCH_ROUNDS || 9);
 const CASES = ["bare", "metrics", "shadow", "shadow-limit"];
 const unlimited = { name: "api", rate: 1e9, burst: 1e9 };
 
-/**
- * The limiter of case `name` over `redis`, from the package at `source` (default: this checkout's); `timeoutMs` 0
- * sends each call straight through the client (no deadline lane, which needs a real connection).
- */
-async function limiterOf(name, redis, source, timeoutMs = 1000) {
+/** The limiter of case `name` over `redis`, from the package at `source` (default: this checkout's). */
+async function limiterOf(name, redis, source) {
   const tb = await import(source ?? "../src/index.mjs");
   const client = new tb.TbClient(redis, { backend: "module" });
   const options = {
@@ -41,16 +38,27 @@ async function limiterOf(name, redis, source, timeoutMs = 1000) {
     shadow: { shadow: true, metrics: new Registry() },
     "shadow-limit": { limits: [unlimited, { ...unlimited, name: "tried", shadow: true }], metrics: new Registry() },
   }[name];
-  return tb.rateLimit({ client, limits: unlimited, key: () => `bench-${name}`, timeoutMs, ...options }).limiter;
+  return tb.rateLimit({ client, limits: unlimited, key: () => `bench-${name}`, ...options }).limiter;
 }
 
-/** A Redis client (as ioredis looks) whose every call answers at once: TB.ACQUIRE's and TB.ACQUIREEACH's allowing replies. */
+/**
+ * A Redis client (as ioredis looks) whose every call answers at once: PING's PONG, TB.ACQUIRE's and TB.ACQUIREEACH's
+ * allowing replies. Its duplicate, the connection the middleware's deadline lane opens of its own, is another.
+ */
 function answeringAtOnce() {
-  return {
-    call: (command, ...args) =>
-      Promise.resolve(command === "TB.ACQUIRE" ? [1, 1e9, 0, 0] : [1, 0, ...Array.from({ length: args.length / 4 }, () => [1, 1e9, 0, 0])]),
+  const client = {
+    status: "ready",
+    call: (command, ...args) => {
+      if (command === "PING") return Promise.resolve("PONG");
+      return Promise.resolve(command === "TB.ACQUIRE" ? [1, 1e9, 0, 0] : [1, 0, ...Array.from({ length: args.length / 4 }, () => [1, 1e9, 0, 0])]);
+    },
     sendCommand() {},
+    duplicate: () => answeringAtOnce(),
+    connect: () => Promise.resolve(),
+    on: () => client,
+    once: () => client,
   };
+  return client;
 }
 
 async function checks(limiter, count) {
@@ -66,7 +74,7 @@ if (process.env.BENCH_BASELINE) cases.unshift({ label: "baseline", name: "bare",
 if (process.env.BENCH_CHILD) {
   // Under callgrind: warm up, switch instrumentation on (vgdb interrupts this synchronous call to deliver it), run
   // the checks, exit. The count covers the checks and the exit.
-  const limiter = await limiterOf(process.env.BENCH_CHILD, answeringAtOnce(), process.env.BENCH_SOURCE || undefined, 0);
+  const limiter = await limiterOf(process.env.BENCH_CHILD, answeringAtOnce(), process.env.BENCH_SOURCE || undefined);
   await checks(limiter, 20_000);
   execFileSync("callgrind_control", ["--instr=on", String(process.pid)]);
   await checks(limiter, Number(process.env.BENCH_CHECKS));
@@ -102,7 +110,7 @@ const lines = [`Node ${process.version}, ${os.cpus().length} vCPU; ${new Date().
 // 1. The middleware's own work.
 const hasCallgrind = spawnSync("valgrind", ["--version"]).status === 0;
 const fake = [];
-for (const entry of cases) fake.push({ ...entry, limiter: await limiterOf(entry.name, answeringAtOnce(), entry.source, 0), ns: [] });
+for (const entry of cases) fake.push({ ...entry, limiter: await limiterOf(entry.name, answeringAtOnce(), entry.source), ns: [] });
 for (const entry of fake) await checks(entry.limiter, 20_000);
 for (let round = 0; round < ROUNDS; round++) {
   for (const entry of fake) {
