@@ -42,19 +42,19 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
       (no identity) limits the request under the shared anonymous identity, with a warning once;
       `redis_tb.SKIP` lets it through unlimited.
     - `ipv6_subnet`: the prefix length IPv6 peers are grouped by (1 to 64, default 56).
-    - `prefix`: the start of every bucket key.
+    - `prefix`: the start of every bucket key, without `{` or `}` (the hash tag of every key is its identity's).
     - `fail`: what answers while Redis fails (docs/clients.md, "When Redis fails"): `"local"` (default)
       limits with in-memory buckets per process, `"open"` lets requests through, `"closed"` answers 503.
-    - `timeout`: the deadline of a limiter call in seconds (default 1). The middleware caps its Redis client's
-      socket timeouts at it and turns the client's retries off: give it a client of its own.
+    - `timeout`: the deadline of a limiter call in seconds (default 1), a positive finite number. The middleware
+      caps its Redis client's socket timeouts at it and turns the client's retries off: give it a client of its own.
     - `standard`: which header fields to send: `"draft"`, `"legacy"` or `"both"` (docs/headers.md).
-    - `local_capacity`: the keys `fail="local"` keeps in memory per process (default 10,000); beyond them, keys
-      share one overflow bucket per limit.
+    - `local_capacity`: the keys `fail="local"` keeps in memory per process (a positive integer, default 10,000);
+      beyond them, keys share one overflow bucket per limit.
     - `shadow`: try every limit without enforcing it (`Limit(shadow=True)` for one): buckets are charged, refusals
       are counted and logged, requests are served. Enforced limits are decided first; when they allow, the shadow
       limits in a second call. Headers describe the enforced limits only.
-    - `status_code` (default 429) and `body` (a JSON object, or a function of the `Decision` returning one) of a
-      refusal.
+    - `status_code` (default 429, 400 to 599) and `body` (a JSON object, or a function of the `Decision` returning
+      one) of a refusal. docs/clients.md ("Options") says what each option accepts.
     - `on_error(error, request, failure)`: called for every limiter call that failed, with the failure table's
       row (`failure.class_`), before the fail mode answers.
     - `metrics`: the `prometheus_client` registry to count into (default: its default registry when installed);
