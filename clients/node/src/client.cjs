@@ -61,6 +61,16 @@ function integers(command, reply, length) {
   return reply;
 }
 
+/** TB.ACQUIRE's reply as { allowed, remaining, retryAfterMs, resetAfterMs }. */
+function acquireReply(reply) {
+  if (!Array.isArray(reply) || reply.length !== 4) throw new TbProtocolError("TB.ACQUIRE", reply);
+  const [allowed, remaining, retryAfterMs, resetAfterMs] = reply;
+  if (!(Number.isInteger(allowed) && Number.isInteger(remaining) && Number.isInteger(retryAfterMs) && Number.isInteger(resetAfterMs))) {
+    throw new TbProtocolError("TB.ACQUIRE", reply);
+  }
+  return { allowed: allowed === 1, remaining, retryAfterMs, resetAfterMs };
+}
+
 function bucketList(name, buckets, withCost) {
   if (!Array.isArray(buckets) || buckets.length === 0) {
     throw new TbArgumentError(`${name} must be a non-empty array of buckets, got ${describe(buckets)}`);
@@ -193,7 +203,24 @@ class TbClient {
     return this._connection.kind;
   }
 
-  async _call(command, key, args) {
+  /**
+   * One command on the backend in use, as `_callAny`; while the module is known to answer (and not due for a
+   * retry), its command straight through the connection, without the loop's await, which is every call of a
+   * steady client. An error reply goes through `_callAny`'s handling: a fall-back resends the call there.
+   */
+  _call(command, key, args) {
+    if (this._inUse !== "module" || !this._answered || this._moduleRetryAt !== undefined) return this._callAny(command, key, args);
+    return this._connection.send(key, [command, ...args]).then(undefined, (error) => this._moduleFailed(command, key, args, error));
+  }
+
+  /** An error of the module's command sent by `_call`: the loop's rule for the module backend. */
+  _moduleFailed(command, key, args, error) {
+    if (!isReplyError(error)) throw error;
+    if (this._fallBack("module", command, error, backendErrorClass(error))) return this._callAny(command, key, args);
+    throw new TbReplyError(command, key, error);
+  }
+
+  async _callAny(command, key, args) {
     if (this._moduleRetryAt !== undefined && performance.now() >= this._moduleRetryAt) {
       const again = await this._moduleAgain(command, key, args);
       if (again !== undefined) return again.reply;
@@ -317,12 +344,7 @@ class TbClient {
   /** TB.ACQUIRE: takes `cost` tokens if the bucket holds them. */
   async acquire(key, rate, burst, cost = 1) {
     const args = [keyName("key", key), number("rate", rate), number("burst", burst), number("cost", cost)];
-    const [allowed, remaining, retryAfterMs, resetAfterMs] = integers(
-      "TB.ACQUIRE",
-      await this._call("TB.ACQUIRE", key, args),
-      4,
-    );
-    return { allowed: allowed === 1, remaining, retryAfterMs, resetAfterMs };
+    return acquireReply(await this._call("TB.ACQUIRE", key, args));
   }
 
   /** TB.ACQUIREALL: takes `cost` from every bucket, or from none. `buckets`: [{ key, rate, burst }]. */

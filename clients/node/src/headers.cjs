@@ -21,7 +21,9 @@ const MAX_INTEGER = 999_999_999_999_999;
 
 /** An RFC 8941 sf-string: the policy name (0x20-0x7E only, limit.cjs) in quotes, with `"` and `\` escaped. */
 function sfString(text) {
-  return `"${String(text).replace(/[\\"]/g, (c) => `\\${c}`)}"`;
+  const string = String(text);
+  if (!string.includes('"') && !string.includes("\\")) return `"${string}"`;
+  return `"${string.replace(/[\\"]/g, (c) => `\\${c}`)}"`;
 }
 
 /** `value` rounded by `round`, within 0..MAX_INTEGER (Infinity as MAX_INTEGER, NaN as 0). */
@@ -65,12 +67,17 @@ function headersFor(decision, standard) {
   const headers = {};
   const { buckets } = decision;
   if (standard === "both" || standard === "draft") {
-    headers["RateLimit-Policy"] = buckets
-      .map((b) => `${sfString(b.name)};q=${count(b.burst)};w=${fillSeconds(b)}`)
-      .join(", ");
-    headers["RateLimit"] = buckets
-      .map((b) => `${sfString(b.name)};r=${count(b.remaining)};t=${seconds(b.resetAfterMs)}`)
-      .join(", ");
+    let policy = "";
+    let state = "";
+    for (let index = 0; index < buckets.length; index++) {
+      const b = buckets[index];
+      const name = sfString(b.name);
+      const separator = index === 0 ? "" : ", ";
+      policy += `${separator}${name};q=${count(b.burst)};w=${fillSeconds(b)}`;
+      state += `${separator}${name};r=${count(b.remaining)};t=${seconds(b.resetAfterMs)}`;
+    }
+    headers["RateLimit-Policy"] = policy;
+    headers["RateLimit"] = state;
   }
   if (standard === "both" || standard === "legacy") {
     const limiting = buckets[decision.limitingIndex] ?? buckets[0];

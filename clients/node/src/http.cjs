@@ -47,6 +47,24 @@ function defaultBody(decision) {
   return body;
 }
 
+/** The decision on one bucket from TB.ACQUIRE's `reply`: each bucket is its limit's fields beside its report. */
+function decisionOfOne(bucket, reply) {
+  const report = {
+    name: bucket.name,
+    rate: bucket.rate,
+    burst: bucket.burst,
+    cost: bucket.cost,
+    key: bucket.key,
+    shadow: bucket.shadow,
+    allowed: reply.allowed,
+    remaining: reply.remaining,
+    retryAfterMs: reply.retryAfterMs,
+    resetAfterMs: reply.resetAfterMs,
+    fits: reply.allowed,
+  };
+  return { allowed: reply.allowed, limitingIndex: 0, buckets: [report] };
+}
+
 const FAIL_MODES = ["local", "open", "closed"];
 const ERROR_LOG_INTERVAL_MS = 60_000;
 const SHADOW_LOG_INTERVAL_MS = 1000;
@@ -189,10 +207,8 @@ function createHttpLimiter(options) {
    */
   async function decide(redis, buckets) {
     if (buckets.length === 1) {
-      const [bucket] = buckets;
-      const reply = await redis.acquire(bucket.key, bucket.rate, bucket.burst, bucket.cost);
-      const decision = { allowed: reply.allowed, limitingIndex: 0, buckets: [{ ...bucket, ...reply, key: bucket.key, fits: reply.allowed }] };
-      return { decision, refunds: [] };
+      const reply = await redis.acquire(buckets[0].key, buckets[0].rate, buckets[0].burst, buckets[0].cost);
+      return { decision: decisionOfOne(buckets[0], reply), refunds: [] };
     }
     const { reply, refunds } = await acquireEachBySlot(redis, buckets);
     const decision = {
@@ -247,6 +263,11 @@ function createHttpLimiter(options) {
       metrics?.call(source, undefined, (performance.now() - started) / 1000);
       return outcome;
     }
+    return failed(req, outcome, started);
+  }
+
+  /** A limiter call begun at `started` that failed: logged, counted and given to onError. Returns `outcome`. */
+  function failed(req, outcome, started) {
     const failure = classifyFailure(outcome.error);
     failures.failed(outcome.error, failure);
     metrics?.call(fail, failure.class, (performance.now() - started) / 1000);
@@ -271,7 +292,11 @@ function createHttpLimiter(options) {
 
   /** The answer for the enforced limits' `buckets`: allowed with its headers, refused, or the fail mode's. */
   async function enforce(req, buckets) {
-    const { decision, error } = await limiterCall(req, buckets);
+    return answerCall(buckets, await limiterCall(req, buckets));
+  }
+
+  /** The answer for the enforced limits' `buckets` once their limiter call has settled. */
+  function answerCall(buckets, { decision, error }) {
     if (error === undefined) return answer(decision);
     if (fail === "open") return { action: "allow", headers: {}, error };
     if (fail === "closed") {
@@ -320,13 +345,8 @@ function createHttpLimiter(options) {
     return { action: "refuse", headers: headerValues, status: statusCode, body: refusal, decision };
   }
 
-  /**
-   * { action: "allow" | "refuse" | "unavailable", headers, status?, body?, decision?, error?, shadow? } for `req`.
-   * `shadow`: the shadow limits' decision, when they were decided. Never rejects on a Redis failure: the fail mode
-   * answers instead (docs/clients.md, "When Redis fails"). An error of the key or cost function, or a
-   * TbArgumentError, rejects.
-   */
-  async function check(req) {
+  /** `check` for any limits: each request's buckets listed, enforced, then the shadow limits' tried. */
+  async function checkAll(req) {
     const buckets = await bucketsFor(req);
     if (buckets.length === 0) {
       metrics?.request("skipped");
@@ -354,6 +374,70 @@ function createHttpLimiter(options) {
     }
     return decision === undefined ? outcome : { ...outcome, shadow: decision };
   }
+
+  /**
+   * checkAll for the common case, one limit and no shadow limit: bucketsFor, enforce and limiterCall for one bucket,
+   * the same steps in the same order, without their lists, spreads and layers of promises (one await, the limiter
+   * call, where the key and cost functions answer at once). A key that owes Redis a charge-back (fail "local")
+   * takes checkAll's way, which sends it.
+   */
+  async function checkOne(req) {
+    const limit = limits[0];
+    let requestCost = typeof cost === "function" ? cost(req) : cost;
+    if (typeof requestCost?.then === "function") requestCost = await requestCost;
+    let result = (limit.key ?? key)(req);
+    if (typeof result?.then === "function") result = await result;
+    const identity = identityOf(result, limit.name);
+    if (identity === SKIP) {
+      metrics?.request("skipped");
+      return { action: "allow", headers: {} };
+    }
+    if (identity === undefined) warnAnonymous();
+    const bucket = {
+      name: limit.name,
+      rate: limit.rate,
+      burst: limit.burst,
+      cost: limit.cost ?? requestCost,
+      key: bucketKey(prefix, identity, limit.name),
+      shadow: limit.shadow,
+    };
+    let outcome;
+    if (local !== undefined && local.diverged(bucket.key)) {
+      outcome = await enforce(req, [bucket]);
+      count(outcome);
+      return outcome;
+    }
+    const started = metrics === undefined ? 0 : performance.now();
+    let source;
+    let reply;
+    try {
+      reply = await run(async (redis) => {
+        const answered = await redis.acquire(bucket.key, bucket.rate, bucket.burst, bucket.cost);
+        source = redis.backendInUse ?? "module";
+        // Remembered as it arrives, as LocalBuckets.decide does: an answer after the deadline counts too.
+        local?.observeOne(bucket, answered.resetAfterMs);
+        return answered;
+      });
+    } catch (error) {
+      if (error instanceof TbArgumentError) throw error;
+      outcome = answerCall([bucket], failed(req, { decision: local?.acquire([bucket]), error }, started));
+      count(outcome);
+      return outcome;
+    }
+    failures.answered();
+    metrics?.call(source, undefined, (performance.now() - started) / 1000);
+    outcome = answer(decisionOfOne(bucket, reply));
+    count(outcome);
+    return outcome;
+  }
+
+  /**
+   * { action: "allow" | "refuse" | "unavailable", headers, status?, body?, decision?, error?, shadow? } for `req`.
+   * `shadow`: the shadow limits' decision, when they were decided. Never rejects on a Redis failure: the fail mode
+   * answers instead (docs/clients.md, "When Redis fails"). An error of the key or cost function, or a
+   * TbArgumentError, rejects.
+   */
+  const check = limits.length === 1 && !anyShadow ? checkOne : checkAll;
 
   /** Counts a request that no shadow limit took part in deciding. */
   function count(outcome) {

@@ -113,8 +113,12 @@ function wtf8(identity) {
   return Buffer.concat(parts);
 }
 
+/** An identity whose escape is itself: only the characters 0x21..0x7E other than `%` `{` `}`. */
+const KEPT = /^[\x21-\x24\x26-\x7a\x7c\x7e]*$/;
+
 /** The hash tag of an identity: of its WTF-8 bytes, 0x21..0x7E kept except `%` `{` `}`, every other byte as `%XX`. */
 function escapeIdentity(identity) {
+  if (KEPT.test(identity)) return identity; // every character one byte that is kept: the usual identity
   let out = "";
   for (const byte of wtf8(identity)) {
     const kept = byte >= 0x21 && byte <= 0x7e && byte !== 0x25 && byte !== 0x7b && byte !== 0x7d;

@@ -72,12 +72,25 @@ class Lane {
       return Promise.reject(this._unavailable());
     }
     return new Promise((resolve, reject) => {
-      const call = { startedMs: performance.now(), writtenMs: undefined, send, resolve, reject };
-      this.held.add(call);
+      const nowMs = performance.now();
+      const call = { startedMs: nowMs, writtenMs: undefined, send, resolve, reject };
       if (this.sweeper === undefined) {
         this.sweeper = setInterval(() => this._sweep(), Math.max(1, this.timeoutMs / 4));
         this.sweeper.unref();
       }
+      // Nothing waiting before it and room to write (the steady state): written now, without the queue.
+      if (this.held.size === 0 && this.state === "up") {
+        if (this._writable(nowMs)) {
+          this._write(call, nowMs);
+          return;
+        }
+        // The connection was found not ready: the lane is down now, and refuses what it has not written.
+        if (this.state !== "up") {
+          reject(this._unavailable());
+          return;
+        }
+      }
+      this.held.add(call);
       this._release();
     });
   }
@@ -117,36 +130,51 @@ class Lane {
     return oldest !== undefined && nowMs - oldest.writtenMs > this.stallMs;
   }
 
+  /**
+   * Whether a call may be written at `nowMs`: the connection is up and ready (one that is not faults the lane),
+   * not stalled, and fewer than MAX_IN_FLIGHT calls are on it.
+   */
+  _writable(nowMs) {
+    if (this.state !== "up") return false;
+    if (!(this.connection === undefined ? this.given._connection.ready() : this.connection.ready())) {
+      this._fault(new TbUnavailableError("redis-tb: the connection to Redis is not ready"));
+      return false;
+    }
+    return this.written.size < MAX_IN_FLIGHT && !this._stalled(nowMs);
+  }
+
   /** Writes the calls waiting, if the connection is up, ready and not stalled. */
   _release() {
     if (this.state !== "up" || this.held.size === 0) return;
-    if (!(this.connection === undefined ? this.given._connection.ready() : this.connection.ready())) {
-      this._fault(new TbUnavailableError("redis-tb: the connection to Redis is not ready"));
-      return;
-    }
     const nowMs = performance.now();
-    if (this._stalled(nowMs)) return;
+    if (!this._writable(nowMs)) return;
     for (const call of this.held) {
       if (this.written.size >= MAX_IN_FLIGHT) return;
       this.held.delete(call);
-      this.written.add(call);
-      call.writtenMs = nowMs;
-      call.send(this.tb).then(
-        (value) => this._settle(call, () => call.resolve(value)),
-        (error) => {
-          this._settle(call, () => call.reject(error));
-          // An answer from the server (an error reply included) shows the connection works.
-          const answered = isReplyError(error) || [TbReplyError, TbArgumentError, TbProtocolError].some((type) => error instanceof type);
-          if (!answered) this._fault(error);
-        },
-      );
+      this._write(call, nowMs);
     }
   }
 
-  _settle(call, answer) {
-    if (!this.written.delete(call)) return; // its deadline answered first
-    answer();
-    this._release();
+  /** Sends `call` and settles it with the answer, unless its deadline answered first. */
+  _write(call, nowMs) {
+    this.written.add(call);
+    call.writtenMs = nowMs;
+    call.send(this.tb).then(
+      (value) => {
+        if (!this.written.delete(call)) return; // its deadline answered first
+        call.resolve(value);
+        this._release();
+      },
+      (error) => {
+        if (this.written.delete(call)) {
+          call.reject(error);
+          this._release();
+        }
+        // An answer from the server (an error reply included) shows the connection works.
+        const answered = isReplyError(error) || error instanceof TbReplyError || error instanceof TbArgumentError || error instanceof TbProtocolError;
+        if (!answered) this._fault(error);
+      },
+    );
   }
 
   _sweep() {

@@ -131,8 +131,8 @@ class LocalBuckets {
     for (const bucket of buckets) {
       if (seen.has(bucket.key)) continue;
       seen.add(bucket.key);
+      if (!this.diverged(bucket.key)) continue;
       const entry = this.entries.get(bucket.key);
-      if (entry === undefined || !(entry.owed > 0 || entry.charging > 0)) continue;
       const tokens = Math.max(refilled(entry, nowMs), -entry.rate * MAX_DEBT_SECONDS);
       const share = entry.owed;
       entry.owed = 0;
@@ -163,14 +163,24 @@ class LocalBuckets {
    * is not remembered.
    */
   observe(buckets, decision, nowMs = this.now()) {
-    buckets.forEach((bucket, index) => {
-      const resetAfterMs = decision?.buckets?.[index]?.resetAfterMs;
-      if (!Number.isFinite(resetAfterMs)) return;
-      const entry = this._place(bucket, nowMs);
-      if (entry === undefined) return;
-      entry.tokens = bucket.burst - (bucket.rate * resetAfterMs) / 1000 - entry.owed - entry.charging;
-      entry.atMs = nowMs;
-    });
+    for (let index = 0; index < buckets.length; index++) {
+      this.observeOne(buckets[index], decision?.buckets?.[index]?.resetAfterMs, nowMs);
+    }
+  }
+
+  /** `observe` for one bucket and its reply's `resetAfterMs`. */
+  observeOne(bucket, resetAfterMs, nowMs = this.now()) {
+    if (!Number.isFinite(resetAfterMs)) return;
+    const entry = this._place(bucket, nowMs);
+    if (entry === undefined) return;
+    entry.tokens = bucket.burst - (bucket.rate * resetAfterMs) / 1000 - entry.owed - entry.charging;
+    entry.atMs = nowMs;
+  }
+
+  /** Whether the key `key` is diverged: it owes Redis a charge-back, or one is in flight (see `chargeBacks`). */
+  diverged(key) {
+    const entry = this.entries.get(key);
+    return entry !== undefined && (entry.owed > 0 || entry.charging > 0);
   }
 
   /**
