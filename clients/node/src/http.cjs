@@ -410,16 +410,18 @@ function createHttpLimiter(options) {
     const started = metrics === undefined ? 0 : performance.now();
     let source;
     let reply;
+    let decidedHere = false;
     try {
       reply = await run(async (redis) => {
         const answered = await redis.acquire(bucket.key, bucket.rate, bucket.burst, bucket.cost);
         source = redis.backendInUse ?? "module";
-        // Remembered as it arrives, as LocalBuckets.decide does: an answer after the deadline counts too.
-        local?.observeOne(bucket, answered.resetAfterMs);
+        // Remembered as LocalBuckets.decide does: not once the call was decided in memory.
+        if (!decidedHere) local?.observeOne(bucket, answered.resetAfterMs);
         return answered;
       });
     } catch (error) {
       if (error instanceof TbArgumentError) throw error;
+      decidedHere = true;
       outcome = answerCall([bucket], failed(req, { decision: local?.acquire([bucket]), error }, started));
       count(outcome);
       return outcome;

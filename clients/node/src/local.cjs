@@ -4,9 +4,9 @@
 // interval t, however Redis fails or flaps.
 //   - A fault is per call: a call that fails is decided by its own keys' buckets; an answer for another key never
 //     clears or refills them.
-//   - Each Redis answer is remembered: the key's bucket then holds burst - rate * reset_after_ms / 1000 tokens as of
-//     the moment it arrived (negative in debt), and a later failure refills from there. A key never answered for
-//     starts full.
+//   - Each Redis answer within its call's deadline is remembered: the key's bucket then holds burst - rate *
+//     reset_after_ms / 1000 tokens as of the moment it arrived (negative in debt), and a later failure refills
+//     from there. A key never answered for starts full.
 //   - When Redis answers again, its bucket is brought down to the in-memory one, and no lower: what the buckets
 //     admit is owed to Redis, and every call for a key that is owed anything, or whose charge-back is in flight,
 //     sends TB.LOWER key rate burst <the in-memory bucket's tokens now> pipelined before it. A minimum is
@@ -92,6 +92,8 @@ class LocalBuckets {
    * name? }], `name` the limit's.
    */
   async decide(buckets, run, call, refused = this.refused) {
+    // Set once the call is decided here: an answer that arrives after that is not remembered (see observe).
+    let decidedHere = false;
     try {
       const decision = await run(async (tb) => {
         const lower = (bucket, tokens) => tb.lower(bucket.key, bucket.rate, bucket.burst, tokens);
@@ -99,7 +101,7 @@ class LocalBuckets {
         // No key owes anything (the usual case): the call alone, without the promises that wait for charge-backs.
         if (charges.length === 0) {
           const value = await call(tb);
-          this.observe(buckets, value);
+          if (!decidedHere) this.observe(buckets, value);
           return value;
         }
         const answer = settle(() => call(tb));
@@ -109,12 +111,13 @@ class LocalBuckets {
         const { value, error } = await answer;
         if (fault !== undefined) throw fault.error;
         if (error !== undefined) throw error;
-        this.observe(buckets, value);
+        if (!decidedHere) this.observe(buckets, value);
         return value;
       });
       return { decision };
     } catch (error) {
       if (error instanceof TbArgumentError) throw error;
+      decidedHere = true;
       return { decision: this.acquire(buckets), error };
     }
   }
@@ -160,7 +163,10 @@ class LocalBuckets {
   /**
    * Remembers Redis's answer for `buckets` (`decision.buckets[i].resetAfterMs`): each key's bucket holds
    * burst - rate * resetAfterMs / 1000 tokens now, less what it still owes Redis. A new key that finds no place
-   * is not remembered.
+   * is not remembered. Only for a call still waiting on its answer: once a call was decided in memory (its
+   * deadline passed), its answer is not remembered when it comes, as the other packages cancel such a call. It
+   * knows nothing the in-memory bucket does not count, and it may come from a replica that took over without the
+   * primary's last writes, or the charge-backs it acknowledged.
    */
   observe(buckets, decision, nowMs = this.now()) {
     for (let index = 0; index < buckets.length; index++) {

@@ -256,3 +256,31 @@ test("waits saturate at the module's longest (2^63 - 1 ms) where a double cannot
   assert.equal(local.acquire([tiny]).allowed, true);
   assert.deepEqual(local.acquire([tiny]).buckets[0], { fits: false, remaining: 0, retryAfterMs: 2 ** 63 - 1, resetAfterMs: 2 ** 63 - 1 });
 });
+
+test("an answer that arrives after its call's deadline is not remembered: the call was decided in memory", async () => {
+  let nowMs = 0;
+  const local = new LocalBuckets({ now: () => nowMs });
+  // Redis answered with 1 token left, then the key's calls fail: 1 admitted here, 0 left, 1 owed.
+  local.observe([api], decisionOf({ allowed: true, buckets: [{ remaining: 1, retry_after_ms: 0, reset_after_ms: 4000 }] }));
+  await local.decide([api], failing, () => assert.fail("not called"));
+  const entry = local.entries.get(api.key);
+  assert.deepEqual([entry.tokens, entry.owed], [0, 1]);
+  // A call the deadline gives up on: its charge-back and its call stay unanswered, and it is decided in memory.
+  let answer;
+  const late = new Promise((resolve) => (answer = resolve));
+  let expire;
+  const run = (work) => {
+    work({ lower: () => late.then(() => ({ remaining: 5 })) });
+    return new Promise((_, reject) => (expire = reject));
+  };
+  const decided = local.decide([api], run, () => late.then(() => decisionOf({ allowed: true, buckets: [{ remaining: 4, retry_after_ms: 0, reset_after_ms: 1000 }] })));
+  expire(new TbUnavailableError("redis-tb: no reply from Redis within 1000 ms"));
+  const outcome = await decided;
+  assert.equal(outcome.decision.allowed, false, "nothing left in memory");
+  // The answer comes, from a replica that took over without the primary's last writes (a full bucket): the
+  // charge-back is settled, but the in-memory bucket stays where this process's history puts it.
+  answer();
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.deepEqual([entry.owed, entry.charging, entry.inFlight], [0, 0, 0], "the charge-back settled");
+  assert.equal(entry.tokens, 0, "not raised to the late answer's 4 tokens");
+});
