@@ -6,7 +6,7 @@
 //! it at the same instant. Pure, like the rest of the crate: no Redis, no clock, no I/O.
 #![forbid(unsafe_code)]
 
-use super::{acquire, first_extreme, Cost, Decision, Outcome, Params, State};
+use super::{acquire, limiting_index, Cost, Decision, Outcome, Params, State};
 
 /// One bucket of an [`acquire_each`] call: its stored state (`None`: missing, hence full), its parameters and the
 /// tokens this call takes from it.
@@ -65,10 +65,12 @@ pub fn acquire_each(members: &[Member], now_us: i64) -> Each {
         .map(|member| acquire(member.stored, now_us, &member.params, member.cost))
         .collect();
     if decisions.iter().all(Decision::allowed) {
-        let limiting_index = first_extreme(&decisions, |d| std::cmp::Reverse(d.remaining));
         return Each {
             outcome: Outcome::Allowed,
-            limiting_index,
+            limiting_index: limiting_index(
+                true,
+                decisions.iter().map(|d| (d.remaining, d.retry_after_ms)),
+            ),
             buckets: decisions,
         };
     }
@@ -81,10 +83,10 @@ pub fn acquire_each(members: &[Member], now_us: i64) -> Each {
             Outcome::Denied | Outcome::Impossible => decision,
         })
         .collect();
-    let limiting_index = buckets
-        .iter()
-        .position(|d| d.outcome == Outcome::Impossible)
-        .unwrap_or_else(|| first_extreme(&buckets, |d| d.retry_after_ms));
+    let limiting_index = limiting_index(
+        false,
+        buckets.iter().map(|d| (d.remaining, d.retry_after_ms)),
+    );
     let outcome = buckets
         .get(limiting_index)
         .map_or(Outcome::Denied, |d| d.outcome);

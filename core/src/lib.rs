@@ -646,15 +646,25 @@ pub fn acquire_all(buckets: &[(Option<State>, Params)], now_us: i64, cost: Cost)
     }
 }
 
-/// Index of the first element with the largest `key` (0 for an empty slice).
-fn first_extreme<K: Ord>(decisions: &[Decision], key: impl Fn(&Decision) -> K) -> usize {
-    let mut best = 0;
-    for (index, decision) in decisions.iter().enumerate().skip(1) {
-        if decisions.get(best).is_some_and(|b| key(decision) > key(b)) {
-            best = index;
+/// Which bucket decides a call over several, from each bucket's `remaining` and `retry_after_ms` in call order
+/// (`retry_after_ms` -1 when its cost exceeds its burst, as every reply writes it): when refused, the first whose
+/// cost exceeds its burst, else the first with the longest wait; when allowed, the first with the fewest tokens
+/// left. 0 for no bucket. `TB.ACQUIREEACH` and `TB.ACQUIREALL` choose by it, and so does a client that puts
+/// together the replies of one call split over cluster slots.
+pub fn limiting_index(allowed: bool, buckets: impl IntoIterator<Item = (i64, i64)>) -> usize {
+    let mut best: Option<(usize, i64, i64)> = None;
+    for (index, (remaining, retry_after_ms)) in buckets.into_iter().enumerate() {
+        let better = match best {
+            None => true,
+            Some((_, fewest, _)) if allowed => remaining < fewest,
+            Some((_, _, -1)) => false,
+            Some((_, _, longest)) => retry_after_ms == -1 || retry_after_ms > longest,
+        };
+        if better {
+            best = Some((index, remaining, retry_after_ms));
         }
     }
-    best
+    best.map_or(0, |(index, _, _)| index)
 }
 
 /// Seconds the refill takes to bring `tokens` up to `target`: `(target - tokens) / rate`, without overflow. The

@@ -157,7 +157,11 @@ fn main() {
         .expect("a governor config");
     let governed = app().layer(GovernorLayer::new(governor_config));
     let limit = Limit::new("api", RATE, RATE).expect("a limit");
-    let limited = app().layer(RateLimitLayer::new(client.clone(), [limit]).expect("a layer"));
+    let limited = app().layer(
+        RateLimitLayer::builder(client.clone(), [limit])
+            .build()
+            .expect("a layer"),
+    );
     let key = bucket_key(
         DEFAULT_PREFIX,
         Some(&addr_identity(PEER.ip(), Ipv6Subnet::DEFAULT)),

@@ -10,8 +10,7 @@ use std::net::SocketAddr;
 
 use axum::routing::get;
 use axum::Router;
-use redis_tb_client::keys::Ipv6Subnet;
-use redis_tb_client::{peer_identity, Client, Identity, Limit, RateLimitLayer};
+use redis_tb_client::{Client, Identity, KeyExtractor, Limit, PeerIp, RateLimitLayer};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -21,15 +20,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
 
     let client = Client::new(&url)?;
-    let limits = RateLimitLayer::new(client, [Limit::new("api", 10.0, 20.0)?])?
-        // The default key is the peer address (IPv6 by /56); a key function may skip requests.
-        .key(|request| {
+    let limits = RateLimitLayer::builder(client, [Limit::new("api", 10.0, 20.0)?])
+        // The default key is the peer address (IPv6 by /56); a key of your own may skip requests.
+        .key_fn(|request| {
             if request.uri.path() == "/health" {
                 Identity::Skip
             } else {
-                peer_identity(request, Ipv6Subnet::DEFAULT)
+                PeerIp.extract(request)
             }
-        });
+        })
+        .build()?;
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .route("/health", get(|| async { "ok\n" }))

@@ -82,7 +82,7 @@ impl ClientBuilder {
     pub fn build(self) -> Result<Client, ConfigError> {
         if self.timeout.is_zero() {
             return Err(ConfigError::new(
-                "timeout must be longer than zero".to_owned(),
+                "timeout must be a positive finite number, not 0 s".to_owned(),
             ));
         }
         let target = match &self.nodes {

@@ -147,7 +147,7 @@ mod tests {
         let split = ["ratelimit:{a}:x".to_owned(), "ratelimit:{b}:x".to_owned()];
         let err = slot_of(&split).expect_err("two slots");
         assert_eq!(err.kind(), ErrorKind::CrossSlot);
-        assert_eq!(crate::failure::classify(&err.into()).class, "crossslot");
+        assert_eq!(crate::Error::from(err).failure().class, "crossslot");
     }
 
     #[test]

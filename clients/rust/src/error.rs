@@ -45,7 +45,19 @@ pub enum Error {
 impl Error {
     /// The row of the failure table this error belongs to, and what a middleware does about it.
     pub fn failure(&self) -> Failure {
-        failure::classify(self)
+        match self {
+            Error::Timeout(_) => failure::TIMEOUT,
+            Error::Unavailable(_) => failure::CONNECTION_REFUSED,
+            Error::Redis(err) => failure::classify_redis(err),
+            Error::Protocol(_) | Error::InvalidArgument(_) => failure::ANY_OTHER,
+        }
+    }
+
+    /// Whether this error is the server's own error reply (`NOPERM ...`, `OOM ...`), as opposed to an error of
+    /// the client's (no reply, a lost connection, a reply of an unexpected shape), which says nothing of what the
+    /// server did with the call.
+    pub fn is_server_reply(&self) -> bool {
+        matches!(self, Error::Redis(err) if failure::wire_text(err).is_some())
     }
 
     /// The error reply as the server sent it (`ERR rate must be a positive number`), if this is one.

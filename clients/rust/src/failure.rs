@@ -9,8 +9,6 @@
 //! missing script or library is loaded and the call retried once; a missing command moves to the next backend.
 #![forbid(unsafe_code)]
 
-use crate::error::Error;
-
 /// What a middleware does about a failed call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -110,34 +108,33 @@ fn without_script_prefix(text: &str) -> &str {
     }
 }
 
-/// The row of a limiter call's error.
-pub fn classify(error: &Error) -> Failure {
-    match error {
-        Error::Timeout(_) => row("timeout", "timeout", Action::FailMode),
-        Error::Unavailable(_) => row("connection refused", "connection", Action::FailMode),
-        Error::Redis(err) => {
-            if let Some(text) = wire_text(err) {
-                return classify_reply(&text);
-            }
-            if err.is_timeout() {
-                row("timeout", "timeout", Action::FailMode)
-            } else if err.is_connection_refusal() {
-                row("connection refused", "connection", Action::FailMode)
-            } else if err.kind() == redis::ErrorKind::ClusterConnectionNotFound {
-                row(
-                    "cluster unreachable",
-                    "cluster_unreachable",
-                    Action::FailMode,
-                )
-            } else if err.is_io_error() || err.is_connection_dropped() {
-                row("connection reset", "connection", Action::FailMode)
-            } else {
-                row("any other error", "other", Action::ErrorFailMode)
-            }
-        }
-        Error::Protocol(_) | Error::InvalidArgument(_) => {
-            row("any other error", "other", Action::ErrorFailMode)
-        }
+/// The row of a call that got no reply within its deadline.
+pub(crate) const TIMEOUT: Failure = row("timeout", "timeout", Action::FailMode);
+/// The row of a call that found no connection to be sent on.
+pub(crate) const CONNECTION_REFUSED: Failure =
+    row("connection refused", "connection", Action::FailMode);
+/// The row of an error of the client's own that says nothing of the server (an unexpected reply, a bad argument).
+pub(crate) const ANY_OTHER: Failure = row("any other error", "other", Action::ErrorFailMode);
+
+/// The row of redis-rs's error: the server's error reply by its text, else the condition it stands for.
+pub(crate) fn classify_redis(err: &redis::RedisError) -> Failure {
+    if let Some(text) = wire_text(err) {
+        return classify_reply(&text);
+    }
+    if err.is_timeout() {
+        TIMEOUT
+    } else if err.is_connection_refusal() {
+        CONNECTION_REFUSED
+    } else if err.kind() == redis::ErrorKind::ClusterConnectionNotFound {
+        row(
+            "cluster unreachable",
+            "cluster_unreachable",
+            Action::FailMode,
+        )
+    } else if err.is_io_error() || err.is_connection_dropped() {
+        row("connection reset", "connection", Action::FailMode)
+    } else {
+        ANY_OTHER
     }
 }
 

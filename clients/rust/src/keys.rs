@@ -215,15 +215,14 @@ fn end_key(mut key: String, limit_name: &str) -> String {
     key
 }
 
-/// `prefix` unless it would empty the keys' hash tag (its first `{` directly followed by `}`), which would
-/// scatter one request's buckets over a cluster.
+/// `prefix` unless it holds a brace: the hash tag of every key is its identity's, and a brace in the prefix would
+/// change the slot a bucket lands in (`{}` hashes the whole key, `{x}` puts every bucket in one slot).
 pub fn check_prefix(prefix: &str) -> Result<&str, ConfigError> {
-    if let Some(opening) = prefix.find('{') {
-        if prefix.get(opening + 1..opening + 2) == Some("}") {
-            return Err(ConfigError::new(format!(
-                "prefix {prefix:?} holds an empty hash tag '{{}}': bucket keys would lose theirs"
-            )));
-        }
+    if prefix.contains(['{', '}']) {
+        return Err(ConfigError::new(format!(
+            "prefix must be a string without \"{{\" or \"}}\" (the hash tag of every key is its identity's), not \
+             {prefix:?}"
+        )));
     }
     Ok(prefix)
 }
@@ -282,9 +281,10 @@ mod tests {
     }
 
     #[test]
-    fn a_prefix_with_an_empty_hash_tag_is_refused() {
-        assert!(check_prefix("app{}:").is_err());
-        assert!(check_prefix("app{x}:").is_ok());
-        assert!(check_prefix("app}{").is_ok());
+    fn a_prefix_with_a_brace_is_refused() {
+        for refused in ["app{}:", "app{x}:", "app}{", "{", "}"] {
+            assert!(check_prefix(refused).is_err(), "{refused}");
+        }
+        assert!(check_prefix("app:").is_ok());
     }
 }

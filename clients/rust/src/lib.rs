@@ -9,12 +9,19 @@
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = Client::new("redis://127.0.0.1:6379")?;
-//! let limits = RateLimitLayer::new(client, [Limit::new("api", 10.0, 20.0)?])?;
+//! let limits = RateLimitLayer::builder(client, [Limit::new("api", 10.0, 20.0)?]).build()?;
 //! let app = Router::new().route("/", get(|| async { "hello" })).layer(limits);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
 //! # Ok(()) }
 //! ```
+//!
+//! The layer: [`RateLimitLayer::builder`] takes the options (setters that cannot fail), and
+//! [`RateLimitLayerBuilder::build`] checks them all at once. Who a request counts against is a [`KeyExtractor`]:
+//! [`PeerIp`] (the default), [`TrustedProxies`], [`GlobalKey`], or a closure. A refusal is the
+//! [`RateLimitLayerBuilder::on_refusal`] hook's response. The `axum` feature (default) reads the peer address
+//! from axum's `ConnectInfo`; without it the crate needs tower and http only. The public modules hold the rules
+//! shared with the other packages and tb-rls: [`keys`], [`headers`], [`failure`], [`cluster`], [`script`].
 //!
 //! # Layout
 //!
@@ -28,8 +35,9 @@
 //! keys.rs      identities (peer addresses, IPv6 by prefix) and bucket keys
 //! local.rs     the in-memory buckets of the fail mode `local`
 //! headers.rs   the RateLimit header fields of docs/headers.md
-//! limit.rs     a named limit and the key function's identity
-//! layer.rs     the tower layer
+//! limit.rs     a named limit and the identity a key gives
+//! extract.rs   the key extractors: peer address, trusted proxies, global, closures
+//! layer/       the tower layer: build.rs (the builder), decide.rs (the service), answer.rs (responses)
 //! ```
 //!
 //! The shared rules (keys, failures, the local fallback) are tested against the repository's `fixtures/`, the
@@ -45,17 +53,18 @@
     )
 )]
 
-pub mod backends;
+mod backends;
 mod client;
 pub mod cluster;
 mod command;
 mod error;
+mod extract;
 pub mod failure;
 pub mod headers;
 pub mod keys;
 mod layer;
 mod limit;
-pub mod local;
+mod local;
 #[cfg(feature = "prometheus")]
 mod metrics;
 mod replies;
@@ -67,11 +76,12 @@ pub use client::{
 };
 pub use command::{Bucket, BucketWithCost};
 pub use error::{ConfigError, Error};
+pub use extract::{peer_addr, GlobalKey, KeyExtractor, PeerIp, TrustedProxies};
 pub use layer::{
-    default_body, peer_identity, Decision, ErrorHook, FailMode, RateLimit, RateLimitLayer,
-    RefusalBody,
+    json_response, ErrorHook, FailMode, RateLimit, RateLimitBody, RateLimitLayer,
+    RateLimitLayerBuilder, Refusal, RefusalHook,
 };
-pub use limit::{Identity, KeyFn, Limit};
+pub use limit::{Identity, Limit};
 pub use replies::{
     Acquired, AcquiredAll, AcquiredEach, BucketResult, Charged, PartialGrant, Refunded, Reservation,
 };

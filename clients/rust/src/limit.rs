@@ -2,17 +2,20 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 
-use http::request::Parts;
-
 use crate::error::ConfigError;
+use crate::extract::KeyExtractor;
 
-/// Who a request counts against, as a key function says.
+/// Who a request counts against, as a [`KeyExtractor`] says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Identity {
     /// Limited under this identity (an empty string counts as [`Identity::Anonymous`]).
     Key(String),
+    /// Limited under this address's identity: IPv4 as it is, IPv4-mapped IPv6 as IPv4, other IPv6 by the
+    /// layer's `ipv6_subnet` prefix ([`crate::keys::addr_identity`]).
+    Ip(IpAddr),
     /// No identity found: limited under the one shared anonymous identity, with a warning once per process.
     Anonymous,
     /// Not limited: the only way to let a request through without a limit.
@@ -28,8 +31,8 @@ impl From<Option<String>> for Identity {
     }
 }
 
-/// A key function: the identity of a request from its head (method, URI, headers, extensions).
-pub type KeyFn = Arc<dyn Fn(&Parts) -> Identity + Send + Sync>;
+/// A key extractor as the layer keeps it.
+pub(crate) type KeyFn = Arc<dyn KeyExtractor>;
 
 /// One limit: `rate` tokens per second into a bucket of `burst`, `cost` taken per request, one bucket per
 /// identity under the key `<prefix>{<identity>}:<name>`.
@@ -96,13 +99,19 @@ impl Limit {
         Ok(self)
     }
 
-    /// This limit's own key function (per tenant next to per client), instead of the layer's.
-    pub fn key<F>(mut self, key: F) -> Limit
-    where
-        F: Fn(&Parts) -> Identity + Send + Sync + 'static,
-    {
+    /// This limit's own key (per tenant next to per client), instead of the layer's: a [`KeyExtractor`], such as a
+    /// closure `Fn(&http::request::Parts) -> Identity`.
+    pub fn key<K: KeyExtractor>(mut self, key: K) -> Limit {
         self.key = Some(Arc::new(key));
         self
+    }
+
+    /// [`key`](Self::key) for a closure, with its argument's type inferred: `.key_fn(|request| ...)`.
+    pub fn key_fn<F>(self, key: F) -> Limit
+    where
+        F: Fn(&http::request::Parts) -> Identity + Send + Sync + 'static,
+    {
+        self.key(key)
     }
 
     /// Shadow mode for this limit (default off): its buckets are charged as usual, but a request it refuses is

@@ -30,7 +30,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use redis_tb_core::{self as bucket, Cost, Member, Params, State, MAX_WAIT_LIMIT_MS};
 
-use crate::failure::{Action, Failure};
+use crate::error::Error;
+use crate::failure::Action;
 use crate::replies::{AcquiredEach, BucketResult};
 
 /// Keys kept unless another capacity is set.
@@ -81,13 +82,15 @@ pub enum ChargeOutcome {
 }
 
 impl ChargeOutcome {
-    /// The outcome of a charge-back that failed with an error of the failure table's row `failure`: a fault
-    /// (the rows that take the fail mode) fails, any other row refuses.
-    pub fn of_failure(failure: Failure) -> ChargeOutcome {
-        if failure.action == Action::FailMode {
-            ChargeOutcome::Failed
-        } else {
+    /// The outcome of a charge-back that failed with `err`: refused only by the server's own error reply of a
+    /// row that does not take the fail mode (a configuration error); failed for a fault's reply and for every
+    /// error of the client's own (no reply, a lost connection, a reply of an unexpected shape), which says nothing
+    /// of what the server did.
+    pub fn of_error(err: &Error) -> ChargeOutcome {
+        if err.is_server_reply() && err.failure().action != Action::FailMode {
             ChargeOutcome::Refused
+        } else {
+            ChargeOutcome::Failed
         }
     }
 }
@@ -161,25 +164,16 @@ impl Default for LocalBuckets {
 }
 
 impl LocalBuckets {
-    /// Buckets for at most `capacity` keys (at least one).
+    /// Buckets for at most `capacity` keys (with 0, every key shares its limit's overflow bucket).
     pub fn new(capacity: usize) -> LocalBuckets {
         LocalBuckets {
-            capacity: capacity.max(1),
+            capacity,
             table: HashMap::new(),
             order: BTreeMap::new(),
             next_use: 0,
             diverged: 0,
             overflow: HashMap::new(),
         }
-    }
-
-    /// Keys held.
-    pub fn len(&self) -> usize {
-        self.table.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.table.is_empty()
     }
 
     /// Whether any key is diverged: without one, no call has a charge-back to send.
@@ -454,28 +448,6 @@ fn unusable(len: usize, index: usize) -> AcquiredEach {
     }
 }
 
-/// As the module chooses it: refused, the first bucket whose cost exceeds its burst, else the first with the
-/// longest wait; allowed, the first with the fewest tokens left.
-pub fn limiting_index(results: &[BucketResult], allowed: bool) -> usize {
-    let mut best = 0;
-    for (index, result) in results.iter().enumerate() {
-        let Some(current) = results.get(best) else {
-            break;
-        };
-        let better = if allowed {
-            result.remaining < current.remaining
-        } else if current.retry_after_ms == -1 {
-            false
-        } else {
-            result.retry_after_ms == -1 || result.retry_after_ms > current.retry_after_ms
-        };
-        if better {
-            best = index;
-        }
-    }
-    best
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -652,15 +624,84 @@ mod tests {
         assert!(!local.acquire_each(&[limit("k")], 1000.0).allowed);
     }
 
+    /// A server's error reply, as redis-rs hands it over.
+    pub(crate) fn reply_error(text: &str) -> Error {
+        match redis::parse_redis_value(format!("-{text}\r\n").as_bytes()) {
+            Ok(redis::Value::ServerError(err)) => Error::Redis(err.into()),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+
     #[test]
-    fn charge_back_errors_of_faults_fail_and_the_others_refuse() {
-        use crate::failure::classify_reply;
-        let fault = classify_reply("OOM command not allowed when used memory > 'maxmemory'.");
-        assert_eq!(ChargeOutcome::of_failure(fault), ChargeOutcome::Failed);
-        let refused =
-            classify_reply("NOPERM User u has no permissions to run the 'tb.lower' command");
-        assert_eq!(ChargeOutcome::of_failure(refused), ChargeOutcome::Refused);
-        let unknown = classify_reply("ERR unknown command 'TB.LOWER', with args beginning with: ");
-        assert_eq!(ChargeOutcome::of_failure(unknown), ChargeOutcome::Refused);
+    fn only_the_server_s_refusal_drops_a_charge_back() {
+        for fault in [
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "ERR user_script:1: READONLY You can't write against a read only replica.",
+        ] {
+            assert_eq!(
+                ChargeOutcome::of_error(&reply_error(fault)),
+                ChargeOutcome::Failed
+            );
+        }
+        for refusal in [
+            "NOPERM User u has no permissions to run the 'tb.lower' command",
+            "ERR unknown command 'TB.LOWER', with args beginning with: ",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+        ] {
+            let err = reply_error(refusal);
+            assert_eq!(
+                ChargeOutcome::of_error(&err),
+                ChargeOutcome::Refused,
+                "{refusal}"
+            );
+        }
+        // Errors of the client's own say nothing of what the server did: what the charge-back covers stays owed,
+        // although their row is a configuration error's.
+        let own = [
+            Error::Protocol("a reply of another shape".to_owned()),
+            Error::InvalidArgument("a bad argument".to_owned()),
+            Error::Timeout(std::time::Duration::from_millis(5)),
+            Error::Unavailable("no connection".to_owned()),
+            Error::Redis(redis::RedisError::from((
+                redis::ErrorKind::ClientError,
+                "closed",
+            ))),
+        ];
+        for err in own {
+            assert_eq!(
+                ChargeOutcome::of_error(&err),
+                ChargeOutcome::Failed,
+                "{err:?}"
+            );
+        }
+        assert!(Error::Protocol(String::new()).failure().is_config_error());
+    }
+
+    /// The layer's sequence of a call whose charge-back meets an error of the client's own: the share is owed
+    /// again and the key stays diverged, so the next call sends the floor again.
+    #[test]
+    fn a_charge_back_failed_by_the_client_itself_stays_owed() {
+        let mut local = LocalBuckets::new(10);
+        let full = BucketResult {
+            fits: true,
+            remaining: 1,
+            retry_after_ms: 0,
+            reset_after_ms: 0,
+        };
+        local.answered(&[limit("k")], &[full], 0.0);
+        assert!(local.acquire_each(&[limit("k")], 0.0).allowed);
+        let charges = local.charge_backs(&[limit("k")], 0.0);
+        assert_eq!(charges.len(), 1);
+        let outcome = ChargeOutcome::of_error(&Error::Protocol("unexpected".to_owned()));
+        for charge in &charges {
+            local.charge_ended(charge, outcome);
+        }
+        assert!(local.has_diverged());
+        let again = local.charge_backs(&[limit("k")], 0.0);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].share, charges[0].share);
     }
 }
+
+#[cfg(test)]
+mod fixture;

@@ -345,9 +345,10 @@ async fn the_layer_splits_limits_of_several_slots_and_a_refusal_takes_nothing() 
     let tags = tags_in_every_range();
     let (tenant, user) = (tags[0].clone(), tags[1].clone());
     // Fail mode closed: every answer below comes from Redis, none from the process's own buckets.
-    let layer = RateLimitLayer::new(client.clone(), tenant_and_user_limits(5.0, 2.0))
-        .expect("a layer")
-        .fail(FailMode::Closed);
+    let layer = RateLimitLayer::builder(client.clone(), tenant_and_user_limits(5.0, 2.0))
+        .fail(FailMode::Closed)
+        .build()
+        .expect("a layer");
     let app = Router::new()
         .route("/", get(|| async { "hello" }))
         .layer(layer);
@@ -472,7 +473,10 @@ async fn a_refusal_stands_when_its_refund_fails(with_module: bool) {
         .timeout(Duration::from_secs(2))
         .build()
         .expect("a cluster client");
-    let layer = RateLimitLayer::new(taker, tenant_and_user_limits(2.0, 5.0)).expect("a layer"); // fail mode: local
+    // Fail mode: local.
+    let layer = RateLimitLayer::builder(taker, tenant_and_user_limits(2.0, 5.0))
+        .build()
+        .expect("a layer");
     let app = Router::new()
         .route("/", get(|| async { "hello" }))
         .layer(layer);

@@ -329,16 +329,17 @@ impl Load {
             .expect("a runtime");
         let client = Client::cluster(cluster.urls()).expect("a cluster client");
         let limit = Limit::new("api", RATE, BURST).expect("a limit");
-        let layer = RateLimitLayer::new(client.clone(), [limit])
-            .expect("a layer") // fail mode: local
-            .key(|parts: &http::request::Parts| {
-                match parts.headers.get("x-user").and_then(|v| v.to_str().ok()) {
+        // Fail mode: local.
+        let layer = RateLimitLayer::builder(client.clone(), [limit])
+            .key_fn(
+                |parts| match parts.headers.get("x-user").and_then(|v| v.to_str().ok()) {
                     Some(user) => Identity::Key(user.to_owned()),
                     None => Identity::Anonymous,
-                }
-            })
+                },
+            )
             .prefix(PREFIX)
-            .expect("a prefix");
+            .build()
+            .expect("a layer");
         let app = Router::new()
             .route("/", get(|| async { "ok" }))
             .layer(layer);

@@ -14,7 +14,9 @@ use axum::routing::get;
 use axum::Router;
 use common::Server;
 use http::StatusCode;
-use redis_tb_client::{Client, FailMode, Identity, Limit, RateLimitLayer, RefusalBody};
+use redis_tb_client::{
+    json_response, Client, FailMode, Identity, Limit, RateLimitLayer, RateLimitLayerBuilder,
+};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -23,7 +25,8 @@ fn with_module() -> Server {
 }
 
 /// Serves `layer` around a one-route app on a free loopback port, with the peer address for the key.
-async fn serve(layer: RateLimitLayer) -> SocketAddr {
+async fn serve(layer: RateLimitLayerBuilder) -> SocketAddr {
+    let layer = layer.build().expect("a layer");
     let app = Router::new()
         .route("/", get(|| async { "hello" }))
         .route("/health", get(|| async { "ok" }))
@@ -92,7 +95,7 @@ fn client(url: &str) -> Client {
 async fn a_client_over_its_burst_gets_429_with_the_headers_and_body() {
     let server = with_module();
     let limit = Limit::new("api", 0.5, 2.0).expect("a limit");
-    let layer = RateLimitLayer::new(client(&server.url()), [limit]).expect("a layer");
+    let layer = RateLimitLayer::builder(client(&server.url()), [limit]);
     let address = serve(layer).await;
 
     let first = get_path(address, "/").await;
@@ -132,16 +135,15 @@ async fn several_limits_are_all_or_nothing_and_skip_lets_a_request_through() {
     let per_client = Limit::new("per-client", 0.001, 5.0).expect("a limit");
     let per_tenant = Limit::new("tenant", 0.001, 2.0)
         .expect("a limit")
-        .key(|parts| {
+        .key_fn(|parts| {
             if parts.uri.path() == "/health" {
                 Identity::Skip
             } else {
                 Identity::Key("acme".to_owned())
             }
         });
-    let layer = RateLimitLayer::new(client(&server.url()), [per_client, per_tenant])
-        .expect("a layer")
-        .key(|parts| {
+    let layer =
+        RateLimitLayer::builder(client(&server.url()), [per_client, per_tenant]).key_fn(|parts| {
             if parts.uri.path() == "/health" {
                 Identity::Skip
             } else {
@@ -194,7 +196,7 @@ async fn without_redis_each_fail_mode_answers_as_documented() {
     let limit = || Limit::new("api", 0.001, 3.0).expect("a limit");
 
     // local (the default): in-memory buckets of the same limit: 3 requests, then 429.
-    let local = serve(RateLimitLayer::new(client(&url), [limit()]).expect("a layer")).await;
+    let local = serve(RateLimitLayer::builder(client(&url), [limit()])).await;
     let statuses = [
         get_path(local, "/").await.status,
         get_path(local, "/").await.status,
@@ -203,24 +205,15 @@ async fn without_redis_each_fail_mode_answers_as_documented() {
     ];
     assert_eq!(statuses, [200, 200, 200, 429]);
 
-    let open = serve(
-        RateLimitLayer::new(client(&url), [limit()])
-            .expect("a layer")
-            .fail(FailMode::Open),
-    )
-    .await;
+    let open = serve(RateLimitLayer::builder(client(&url), [limit()]).fail(FailMode::Open)).await;
     for _ in 0..5 {
         let reply = get_path(open, "/").await;
         assert_eq!(reply.status, 200);
         assert_eq!(reply.header("ratelimit"), None);
     }
 
-    let closed = serve(
-        RateLimitLayer::new(client(&url), [limit()])
-            .expect("a layer")
-            .fail(FailMode::Closed),
-    )
-    .await;
+    let closed =
+        serve(RateLimitLayer::builder(client(&url), [limit()]).fail(FailMode::Closed)).await;
     let refused = get_path(closed, "/").await;
     assert_eq!(refused.status, 503);
     assert_eq!(refused.header("retry-after"), Some("1"));
@@ -231,7 +224,7 @@ async fn without_redis_each_fail_mode_answers_as_documented() {
 async fn what_memory_admitted_during_a_fault_is_charged_back_to_redis() {
     let server = with_module();
     let limit = Limit::new("api", 0.001, 10.0).expect("a limit");
-    let layer = RateLimitLayer::new(client(&server.url()), [limit]).expect("a layer");
+    let layer = RateLimitLayer::builder(client(&server.url()), [limit]);
     let address = serve(layer).await;
     let mut conn = server.conn();
     let maxmemory = |conn: &mut redis::Connection, bytes: &str| {
@@ -293,12 +286,9 @@ async fn a_refusal_has_the_status_and_the_body_the_options_give() {
     let limit = || Limit::new("api", 0.001, 1.0).expect("a limit");
 
     let fixed = serve(
-        RateLimitLayer::new(client(&server.url()), [limit()])
-            .expect("a layer")
+        RateLimitLayer::builder(client(&server.url()), [limit()])
             .status_code(StatusCode::SERVICE_UNAVAILABLE)
-            .expect("an error status")
-            .body(json!({"error": "slow down"}))
-            .expect("an object"),
+            .on_refusal(|refusal| json_response(refusal.status, &json!({"error": "slow down"}))),
     )
     .await;
     assert_eq!(get_path(fixed, "/").await.status, 200);
@@ -308,21 +298,20 @@ async fn a_refusal_has_the_status_and_the_body_the_options_give() {
     assert_eq!(refused.header("content-type"), Some("application/json"));
     assert_eq!(refused.header("ratelimit-remaining"), Some("0"));
 
-    // A function of the decision; each layer its own prefix, so its own bucket.
+    // A response made from the refusal; each layer its own prefix, so its own bucket.
     let made = serve(
-        RateLimitLayer::new(client(&server.url()), [limit()])
-            .expect("a layer")
+        RateLimitLayer::builder(client(&server.url()), [limit()])
             .prefix("made:")
-            .expect("a prefix")
-            .body(RefusalBody::with(|decision| {
-                json!({
-                    "who": decision.limit.name(),
-                    "limits": decision.limits.len(),
-                    "allowed": decision.reply.allowed,
-                    "waits": decision.retry_after_ms > 0,
-                })
-            }))
-            .expect("a function"),
+            .on_refusal(|refusal| {
+                let body = json!({
+                    "who": refusal.limit.name(),
+                    "limits": refusal.limits.len(),
+                    "allowed": refusal.reply.allowed,
+                    "waits": refusal.retry_after_ms > 0,
+                    "path": refusal.request.uri.path(),
+                });
+                json_response(refusal.status, &body)
+            }),
     )
     .await;
     assert_eq!(get_path(made, "/").await.status, 200);
@@ -331,17 +320,14 @@ async fn a_refusal_has_the_status_and_the_body_the_options_give() {
     let body: serde_json::Value = serde_json::from_str(&refused.body).expect("JSON");
     assert_eq!(
         body,
-        json!({"who": "api", "limits": 1, "allowed": false, "waits": true})
+        json!({"who": "api", "limits": 1, "allowed": false, "waits": true, "path": "/"})
     );
 
-    // A body function that panics: the default body, still a 429.
+    // A refusal hook that panics: the default refusal, still a 429.
     let broken = serve(
-        RateLimitLayer::new(client(&server.url()), [limit()])
-            .expect("a layer")
+        RateLimitLayer::builder(client(&server.url()), [limit()])
             .prefix("broken:")
-            .expect("a prefix")
-            .body(RefusalBody::with(|_| panic!("a bug in the body function")))
-            .expect("a function"),
+            .on_refusal(|_| panic!("a bug in the refusal hook")),
     )
     .await;
     assert_eq!(get_path(broken, "/").await.status, 200);
@@ -353,26 +339,68 @@ async fn a_refusal_has_the_status_and_the_body_the_options_give() {
 }
 
 #[test]
-fn refusal_options_refuse_a_status_that_is_no_error_and_a_body_that_is_no_object() {
+fn build_refuses_a_status_that_is_no_error_and_every_other_bad_option_at_once() {
     let layer = || {
-        RateLimitLayer::new(
+        RateLimitLayer::builder(
             client("redis://127.0.0.1:1/"),
             [Limit::new("api", 1.0, 1.0).expect("a limit")],
         )
-        .expect("a layer")
     };
-    for status in [StatusCode::OK, StatusCode::FOUND] {
-        let err = layer().status_code(status).err().expect("refused");
+    for status in [200_u16, 302, 600, 99] {
+        let err = layer().status_code(status).build().err().expect("refused");
         assert!(err.to_string().contains("status_code"), "{err}");
     }
-    assert!(layer().status_code(StatusCode::FORBIDDEN).is_ok());
-    for body in [json!([1]), json!("text"), json!(null)] {
-        let err = layer().body(body).err().expect("refused");
-        assert!(
-            err.to_string().contains("body must be a JSON object"),
-            "{err}"
-        );
-    }
+    assert!(layer().status_code(StatusCode::FORBIDDEN).build().is_ok());
+    let err = layer().local_capacity(0).build().err().expect("refused");
+    assert!(err.to_string().contains("local_capacity"), "{err}");
+    let err = layer().prefix("app{x}:").build().err().expect("refused");
+    assert!(err.to_string().contains("prefix"), "{err}");
+    let err = layer().ipv6_subnet(65).build().err().expect("refused");
+    assert!(err.to_string().contains("ipv6_subnet"), "{err}");
+    let err = layer()
+        .key(redis_tb_client::TrustedProxies::new(["10.0.0.0/99"]))
+        .build()
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("trusted proxy"), "{err}");
+}
+
+/// A clone of a built layer keeps every option: the clone refuses with the status, the prefix and the local
+/// capacity the original was built with, and shares its in-memory buckets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_of_a_built_layer_keeps_every_option() {
+    let url = {
+        let server = with_module();
+        server.url()
+    };
+    // Redis is gone: the local fail mode decides, with a capacity of one key (the second key overflows into its
+    // limit's bucket, which starts full: one more request there).
+    let built = RateLimitLayer::builder(
+        client(&url),
+        [Limit::new("api", 0.001, 1.0).expect("a limit")],
+    )
+    .status_code(StatusCode::SERVICE_UNAVAILABLE)
+    .local_capacity(1)
+    .build()
+    .expect("a layer");
+    let clone = built.clone();
+    let app = |layer: RateLimitLayer| {
+        Router::new()
+            .route("/", get(|| async { "hello" }))
+            .layer(layer)
+    };
+    use tower::ServiceExt;
+    let request = || {
+        http::Request::builder()
+            .uri("/")
+            .extension(SocketAddr::from(([192, 0, 2, 1], 1)))
+            .body(axum::body::Body::empty())
+            .expect("a request")
+    };
+    let first = app(built).oneshot(request()).await.expect("a response");
+    assert_eq!(first.status(), StatusCode::OK);
+    let second = app(clone).oneshot(request()).await.expect("a response");
+    assert_eq!(second.status(), StatusCode::SERVICE_UNAVAILABLE);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -390,12 +418,9 @@ async fn the_error_hook_sees_every_failed_call_with_its_class_and_request() {
         }
     };
     let limit = || Limit::new("api", 0.001, 10.0).expect("a limit");
-    let address = serve(
-        RateLimitLayer::new(client(&server.url()), [limit()])
-            .expect("a layer")
-            .on_error(record(&seen)),
-    )
-    .await;
+    let address =
+        serve(RateLimitLayer::builder(client(&server.url()), [limit()]).on_error(record(&seen)))
+            .await;
     assert_eq!(get_path(address, "/").await.status, 200);
     assert!(seen.lock().expect("the list").is_empty());
     let () = redis::cmd("CONFIG")
@@ -419,8 +444,7 @@ async fn the_error_hook_sees_every_failed_call_with_its_class_and_request() {
     let url = format!("redis://127.0.0.1:{}/", common::free_port());
     let unreachable: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
     let address = serve(
-        RateLimitLayer::new(client(&url), [limit()])
-            .expect("a layer")
+        RateLimitLayer::builder(client(&url), [limit()])
             .fail(FailMode::Closed)
             .on_error(record(&unreachable)),
     )
@@ -431,8 +455,7 @@ async fn the_error_hook_sees_every_failed_call_with_its_class_and_request() {
         [("connection".to_owned(), "/".to_owned())]
     );
     let panicking = serve(
-        RateLimitLayer::new(client(&url), [limit()])
-            .expect("a layer")
+        RateLimitLayer::builder(client(&url), [limit()])
             .fail(FailMode::Open)
             .on_error(|_, _, _| panic!("a bug in the hook")),
     )
@@ -448,8 +471,11 @@ async fn a_shadow_limit_that_refuses_serves_the_request_charged_and_out_of_the_h
     let strict = Limit::new("strict", 0.001, 1.0)
         .expect("a limit")
         .shadow(true);
-    let address =
-        serve(RateLimitLayer::new(client(&server.url()), [api, strict]).expect("a layer")).await;
+    let address = serve(RateLimitLayer::builder(
+        client(&server.url()),
+        [api, strict],
+    ))
+    .await;
     for left in ["4", "3", "2"] {
         let reply = get_path(address, "/").await;
         assert_eq!(reply.status, 200);
@@ -472,8 +498,11 @@ async fn a_shadow_limit_that_refuses_serves_the_request_charged_and_out_of_the_h
     let loose = Limit::new("loose", 0.001, 10.0)
         .expect("a limit")
         .shadow(true);
-    let address =
-        serve(RateLimitLayer::new(client(&server.url()), [tight, loose]).expect("a layer")).await;
+    let address = serve(RateLimitLayer::builder(
+        client(&server.url()),
+        [tight, loose],
+    ))
+    .await;
     assert_eq!(get_path(address, "/").await.status, 200);
     let refused = get_path(address, "/").await;
     assert_eq!(refused.status, 429);
@@ -488,12 +517,7 @@ async fn a_shadow_limit_that_refuses_serves_the_request_charged_and_out_of_the_h
 
     // Shadow mode on the layer: every limit; nothing refused, no header, buckets charged.
     let whole = Limit::new("whole", 0.001, 1.0).expect("a limit");
-    let address = serve(
-        RateLimitLayer::new(client(&server.url()), [whole])
-            .expect("a layer")
-            .shadow(true),
-    )
-    .await;
+    let address = serve(RateLimitLayer::builder(client(&server.url()), [whole]).shadow(true)).await;
     for _ in 0..3 {
         let reply = get_path(address, "/").await;
         assert_eq!(reply.status, 200);
@@ -515,9 +539,8 @@ async fn the_metrics_count_a_known_sequence_exactly() {
     let trial = Limit::new("trial", 0.001, 1.0)
         .expect("a limit")
         .shadow(true);
-    let layer = RateLimitLayer::new(client(&server.url()), [api, trial])
-        .expect("a layer")
-        .key(|parts| match (parts.uri.path(), parts.uri.query()) {
+    let layer = RateLimitLayer::builder(client(&server.url()), [api, trial])
+        .key_fn(|parts| match (parts.uri.path(), parts.uri.query()) {
             ("/health", _) => Identity::Skip,
             (_, Some("as=other")) => Identity::Key("someone else".to_owned()),
             _ => Identity::Key("someone".to_owned()),
@@ -585,8 +608,7 @@ async fn a_client_paced_at_its_limit_meets_no_refusal_through_a_fault_and_after_
     let server = with_module();
     let mut conn = server.conn();
     let limit = Limit::new("api", 2.0, 5.0).expect("a limit");
-    let address =
-        serve(RateLimitLayer::new(client(&server.url()), [limit]).expect("a layer")).await;
+    let address = serve(RateLimitLayer::builder(client(&server.url()), [limit])).await;
     for _ in 0..5 {
         assert_eq!(get_path(address, "/").await.status, 200);
     }
@@ -632,7 +654,7 @@ async fn concurrent_requests_at_recovery_charge_what_memory_admitted_once() {
         .build()
         .expect("a client");
     let limit = Limit::new("api", rate, burst).expect("a limit");
-    let address = serve(RateLimitLayer::new(slow_client, [limit]).expect("a layer")).await;
+    let address = serve(RateLimitLayer::builder(slow_client, [limit])).await;
     for _ in 0..10 {
         assert_eq!(get_path(address, "/").await.status, 200);
     }
@@ -698,13 +720,10 @@ async fn a_charge_back_meeting_a_fault_stays_owed_and_one_refused_by_configurati
 
     // OOM: the first failed call owes 1; each next one's TB.LOWER is refused with OOM (owed again) and the call
     // is decided in memory without TB.ACQUIRE being sent.
-    let oom = serve(
-        RateLimitLayer::new(
-            client(&server.url()),
-            [Limit::new("oom", rate, burst).expect("a limit")],
-        )
-        .expect("a layer"),
-    )
+    let oom = serve(RateLimitLayer::builder(
+        client(&server.url()),
+        [Limit::new("oom", rate, burst).expect("a limit")],
+    ))
     .await;
     for left in ["9", "8"] {
         assert_eq!(
@@ -766,11 +785,10 @@ async fn a_charge_back_meeting_a_fault_stays_owed_and_one_refused_by_configurati
     let record = Arc::clone(&seen);
     let limited = client(&format!("redis://limited:pw@127.0.0.1:{}/", server.port));
     let noperm = serve(
-        RateLimitLayer::new(
+        RateLimitLayer::builder(
             limited,
             [Limit::new("noperm", rate, burst).expect("a limit")],
         )
-        .expect("a layer")
         .on_error(move |_, _, failure| {
             record
                 .lock()
@@ -835,12 +853,13 @@ async fn a_request_dropped_during_its_charge_back_leaves_it_owed() {
         .timeout(Duration::from_secs(2))
         .build()
         .expect("a client");
-    let layer = RateLimitLayer::new(
+    let layer = RateLimitLayer::builder(
         slow_client,
         [Limit::new("api", rate, burst).expect("a limit")],
     )
-    .expect("a layer")
-    .key(|_| Identity::Key("someone".to_owned()));
+    .key_fn(|_| Identity::Key("someone".to_owned()))
+    .build()
+    .expect("a layer");
     let service = tower_layer::Layer::layer(
         &layer,
         tower::service_fn(|_: http::Request<axum::body::Body>| async {
@@ -853,7 +872,7 @@ async fn a_request_dropped_during_its_charge_back_leaves_it_owed() {
             .body(axum::body::Body::empty())
             .expect("a request")
     };
-    let left = |response: &http::Response<axum::body::Body>| {
+    let left = |response: &http::Response<redis_tb_client::RateLimitBody<axum::body::Body>>| {
         response
             .headers()
             .get("ratelimit-remaining")
