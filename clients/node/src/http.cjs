@@ -341,8 +341,24 @@ function createHttpLimiter(options) {
   function answer(decision) {
     const headerValues = headersFor(decision, standard);
     if (decision.allowed) return { action: "allow", headers: headerValues, decision };
-    const refusal = typeof body === "function" ? body(decision) : body;
-    return { action: "refuse", headers: headerValues, status: statusCode, body: refusal, decision };
+    return { action: "refuse", headers: headerValues, status: statusCode, body: refusalBody(decision), decision };
+  }
+
+  /**
+   * The body of a refusal. A body function that throws, or returns what JSON cannot hold (a BigInt, a cycle), is
+   * logged and the default body answers: a refusal never becomes a 500, as in the Python package.
+   */
+  function refusalBody(decision) {
+    if (typeof body !== "function") return body;
+    try {
+      const made = body(decision);
+      JSON.stringify(made);
+      return made;
+    } catch (error) {
+      const limiting = decision.buckets[decision.limitingIndex] ?? decision.buckets[0];
+      logger.error(`redis-tb: the body function failed for limit ${JSON.stringify(limiting?.name)} (${error?.message ?? error}); the default body answers`);
+      return defaultBody(decision);
+    }
   }
 
   /** `check` for any limits: each request's buckets listed, enforced, then the shadow limits' tried. */

@@ -29,8 +29,16 @@ function app(client, run) {
     (req, res) => res.send("ok"),
   );
   server.get("/heavy", rateLimit({ client, prefix: `${run}:`, limits: { name: "heavy", rate: 1, burst: 2 }, cost: 5, key: () => "all" }), (req, res) => res.send("ok"));
+  // Body functions with a bug: one throws, one returns what JSON cannot hold.
+  const bodies = { throws: () => { throw new Error("a bug"); }, bigint: () => ({ wait: 1n }) };
+  for (const [name, body] of Object.entries(bodies)) {
+    const logger = { warn() {}, error: (message) => bodyErrors.push(message) };
+    server.get(`/${name}`, rateLimit({ client, prefix: `${run}:`, limits: { name, rate: 0.25, burst: 1 }, key: (req) => req.get("x-user"), body, logger }), (req, res) => res.send("ok"));
+  }
   return http.createServer(server);
 }
+
+const bodyErrors = [];
 
 for (const backend of [{ name: "module", module: true }, { name: "script", module: false }]) {
   describe(`Express middleware, ${backend.name}`, () => {
@@ -48,6 +56,24 @@ for (const backend of [{ name: "module", module: true }, { name: "script", modul
       if (httpServer) await closeServer(httpServer);
       conn?.close();
       await redisServer?.stop();
+    });
+
+    test("a body function that throws or returns what JSON cannot hold is logged, and the default body answers", async () => {
+      for (const name of ["throws", "bigint"]) {
+        bodyErrors.length = 0;
+        const statuses = [];
+        let refused;
+        for (let i = 0; i < 2; i++) {
+          const response = await fetch(`${base}/${name}`, { headers: { "x-user": "bo" } });
+          statuses.push(response.status);
+          if (response.status === 429) refused = await response.json();
+          else await response.arrayBuffer();
+        }
+        assert.deepEqual(statuses, [200, 429], name);
+        assert.deepEqual({ ...refused, retry_after_ms: undefined }, { error: "rate limit exceeded", limit: name, retry_after_ms: undefined });
+        assert.equal(bodyErrors.length, 1, name);
+        assert.match(bodyErrors[0], new RegExp(`the body function failed for limit "${name}"`));
+      }
     });
 
     test("every response carries the headers; the fourth is refused with 429, Retry-After and a JSON body", async () => {
