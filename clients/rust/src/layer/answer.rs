@@ -103,43 +103,117 @@ pub(crate) fn unavailable() -> Response<Bytes> {
     response
 }
 
-/// The header fields of a response, in the order of docs/headers.md, as [`headers::rate_limit_headers`] gives
-/// them.
-#[derive(Default)]
-pub(crate) struct Fields(Vec<(&'static str, String)>);
+/// The text of 0 to 99, the usual remaining tokens and seconds: their header values point here rather than
+/// each allocating its digits.
+const SMALL_NUMBERS: [&str; 100] = [
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+    "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31", "32",
+    "33", "34", "35", "36", "37", "38", "39", "40", "41", "42", "43", "44", "45", "46", "47", "48",
+    "49", "50", "51", "52", "53", "54", "55", "56", "57", "58", "59", "60", "61", "62", "63", "64",
+    "65", "66", "67", "68", "69", "70", "71", "72", "73", "74", "75", "76", "77", "78", "79", "80",
+    "81", "82", "83", "84", "85", "86", "87", "88", "89", "90", "91", "92", "93", "94", "95", "96",
+    "97", "98", "99",
+];
 
-impl Fields {
-    /// The fields of a decision over the enforced `limits`.
-    pub(crate) fn of<'a>(
-        standard: Standard,
-        limits: impl Iterator<Item = &'a Limit>,
-        reply: &AcquiredEach,
-    ) -> Fields {
-        let policies: Vec<Policy<'_>> = limits.map(Limit::policy).collect();
-        Fields(headers::rate_limit_headers(&policies, reply, standard))
+/// An integer's header value.
+fn number(value: i64) -> HeaderValue {
+    match usize::try_from(value)
+        .ok()
+        .and_then(|index| SMALL_NUMBERS.get(index))
+    {
+        Some(text) => HeaderValue::from_static(text),
+        None => HeaderValue::from(value),
     }
+}
 
-    /// Appends the fields to `headers`.
-    pub(crate) fn append_to(self, headers: &mut HeaderMap) {
-        for (name, value) in self.0 {
-            // Every value is printable ASCII (an sf-string or digits), so each converts.
-            if let (Some(name), Ok(value)) = (header_name(name), HeaderValue::try_from(value)) {
-                headers.append(name, value);
-            }
+/// The header values that stay the same for every decision over the layer's whole list of limits: made once,
+/// when the layer is built, by the same functions as every other value.
+pub(crate) struct Fixed {
+    /// `RateLimit-Policy`.
+    policy: Option<HeaderValue>,
+    /// Each limit's `RateLimit-Limit`.
+    quotas: Vec<HeaderValue>,
+}
+
+impl Fixed {
+    pub(crate) fn of(limits: &[Limit]) -> Fixed {
+        let policies: Vec<Policy<'_>> = limits.iter().map(Limit::policy).collect();
+        Fixed {
+            policy: HeaderValue::try_from(headers::policy_field(&policies)).ok(),
+            quotas: limits
+                .iter()
+                .map(|limit| HeaderValue::from(headers::quota(limit.burst())))
+                .collect(),
         }
     }
 }
 
-/// The `HeaderName` of a field [`headers::rate_limit_headers`] names.
-fn header_name(name: &str) -> Option<HeaderName> {
-    match name {
-        "RateLimit-Policy" => Some(RATELIMIT_POLICY),
-        "RateLimit" => Some(RATELIMIT),
-        "RateLimit-Limit" => Some(RATELIMIT_LIMIT),
-        "RateLimit-Remaining" => Some(RATELIMIT_REMAINING),
-        "RateLimit-Reset" => Some(RATELIMIT_RESET),
-        "Retry-After" => Some(RETRY_AFTER),
-        _ => None,
+/// The header fields of a response, in the order of docs/headers.md: the fields
+/// [`headers::rate_limit_headers`] gives, each made by its function there (a unit test holds the two equal).
+#[derive(Default)]
+pub(crate) struct Fields(Vec<(HeaderName, HeaderValue)>);
+
+impl Fields {
+    /// The fields of a decision over the enforced `limits`; `fixed` holds their unchanging values when they are
+    /// the layer's whole list.
+    pub(crate) fn of<'a, I>(
+        standard: Standard,
+        limits: I,
+        reply: &AcquiredEach,
+        fixed: Option<&Fixed>,
+    ) -> Fields
+    where
+        I: Iterator<Item = &'a Limit> + Clone,
+    {
+        let count = limits.clone().count();
+        let mut fields = Vec::with_capacity(6);
+        if count == 0 {
+            return Fields(fields);
+        }
+        if headers::sends_draft(standard) {
+            let policy = match fixed.and_then(|fixed| fixed.policy.clone()) {
+                Some(policy) => Some(policy),
+                None => {
+                    let policies: Vec<Policy<'_>> = limits.clone().map(Limit::policy).collect();
+                    HeaderValue::try_from(headers::policy_field(&policies)).ok()
+                }
+            };
+            let current = headers::current_field(limits.clone().map(Limit::name), reply);
+            // Every value is printable ASCII (an sf-string or digits), so each converts.
+            if let (Some(policy), Ok(current)) = (policy, HeaderValue::try_from(current)) {
+                fields.push((RATELIMIT_POLICY, policy));
+                fields.push((RATELIMIT, current));
+            }
+        }
+        if headers::sends_legacy(standard) {
+            let index = headers::legacy_index(count, reply);
+            if let (Some(limit), Some(bucket)) =
+                (limits.clone().nth(index), reply.buckets.get(index))
+            {
+                let quota = match fixed.and_then(|fixed| fixed.quotas.get(index)) {
+                    Some(quota) => quota.clone(),
+                    None => HeaderValue::from(headers::quota(limit.burst())),
+                };
+                fields.push((RATELIMIT_LIMIT, quota));
+                fields.push((RATELIMIT_REMAINING, number(headers::remaining(bucket))));
+                fields.push((RATELIMIT_RESET, number(headers::reset_seconds(bucket))));
+            }
+        }
+        if let Some(seconds) = headers::retry_after_seconds(reply) {
+            fields.push((RETRY_AFTER, number(seconds)));
+        }
+        Fields(fields)
+    }
+
+    /// Appends the fields to `headers`.
+    pub(crate) fn append_to(self, headers: &mut HeaderMap) {
+        if self.0.is_empty() {
+            return;
+        }
+        headers.reserve(self.0.len());
+        for (name, value) in self.0 {
+            headers.append(name, value);
+        }
     }
 }
 
@@ -207,5 +281,89 @@ where
             Some(inner) => inner.size_hint(),
             None => SizeHint::with_exact(self.own.as_ref().map_or(0, |own| own.len() as u64)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replies::BucketResult;
+    use tb_test_support::{fixture, fixture_number};
+
+    fn standard(name: &str) -> Standard {
+        match name {
+            "both" => Standard::Both,
+            "draft" => Standard::Draft,
+            "legacy" => Standard::Legacy,
+            "none" => Standard::None,
+            other => panic!("standard {other}"),
+        }
+    }
+
+    /// The layer's fields are [`headers::rate_limit_headers`]'s, for every case of fixtures/headers.json whose
+    /// limits a [`Limit`] can hold, with the unchanging values made apart or not.
+    #[test]
+    fn small_numbers_are_written_as_large_ones_are() {
+        for value in [-1, 0, 1, 9, 10, 99, 100, 12345, i64::MAX] {
+            assert_eq!(number(value), HeaderValue::from(value), "{value}");
+        }
+    }
+
+    #[test]
+    fn the_layer_s_fields_are_the_shared_mapping_s() {
+        let fixture = fixture("headers.json");
+        let mut checked = 0;
+        for case in fixture["cases"].as_array().expect("cases") {
+            let buckets = case["buckets"].as_array().expect("buckets");
+            let limits: Option<Vec<Limit>> = buckets
+                .iter()
+                .map(|bucket| {
+                    let name = bucket["name"].as_str()?;
+                    Limit::new(
+                        name,
+                        fixture_number(&bucket["rate"]),
+                        fixture_number(&bucket["burst"]),
+                    )
+                    .ok()
+                })
+                .collect();
+            let Some(limits) = limits else {
+                continue;
+            };
+            let reply = AcquiredEach {
+                allowed: case["allowed"].as_bool().expect("allowed"),
+                limiting_index: case["limiting_index"].as_u64().expect("index") as usize,
+                buckets: buckets
+                    .iter()
+                    .map(|bucket| BucketResult {
+                        fits: bucket["fits"].as_bool().expect("fits"),
+                        remaining: bucket["remaining"].as_i64().expect("remaining"),
+                        retry_after_ms: bucket["retry_after_ms"].as_i64().expect("retry"),
+                        reset_after_ms: bucket["reset_after_ms"].as_i64().expect("reset"),
+                    })
+                    .collect(),
+            };
+            let standard = standard(case["standard"].as_str().expect("a standard"));
+            let policies: Vec<Policy<'_>> = limits.iter().map(Limit::policy).collect();
+            let expected: Vec<(String, String)> =
+                headers::rate_limit_headers(&policies, &reply, standard)
+                    .into_iter()
+                    .map(|(name, value)| (name.to_ascii_lowercase(), value))
+                    .collect();
+            let fixed = Fixed::of(&limits);
+            for fixed in [None, Some(&fixed)] {
+                let mut map = HeaderMap::new();
+                Fields::of(standard, limits.iter(), &reply, fixed).append_to(&mut map);
+                let found: Vec<(String, String)> = map
+                    .iter()
+                    .map(|(name, value)| {
+                        (name.to_string(), value.to_str().expect("text").to_owned())
+                    })
+                    .collect();
+                assert_eq!(found, expected, "{}", case["about"]);
+            }
+            checked += 1;
+        }
+        assert!(checked >= 5, "{checked} cases");
     }
 }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Response, StatusCode};
 
-use super::answer::{Refusal, RefusalHook};
+use super::answer::{Fixed, Refusal, RefusalHook};
 use super::{ErrorHook, FailMode, LogState, RateLimitLayer, Shared};
 use crate::client::Client;
 use crate::error::{ConfigError, Error};
@@ -202,9 +202,11 @@ impl RateLimitLayerBuilder {
         let ipv6_subnet = Ipv6Subnet::new(self.ipv6_subnet)?;
         let key: KeyFn = self.key.unwrap_or_else(|| Arc::new(PeerIp));
         key.check()?;
+        let fixed = Fixed::of(&self.limits);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 client: self.client,
+                fixed,
                 limits: self.limits,
                 key,
                 ipv6_subnet,

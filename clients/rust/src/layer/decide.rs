@@ -443,6 +443,11 @@ impl Shared {
         }
     }
 
+    /// The unchanging header values, when `plan` is the layer's whole list of limits (the usual request).
+    fn fixed_for(&self, plan: &[Planned<'_>]) -> Option<&super::answer::Fixed> {
+        (plan.len() == self.limits.len()).then_some(&self.fixed)
+    }
+
     fn verdict(
         &self,
         plan: &[Planned<'_>],
@@ -455,7 +460,12 @@ impl Shared {
                 return Verdict::Pass(Fields::default());
             }
             let limits = plan.iter().map(|planned| planned.limit);
-            return Verdict::Pass(Fields::of(self.standard, limits, reply));
+            return Verdict::Pass(Fields::of(
+                self.standard,
+                limits,
+                reply,
+                self.fixed_for(plan),
+            ));
         }
         let refused: Vec<String> = plan
             .iter()
@@ -470,6 +480,7 @@ impl Shared {
             self.standard,
             plan.iter().map(|planned| planned.limit),
             reply,
+            self.fixed_for(plan),
         );
         // Every limit applies in the usual request: the layer's list is the request's.
         let listed: Vec<Limit>;

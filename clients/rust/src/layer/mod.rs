@@ -81,6 +81,8 @@ struct Shared {
     fail: FailMode,
     standard: Standard,
     status: StatusCode,
+    /// The header values of the whole list of limits that every decision shares.
+    fixed: answer::Fixed,
     refusal: Option<RefusalHook>,
     on_error: Option<ErrorHook>,
     shadow: bool,
