@@ -270,6 +270,13 @@ fn sessions(document: &str) -> Vec<(Block, Replay)> {
 }
 
 /// Sends `commands` over one `redis-cli` connection and returns its output lines, without the empty ones.
+/// Whether `line` is redis-cli's note of a slow command's time, `(0.54s)`.
+fn is_elapsed_time(line: &str) -> bool {
+    line.strip_prefix('(')
+        .and_then(|rest| rest.strip_suffix("s)"))
+        .is_some_and(|seconds| seconds.parse::<f64>().is_ok())
+}
+
 fn run_cli(server: &Server, commands: &[&str]) -> Vec<String> {
     use std::io::Write;
     let mut child = Command::new(common::cli_binary())
@@ -294,9 +301,11 @@ fn run_cli(server: &Server, commands: &[&str]) -> Vec<String> {
         }
     }
     let output = child.wait_with_output().expect("redis-cli output");
+    // redis-cli adds a line of the time taken, `(0.54s)`, after a command that took half a second or more: a busy
+    // machine's, never part of a reply.
     let mut lines: Vec<String> = String::from_utf8_lossy(&output.stdout)
         .lines()
-        .filter(|line| !line.trim().is_empty())
+        .filter(|line| !line.trim().is_empty() && !is_elapsed_time(line))
         .map(str::to_string)
         .collect();
     lines.pop();
