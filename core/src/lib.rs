@@ -7,7 +7,8 @@
 //! the caller's parameters, and returns a [`Decision`]: what to reply, and whether (and what) to write back.
 //! [`reserve`] and [`refund`] do the same for pacing (take now, act later) and for giving tokens back;
 //! [`acquire_each`] (`each.rs`) takes its own cost from each of several buckets, all or none, and
-//! [`acquire_at_most`] (`at_most.rs`) takes up to a number of whole tokens.
+//! [`acquire_at_most`] (`at_most.rs`) takes up to a number of whole tokens; a [`Lease`] (`lease.rs`) is a process's
+//! batch of such tokens, spent in memory.
 //! Everything that touches the server lives in the module's `command/`; time is always an argument here so that
 //! unit tests, property tests and benchmarks control it fully. `make lint` checks that this crate never imports
 //! `redis_module` or reads a clock.
@@ -43,9 +44,11 @@
 
 mod at_most;
 mod each;
+mod lease;
 
 pub use at_most::{acquire_at_most, AtMost, Partial, MAX_AT_MOST};
 pub use each::{acquire_each, Each, Member};
+pub use lease::{Admit, Lease, LEASE_HORIZON_US, LEASE_IDLE_US, MAX_LEASE_SHARE};
 
 /// Microseconds in a second: the unit conversion between `rate_per_sec` and the `*_us` timestamps.
 const MICROS_PER_SEC: f64 = 1_000_000.0;

@@ -1,0 +1,250 @@
+//! A lease: tokens a process takes from a shared bucket in batches (`TB.ACQUIREATMOST`) and spends in memory,
+//! without giving up `burst + rate · t` over all processes together.
+//!
+//! The rule (docs/clients.md, "Leased limits"): a bucket that refills toward its burst forgets what was taken from
+//! it. A grant answered with `reset_after_ms` left the bucket full again `reset_after_ms` later, so of the tokens
+//! the grant handed out, at most `rate · (reset - now)` are still counted by the bucket at `now`: all right after
+//! the grant, none at the reset. A process spends at most that many of each grant's tokens and drops the rest,
+//! never spending or refunding them. Every grant's reply counts the tokens other processes hold, so the grants'
+//! tokens lie one above the other in the bucket's deficit, and the sum over processes stays within it.
+//!
+//! Time is the caller's monotonic clock in microseconds; the reset is measured from when the call was *sent*
+//! (the server ran it later, so the true reset is later) less the millisecond the reply's rounding may add: a
+//! lease's tokens are valued at most as long as the bucket counts them. Pure, like the rest of the crate.
+#![forbid(unsafe_code)]
+
+use super::{Params, MAX_AT_MOST};
+
+/// A lease covers about this long of the process's own recent use: under steady load one refill call per hot
+/// limit and process every few tens of milliseconds.
+pub const LEASE_HORIZON_US: i64 = 50_000;
+/// A lease whose limit has not been used for this long is given back.
+pub const LEASE_IDLE_US: i64 = 100_000;
+/// One lease takes at most this share of the burst (and at least one token, or the request's cost): what leasing
+/// can cost the other processes is bounded by `processes · max_lease`.
+pub const MAX_LEASE_SHARE: f64 = 0.1;
+/// Grants kept at once. A process asks again only when it holds too little for a request, so older grants are
+/// nearly spent; a further grant drops the oldest (dropping is always safe).
+const MAX_GRANTS: usize = 4;
+
+/// Microseconds in a second and in a millisecond.
+const MICROS_PER_SEC: f64 = 1_000_000.0;
+const MICROS_PER_MS: i64 = 1_000;
+
+/// The tokens left of one grant, and the instant (caller's clock, µs) from which the bucket counts none of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Held {
+    tokens: f64,
+    reset_us: i64,
+}
+
+impl Held {
+    /// The part the bucket still counts at `now_us`: `min(tokens, rate · (reset - now))`, never negative.
+    fn worth(&self, now_us: i64, params: &Params) -> f64 {
+        let left_s = self.reset_us.saturating_sub(now_us).max(0) as f64 / MICROS_PER_SEC;
+        self.tokens.min(left_s * params.rate_per_sec()).max(0.0)
+    }
+}
+
+/// What [`Lease::admit`] decided for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Admitted with leased tokens; no Redis call.
+    Spent,
+    /// Redis refused a refill less than the bucket's retry time ago: refused without a call, retry after this
+    /// many milliseconds (rounded up).
+    Refused { retry_after_ms: i64 },
+    /// The lease is short: send `TB.ACQUIREATMOST key rate burst max` now (it is the sending instant the reply
+    /// is measured from), then [`Lease::answered`] or [`Lease::failed`], and admit the request again.
+    Call { max: i64 },
+    /// A refill is already in flight: admit the request again when it is answered or has failed.
+    Wait,
+}
+
+/// One process's lease on one limit's bucket.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lease {
+    params: Params,
+    /// Oldest grant first; the last one is the latest grant.
+    grants: Vec<Held>,
+    /// A refill has been sent and not yet answered.
+    in_flight: bool,
+    /// Redis's last refusal holds until then (caller's clock, µs).
+    refused_until_us: Option<i64>,
+    /// Tokens requests asked for since `demand_since_us`: the process's own recent rate.
+    demand: f64,
+    demand_since_us: i64,
+    /// The last request (admitted or refused).
+    last_use_us: i64,
+}
+
+impl Lease {
+    /// An empty lease, created at `now_us`.
+    pub fn new(params: Params, now_us: i64) -> Lease {
+        Lease {
+            params,
+            grants: Vec::new(),
+            in_flight: false,
+            refused_until_us: None,
+            demand: 0.0,
+            demand_since_us: now_us,
+            last_use_us: now_us,
+        }
+    }
+
+    /// The most tokens one lease asks for: `MAX_LEASE_SHARE` of the burst, at least one.
+    pub fn max_lease(&self) -> i64 {
+        ((self.params.burst() * MAX_LEASE_SHARE).floor() as i64).clamp(1, MAX_AT_MOST)
+    }
+
+    /// Decides one request of `cost` tokens at `now_us`: spend leased tokens, refuse from a remembered refusal,
+    /// ask Redis for a lease, or wait for the refill in flight. The caller checks `cost <= burst` beforehand.
+    pub fn admit(&mut self, now_us: i64, cost: f64) -> Admit {
+        if self.spend(now_us, cost) {
+            self.used(now_us, cost);
+            return Admit::Spent;
+        }
+        if self.in_flight {
+            return Admit::Wait;
+        }
+        if let Some(until_us) = self.refused_until_us.filter(|until| *until > now_us) {
+            self.used(now_us, cost);
+            let left_us = until_us.saturating_sub(now_us);
+            return Admit::Refused {
+                retry_after_ms: left_us.saturating_add(MICROS_PER_MS - 1) / MICROS_PER_MS,
+            };
+        }
+        self.in_flight = true;
+        Admit::Call {
+            max: self.next_size(now_us, cost),
+        }
+    }
+
+    /// The reply to the refill sent at `sent_us`: `[granted, remaining, retry_after_ms, reset_after_ms]` of
+    /// `TB.ACQUIREATMOST`. A grant is held until `sent + reset_after - 1 ms`; a refusal is remembered until
+    /// `sent + retry_after` (for ever when `retry_after_ms` is -1: the burst is below one token).
+    pub fn answered(
+        &mut self,
+        sent_us: i64,
+        granted: i64,
+        retry_after_ms: i64,
+        reset_after_ms: i64,
+    ) {
+        self.in_flight = false;
+        if granted > 0 {
+            self.refused_until_us = None;
+            if self.grants.len() >= MAX_GRANTS {
+                self.grants.remove(0);
+            }
+            let reset_us = sent_us
+                .saturating_add(reset_after_ms.saturating_mul(MICROS_PER_MS))
+                .saturating_sub(MICROS_PER_MS);
+            // i64 -> f64: a grant is at most 2^53, exact.
+            self.grants.push(Held {
+                tokens: granted as f64,
+                reset_us,
+            });
+        } else if retry_after_ms < 0 {
+            self.refused_until_us = Some(i64::MAX);
+        } else {
+            self.refused_until_us =
+                Some(sent_us.saturating_add(retry_after_ms.saturating_mul(MICROS_PER_MS)));
+        }
+    }
+
+    /// The refill failed (an error, a timeout): nothing is known to be granted. Tokens Redis may have granted
+    /// are never spent, which only under-admits. The waiting requests are admitted again: leased tokens first,
+    /// then the package's fail mode.
+    pub fn failed(&mut self) {
+        self.in_flight = false;
+    }
+
+    /// Whether a refill is in flight.
+    pub fn in_flight(&self) -> bool {
+        self.in_flight
+    }
+
+    /// Tokens the process may spend at `now_us`: over its grants, `min(held, rate · (reset - now))`.
+    pub fn spendable(&self, now_us: i64) -> f64 {
+        self.grants
+            .iter()
+            .map(|held| held.worth(now_us, &self.params))
+            .sum()
+    }
+
+    /// Spends `cost` leased tokens at `now_us` if the lease holds that many, the grants closest to their reset
+    /// first; otherwise spends nothing. Each grant first drops what the bucket no longer counts.
+    pub fn spend(&mut self, now_us: i64, cost: f64) -> bool {
+        let params = self.params;
+        for held in &mut self.grants {
+            held.tokens = held.worth(now_us, &params);
+        }
+        self.grants.retain(|held| held.tokens > 0.0);
+        if self.spendable(now_us) < cost {
+            return false;
+        }
+        let mut owed = cost;
+        for held in &mut self.grants {
+            let take = held.tokens.min(owed);
+            held.tokens -= take;
+            owed -= take;
+        }
+        self.grants.retain(|held| held.tokens > 0.0);
+        true
+    }
+
+    /// Whether the lease is due to be given back at `now_us`: it holds tokens, no refill is in flight, and its
+    /// limit has not been used for [`LEASE_IDLE_US`].
+    pub fn refund_due(&self, now_us: i64) -> bool {
+        !self.in_flight
+            && now_us.saturating_sub(self.last_use_us) >= LEASE_IDLE_US
+            && self.refundable(now_us) > 0.0
+    }
+
+    /// What a refund sent at `now_us` may give back: the part of the *latest* grant the bucket still counts.
+    /// Only while the bucket is as that grant left it (see [`Lease::give_back`]) does a refund remove exactly
+    /// these tokens; tokens of older grants may lie below other processes' later grants, and are dropped.
+    pub fn refundable(&self, now_us: i64) -> f64 {
+        self.grants
+            .last()
+            .map_or(0.0, |held| held.worth(now_us, &self.params))
+    }
+
+    /// Ends the lease at `now_us` (idle, shutdown): returns the amount to send as `TB.REFUND key rate burst
+    /// amount` (0: send nothing) and drops every held token. `unchanged` says whether the bucket has not been
+    /// written since the latest grant (in Redis: its stored `tokens`/`ts` as read with the grant, checked under
+    /// `WATCH` and refunded in `MULTI`). Any other refund could lower the bucket below tokens other processes
+    /// still hold, which then outlive their worth; so without that proof nothing is refunded.
+    pub fn give_back(&mut self, now_us: i64, unchanged: bool) -> f64 {
+        let amount = if unchanged {
+            self.refundable(now_us)
+        } else {
+            0.0
+        };
+        self.grants.clear();
+        amount
+    }
+
+    /// Records a request of `cost` tokens at `now_us` for the lease size and the idle timer.
+    fn used(&mut self, now_us: i64, cost: f64) {
+        self.demand += cost;
+        self.last_use_us = now_us;
+    }
+
+    /// The size of the next lease at `now_us` for a request of `cost`: the tokens the process asked for per
+    /// second since the last refill, times [`LEASE_HORIZON_US`], rounded up; at least `cost` (rounded up) and
+    /// otherwise at most [`Lease::max_lease`]. Starts a new measuring window.
+    pub fn next_size(&mut self, now_us: i64, cost: f64) -> i64 {
+        let window_us = now_us
+            .saturating_sub(self.demand_since_us)
+            .max(LEASE_HORIZON_US);
+        let wanted = (self.demand + cost) * LEASE_HORIZON_US as f64 / window_us as f64;
+        self.demand = 0.0;
+        self.demand_since_us = now_us;
+        let need = (cost.ceil() as i64).clamp(1, MAX_AT_MOST);
+        (wanted.ceil() as i64).clamp(1, self.max_lease()).max(need)
+    }
+}
+
+#[cfg(test)]
+mod tests;
