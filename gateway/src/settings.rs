@@ -75,8 +75,8 @@ pub struct Settings {
         default_value = "text"
     )]
     pub log_format: LogFormat,
-    /// Prepended to every Redis key
-    #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "tb-rls:")]
+    /// Prepended to every Redis key; without "{" or "}" (the hash tag of every key is its domain)
+    #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "tb-rls:", value_parser = parse_prefix)]
     pub cache_key_prefix: String,
     /// Every limit in shadow mode: counted, never denied
     #[arg(long, env = "SHADOW_MODE")]
@@ -175,10 +175,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("'{text}' is not a duration (e.g. 100ms, 1s)"))?;
     if !value.is_finite() || value <= 0.0 {
-        return Err(format!("'{text}' must be a positive duration"));
+        return Err(format!(
+            "must be a positive finite number (a duration: 100ms, 1s), not '{text}'"
+        ));
     }
     Duration::try_from_secs_f64(value * scale_ms / 1_000.0)
         .map_err(|err| format!("'{text}': {err}"))
+}
+
+/// A key prefix as redis-tb-client checks one (fixtures/options.json): no brace, which would move every key's slot.
+fn parse_prefix(text: &str) -> Result<String, String> {
+    redis_tb_client::keys::check_prefix(text)
+        .map(str::to_owned)
+        .map_err(|error| error.to_string())
 }
 
 fn parse_level(text: &str) -> Result<tracing::Level, String> {
@@ -199,6 +208,54 @@ mod tests {
         assert_eq!(parse_duration("250"), Ok(Duration::from_millis(250)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("soon").is_err());
+    }
+
+    /// `--<flag>=<text>` parsed with everything else at its default: the error's text, or None when accepted.
+    fn refusal(flag: &str, text: &str) -> Option<String> {
+        Settings::try_parse_from(["tb-rls", "--config", "x.yaml", &format!("{flag}={text}")])
+            .err()
+            .map(|error| error.to_string())
+    }
+
+    /// The fixture's rows that apply to tb-rls (those naming a `gateway` flag): each accepted value parses, each
+    /// refused one is refused with the flag and the shared message. A timeout's numbers are written in seconds
+    /// (`0.5s`); values no command line can carry (a number for the prefix, a boolean, null) are skipped.
+    #[test]
+    fn options_follow_the_shared_fixture() {
+        let fixture = tb_test_support::fixture("options.json");
+        let options = fixture["options"].as_array().expect("options");
+        let mut checked = 0;
+        for option in options {
+            let Some(flag) = option["names"]["gateway"].as_str() else {
+                continue;
+            };
+            let numbers = option["numbers"].as_bool() == Some(true);
+            let text_of = |value: &serde_json::Value| -> Option<String> {
+                if numbers {
+                    let is_number = value.is_number()
+                        || matches!(value.as_str(), Some("NaN" | "Infinity" | "-Infinity"));
+                    is_number.then(|| format!("{}s", tb_test_support::fixture_number(value)))
+                } else {
+                    value.as_str().map(str::to_owned)
+                }
+            };
+            let message = option["message"].as_str().expect("message");
+            for value in option["accepted"].as_array().expect("accepted") {
+                let text = text_of(value).expect("an accepted value a command line carries");
+                assert_eq!(refusal(flag, &text), None, "{flag} {text}");
+                checked += 1;
+            }
+            for value in option["refused"].as_array().expect("refused") {
+                let Some(text) = text_of(value) else { continue };
+                let error = refusal(flag, &text).unwrap_or_else(|| panic!("{flag} {text} refused"));
+                assert!(
+                    error.contains(flag) && error.contains(message),
+                    "{flag} {text}: {error}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 20, "{checked} values checked");
     }
 
     #[test]
