@@ -467,12 +467,7 @@ mod tests {
     #[test]
     fn a_key_of_the_call_under_way_keeps_its_place() {
         let mut local = LocalBuckets::new(2);
-        let full = BucketResult {
-            fits: true,
-            remaining: 1,
-            retry_after_ms: 0,
-            reset_after_ms: 0,
-        };
+        let full = answer(1, 0);
         local.answered(&[bucket("x")], &[full], 0.0);
         assert!(local.acquire_each(&[bucket("y")], 0.0).allowed);
         // c takes x's place (full, owes nothing); d finds y owing and c in the call: the overflow bucket.
@@ -682,12 +677,7 @@ mod tests {
     #[test]
     fn a_charge_back_failed_by_the_client_itself_stays_owed() {
         let mut local = LocalBuckets::new(10);
-        let full = BucketResult {
-            fits: true,
-            remaining: 1,
-            retry_after_ms: 0,
-            reset_after_ms: 0,
-        };
+        let full = answer(1, 0);
         local.answered(&[limit("k")], &[full], 0.0);
         assert!(local.acquire_each(&[limit("k")], 0.0).allowed);
         let charges = local.charge_backs(&[limit("k")], 0.0);

@@ -17,7 +17,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::answer::{refusal_response, unavailable, Fields, RateLimitBody, Refusal};
-use super::{FailMode, RateLimit, Shared, ERROR_LOG_INTERVAL, SHADOW_LOG_INTERVAL};
+use super::{log_due, FailMode, RateLimit, Shared, ERROR_LOG_INTERVAL, SHADOW_LOG_INTERVAL};
 use crate::cluster::key_slot;
 use crate::command::BucketWithCost;
 use crate::error::Error;
@@ -202,14 +202,7 @@ impl Shared {
         let Ok(mut log) = self.log.lock() else {
             return false;
         };
-        let due = log
-            .shadow_logged_at
-            .get(name)
-            .is_none_or(|at| now.saturating_duration_since(*at) >= SHADOW_LOG_INTERVAL);
-        if due {
-            log.shadow_logged_at.insert(name.to_owned(), now);
-        }
-        due
+        log_due(&mut log.shadow_logged_at, name, now, SHADOW_LOG_INTERVAL)
     }
 
     /// Asks Redis (after the charge-backs the local buckets owe), or the fail mode when that fails. `enforced`:
@@ -414,13 +407,13 @@ impl Shared {
         let Ok(mut log) = self.log.lock() else {
             return;
         };
-        let now = Instant::now();
-        let due = log
-            .charge_back_logged_at
-            .get(failure.row)
-            .is_none_or(|at| now.duration_since(*at) >= ERROR_LOG_INTERVAL);
+        let due = log_due(
+            &mut log.charge_back_logged_at,
+            &failure.row,
+            Instant::now(),
+            ERROR_LOG_INTERVAL,
+        );
         if due {
-            log.charge_back_logged_at.insert(failure.row, now);
             drop(log);
             tracing::error!(
                 row = failure.row,
@@ -561,13 +554,13 @@ impl Shared {
             let Ok(mut log) = self.log.lock() else {
                 return;
             };
-            let now = Instant::now();
-            let due = log
-                .error_logged_at
-                .get(failure.row)
-                .is_none_or(|at| now.duration_since(*at) >= ERROR_LOG_INTERVAL);
+            let due = log_due(
+                &mut log.error_logged_at,
+                &failure.row,
+                Instant::now(),
+                ERROR_LOG_INTERVAL,
+            );
             if due {
-                log.error_logged_at.insert(failure.row, now);
                 drop(log);
                 tracing::error!(
                     row = failure.row,

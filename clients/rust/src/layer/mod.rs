@@ -105,6 +105,27 @@ struct LogState {
     shadow_logged_at: HashMap<String, Instant>,
 }
 
+/// Whether the message `key` names is logged at `now`: the first time, then at most once in `interval`; when it
+/// is, `now` is recorded as its last time.
+fn log_due<Q, K>(
+    logged_at: &mut HashMap<K, Instant>,
+    key: &Q,
+    now: Instant,
+    interval: Duration,
+) -> bool
+where
+    Q: ?Sized + std::hash::Hash + Eq + ToOwned<Owned = K>,
+    K: std::borrow::Borrow<Q> + std::hash::Hash + Eq,
+{
+    let due = logged_at
+        .get(key)
+        .is_none_or(|at| now.saturating_duration_since(*at) >= interval);
+    if due {
+        logged_at.insert(key.to_owned(), now);
+    }
+    due
+}
+
 /// A configuration error of the same row is logged at most once in this long.
 const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(60);
 /// A shadow limit's refusals are logged at most once per limit in this long.
