@@ -170,6 +170,12 @@ crate_package() {
       exit 1
     }
   done
+  # cargo unpacks the packed core into $CARGO_HOME/registry/src/<hash of target/package/tmp-registry>/ and reuses a
+  # directory already there, so a second run from the same checkout path (a release rebuilt after a change, without
+  # a version bump) would verify the client against the first run's core. Only these crates' unpacked copies go: cargo
+  # unpacks them again from the .crate it has just written.
+  rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/redis-tb-core-"$version" \
+    "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/redis-tb-client-"$version"
   cargo package -p redis-tb-core -p redis-tb-client --allow-dirty --quiet
   for file in "redis-tb-core-$version.crate" "redis-tb-client-$version.crate"; do
     cp "target/package/$file" "$stage/$file"
