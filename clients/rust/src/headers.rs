@@ -33,6 +33,33 @@ pub enum Standard {
     None,
 }
 
+impl std::str::FromStr for Standard {
+    type Err = UnknownStandard;
+
+    /// The name the other packages take for their `standard` option: `both`, `draft`, `legacy` or `none`.
+    fn from_str(name: &str) -> Result<Standard, UnknownStandard> {
+        match name {
+            "both" => Ok(Standard::Both),
+            "draft" => Ok(Standard::Draft),
+            "legacy" => Ok(Standard::Legacy),
+            "none" => Ok(Standard::None),
+            _ => Err(UnknownStandard),
+        }
+    }
+}
+
+/// A name [`Standard`] does not know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnknownStandard;
+
+impl fmt::Display for UnknownStandard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("standard must be one of both, draft, legacy, none")
+    }
+}
+
+impl std::error::Error for UnknownStandard {}
+
 /// The largest RFC 8941 sf-integer (15 digits): every number in a field is at most this.
 pub const MAX_INTEGER: i64 = 999_999_999_999_999;
 

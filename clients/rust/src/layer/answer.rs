@@ -290,16 +290,6 @@ mod tests {
     use crate::replies::BucketResult;
     use tb_test_support::{fixture, fixture_number};
 
-    fn standard(name: &str) -> Standard {
-        match name {
-            "both" => Standard::Both,
-            "draft" => Standard::Draft,
-            "legacy" => Standard::Legacy,
-            "none" => Standard::None,
-            other => panic!("standard {other}"),
-        }
-    }
-
     /// The layer's fields are [`headers::rate_limit_headers`]'s, for every case of fixtures/headers.json whose
     /// limits a [`Limit`] can hold, with the unchanging values made apart or not.
     #[test]
@@ -343,7 +333,10 @@ mod tests {
                     })
                     .collect(),
             };
-            let standard = standard(case["standard"].as_str().expect("a standard"));
+            let standard: Standard = case["standard"]
+                .as_str()
+                .and_then(|name| name.parse().ok())
+                .expect("a standard");
             let policies: Vec<Policy<'_>> = limits.iter().map(Limit::policy).collect();
             let expected: Vec<(String, String)> =
                 headers::rate_limit_headers(&policies, &reply, standard)
