@@ -10,7 +10,9 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 use crate::backend::Topology;
-use crate::decision::{HeaderFormat, HeaderNames, Options};
+use redis_tb_client::headers::Standard;
+
+use crate::decision::{HeaderNames, Options};
 
 /// An Envoy rate limit service (envoy.service.ratelimit.v3) backed by redis-tb's token buckets.
 #[derive(Parser, Debug, Clone)]
@@ -83,8 +85,8 @@ pub struct Settings {
     pub shadow_mode: bool,
     /// Rate-limit headers added to responses: none, draft (RateLimit-Policy and RateLimit), legacy
     /// (RateLimit-Limit/-Remaining/-Reset) or both
-    #[arg(long, env = "TB_RLS_RESPONSE_HEADERS", value_enum, ignore_case = true)]
-    pub response_headers: Option<HeaderFormat>,
+    #[arg(long, env = "TB_RLS_RESPONSE_HEADERS", value_parser = standards(), ignore_case = true)]
+    pub response_headers: Option<Standard>,
     /// envoyproxy/ratelimit's switch: the legacy headers when --response-headers is not given
     #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED")]
     pub limit_response_headers_enabled: bool,
@@ -141,8 +143,8 @@ impl Settings {
     pub fn options(&self) -> Options {
         let headers = match self.response_headers {
             Some(format) => format,
-            None if self.limit_response_headers_enabled => HeaderFormat::Legacy,
-            None => HeaderFormat::None,
+            None if self.limit_response_headers_enabled => Standard::Legacy,
+            None => Standard::None,
         };
         Options {
             key_prefix: self.cache_key_prefix.clone(),
@@ -181,6 +183,24 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     }
     Duration::try_from_secs_f64(value * scale_ms / 1_000.0)
         .map_err(|err| format!("'{text}': {err}"))
+}
+
+/// `--response-headers`: redis-tb-client's [`Standard`] by the name the other packages take, any case.
+fn standards() -> impl clap::builder::TypedValueParser<Value = Standard> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new([
+        PossibleValue::new("none").help(
+            "No rate-limit fields, only `Retry-After` on a refusal (Envoy's own `enable_x_ratelimit_headers` \
+             still works from the descriptor statuses)",
+        ),
+        PossibleValue::new("draft")
+            .help("The IETF draft's `RateLimit-Policy` and `RateLimit`, one item per limited descriptor"),
+        PossibleValue::new("legacy").help(
+            "The single-limit headers envoyproxy/ratelimit sends, from the reply's limiting bucket",
+        ),
+        PossibleValue::new("both").help("Both"),
+    ])
+    .try_map(|name| name.to_ascii_lowercase().parse::<Standard>())
 }
 
 /// A key prefix as redis-tb-client checks one (fixtures/options.json): no brace, which would move every key's slot.
@@ -282,8 +302,28 @@ mod tests {
                 "127.0.0.1:7001".to_owned()
             ])
         );
-        assert_eq!(settings.options().headers, HeaderFormat::Legacy);
+        assert_eq!(settings.options().headers, Standard::Legacy);
         assert!(settings.config_policy().merge_domains);
         assert!(!settings.config_policy().allow_empty);
+    }
+
+    #[test]
+    fn response_headers_take_the_standard_names_in_any_case() {
+        let parse = |value: &str| {
+            Settings::try_parse_from(["tb-rls", "--config", "x.yaml", "--response-headers", value])
+                .map(|settings| settings.options().headers)
+        };
+        assert_eq!(parse("draft").ok(), Some(Standard::Draft));
+        assert_eq!(parse("BOTH").ok(), Some(Standard::Both));
+        assert_eq!(parse("Legacy").ok(), Some(Standard::Legacy));
+        assert_eq!(parse("none").ok(), Some(Standard::None));
+        let refused = parse("rfc")
+            .err()
+            .map(|err| err.to_string())
+            .unwrap_or_default();
+        assert!(
+            refused.contains("[possible values: none, draft, legacy, both]"),
+            "{refused}"
+        );
     }
 }

@@ -10,20 +10,6 @@ use redis_tb_client::AcquiredEach;
 use super::{Options, Plan};
 use crate::config::Limit;
 
-/// Which rate-limit headers a response carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum HeaderFormat {
-    /// No rate-limit fields, only `Retry-After` on a refusal (Envoy's own `enable_x_ratelimit_headers` still
-    /// works from the descriptor statuses).
-    None,
-    /// The IETF draft's `RateLimit-Policy` and `RateLimit`, one item per limited descriptor.
-    Draft,
-    /// The single-limit headers envoyproxy/ratelimit sends, from the reply's limiting bucket.
-    Legacy,
-    /// Both.
-    Both,
-}
-
 /// Names of the legacy headers (envoyproxy/ratelimit's `LIMIT_*_HEADER` settings).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeaderNames {
@@ -81,22 +67,11 @@ fn policy_name(limit: &Limit) -> &str {
     }
 }
 
-impl From<HeaderFormat> for Standard {
-    fn from(format: HeaderFormat) -> Standard {
-        match format {
-            HeaderFormat::None => Standard::None,
-            HeaderFormat::Draft => Standard::Draft,
-            HeaderFormat::Legacy => Standard::Legacy,
-            HeaderFormat::Both => Standard::Both,
-        }
-    }
-}
-
-/// The header fields of `reply` over `policies` in `format` (`redis_tb_client::headers::rate_limit_headers`),
+/// The header fields of `reply` over `policies` in `standard` (`redis_tb_client::headers::rate_limit_headers`),
 /// the legacy ones under `names`. `refused` is the verdict: shadow mode lets a refused call through (no
 /// `Retry-After`), and a refusal no bucket explains (a `requests_per_unit: 0` limit) has no wait to give.
 pub fn response_headers(
-    format: HeaderFormat,
+    standard: Standard,
     names: &HeaderNames,
     policies: &[Policy<'_>],
     reply: &AcquiredEach,
@@ -113,7 +88,7 @@ pub fn response_headers(
         };
         &decided
     };
-    headers::rate_limit_headers(policies, reply, format.into())
+    headers::rate_limit_headers(policies, reply, standard)
         .into_iter()
         .map(|(name, value)| HeaderValue {
             key: match name {

@@ -11,13 +11,10 @@ fn headers_follow_the_shared_fixture() {
     let cases = fixture["cases"].as_array().expect("cases");
     for case in cases {
         let about = case["about"].as_str().expect("about");
-        let format = match case["standard"].as_str().expect("a standard") {
-            "both" => HeaderFormat::Both,
-            "draft" => HeaderFormat::Draft,
-            "legacy" => HeaderFormat::Legacy,
-            "none" => HeaderFormat::None,
-            other => panic!("{about}: standard {other}"),
-        };
+        let format: Standard = case["standard"]
+            .as_str()
+            .and_then(|name| name.parse().ok())
+            .unwrap_or_else(|| panic!("{about}: a standard"));
         let int = |value: &serde_json::Value| value.as_i64().expect("an integer");
         let buckets = case["buckets"].as_array().expect("buckets");
         let policies: Vec<Policy<'_>> = buckets
@@ -83,7 +80,7 @@ fn a_refusal_let_through_has_no_retry_after_and_legacy_names_are_the_chosen_ones
         reset: "X-RateLimit-Reset".to_owned(),
     };
     let keys = |refused: bool| -> Vec<String> {
-        response_headers(HeaderFormat::Legacy, &names, &policies, &reply, refused)
+        response_headers(Standard::Legacy, &names, &policies, &reply, refused)
             .into_iter()
             .map(|header| format!("{}: {}", header.key, header.value))
             .collect()
@@ -124,7 +121,7 @@ fn a_name_outside_printable_ascii_never_reaches_a_header() {
             }],
         };
         response_headers(
-            HeaderFormat::Draft,
+            Standard::Draft,
             &HeaderNames::default(),
             &[policy],
             &reply,

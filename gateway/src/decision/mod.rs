@@ -38,6 +38,7 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
+use redis_tb_client::headers::Standard;
 use redis_tb_client::BucketWithCost;
 
 use crate::config::{Config, Limit, Policy, Unit};
@@ -45,7 +46,7 @@ use crate::config::{Config, Limit, Policy, Unit};
 mod headers;
 mod verdict;
 
-pub use headers::{response_headers, HeaderFormat, HeaderNames};
+pub use headers::{response_headers, HeaderNames};
 pub use redis_tb_client::keys::descriptor_key;
 pub use verdict::Verdict;
 
@@ -128,7 +129,8 @@ pub struct Options {
     pub global_shadow: bool,
     /// Every descriptor in quota mode (envoyproxy/ratelimit's `QUOTA_MODE`).
     pub global_quota: bool,
-    pub headers: HeaderFormat,
+    /// Which rate-limit header fields a response carries (`--response-headers`).
+    pub headers: Standard,
     pub header_names: HeaderNames,
 }
 
@@ -138,7 +140,7 @@ impl Default for Options {
             key_prefix: "tb-rls:".to_owned(),
             global_shadow: false,
             global_quota: false,
-            headers: HeaderFormat::None,
+            headers: Standard::None,
             header_names: HeaderNames::default(),
         }
     }

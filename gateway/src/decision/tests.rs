@@ -279,7 +279,7 @@ fn a_route_override_sets_the_rate() {
     // Its name in headers carries the keys, never the request's values.
     assert_eq!(bucket.limit.path, "web.anything");
     let options = Options {
-        headers: HeaderFormat::Draft,
+        headers: Standard::Draft,
         ..Options::default()
     };
     let verdict = plan.respond(
@@ -494,7 +494,7 @@ fn global_shadow_mode_never_refuses() {
 #[test]
 fn draft_headers_have_one_item_per_bucket_and_retry_after() {
     let options = Options {
-        headers: HeaderFormat::Both,
+        headers: Standard::Both,
         ..Options::default()
     };
     let verdict = respond_two(
@@ -520,7 +520,7 @@ fn draft_headers_have_one_item_per_bucket_and_retry_after() {
 #[test]
 fn legacy_headers_follow_the_fewest_tokens_and_their_configured_names() {
     let options = Options {
-        headers: HeaderFormat::Legacy,
+        headers: Standard::Legacy,
         header_names: HeaderNames {
             limit: "X-RateLimit-Limit".to_owned(),
             remaining: "X-RateLimit-Remaining".to_owned(),
@@ -544,7 +544,7 @@ fn legacy_headers_follow_the_fewest_tokens_and_their_configured_names() {
 #[test]
 fn a_cost_above_burst_gets_no_retry_after() {
     let options = Options {
-        headers: HeaderFormat::Draft,
+        headers: Standard::Draft,
         ..Options::default()
     };
     let plan = plan(
