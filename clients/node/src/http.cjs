@@ -235,7 +235,7 @@ function createHttpLimiter(options) {
     };
     let outcome;
     if (local !== undefined) {
-      // A charge-back (TB.LOWER) for each key Redis has not seen all of, pipelined before the call, or the
+      // A charge-back (TB.LOWER) for each key Redis has not seen all of, answered before the call is sent, or the
       // in-memory decision (local.cjs).
       // A charge-back refused for a configuration error is logged, counted and given to onError, as a failed
       // call is; the call itself goes on to Redis.

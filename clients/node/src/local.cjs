@@ -9,11 +9,15 @@
 //     from there. A key never answered for starts full.
 //   - When Redis answers again, its bucket is brought down to the in-memory one, and no lower: what the buckets
 //     admit is owed to Redis, and every call for a key that is owed anything, or whose charge-back is in flight,
-//     sends TB.LOWER key rate burst <the in-memory bucket's tokens now> pipelined before it. A minimum is
-//     idempotent, so calls in parallel each send their own and nothing is charged twice. Each charge-back takes
-//     what is owed as its own share: accepted, the share is in Redis; failed like a fault (no reply, or an error
-//     of a fail-mode row of the failure table), it is owed again and the call is decided here; refused by a
-//     configuration error, it is dropped and logged, and the call goes on to Redis.
+//     first sends TB.LOWER key rate burst <the in-memory bucket's tokens now>, and is sent itself once Redis has
+//     answered it. Written together, the two could reach the key's node in either order: a Cluster client routes
+//     each command on its own (after a failover, one may follow a MOVED redirection the other does not meet), and a
+//     call run before its charge-back is answered from the bucket the fault left, which may hold more than this
+//     process's history allows (a replica that took over without the primary's last writes). A minimum is
+//     idempotent, so calls in parallel each send their own and nothing is charged twice. Each charge-back takes what
+//     is owed as its own share: accepted, the share is in Redis; failed like a fault (no reply, or an error of a
+//     fail-mode row of the failure table), it is owed again and the call is decided here, without being sent;
+//     refused by a configuration error, it is dropped and logged, and the call goes on to Redis.
 //   - At most `capacity` keys: a new key takes the place of one of the 16 least recently used keys that is full
 //     again and owes nothing; where none is, it shares the overflow bucket of its limit (never charged back).
 // The arithmetic is the module's, in floating point on a monotonic clock; decisions have the shape of a
@@ -85,11 +89,11 @@ class LocalBuckets {
 
   /**
    * One limiter call under the rule: `run(work)` runs `work(tb)` on Redis under the call's deadline and resolves
-   * with its result (the middleware's lane); in it, the charge-backs of the call's diverged keys (tb.lower), then
-   * `call(tb)`, which resolves with a decision in TB.ACQUIREEACH's shape, written after them without waiting (one
-   * round trip). Resolves with { decision } when Redis answered, or with { decision, error } decided here when the
-   * call or a charge-back failed like a fault. A TbArgumentError rejects. `buckets`: [{ key, rate, burst, cost,
-   * name? }], `name` the limit's.
+   * with its result (the middleware's lane); in it, the charge-backs of the call's diverged keys (tb.lower), then,
+   * once Redis has answered every one, `call(tb)`, which resolves with a decision in TB.ACQUIREEACH's shape (one
+   * more round trip, only for a key that owes Redis). Resolves with { decision } when Redis answered, or with
+   * { decision, error } decided here when the call or a charge-back failed like a fault (the call is then not
+   * sent). A TbArgumentError rejects. `buckets`: [{ key, rate, burst, cost, name? }], `name` the limit's.
    */
   async decide(buckets, run, call, refused = this.refused) {
     // Set once the call is decided here: an answer that arrives after that is not remembered (see observe).
@@ -104,13 +108,12 @@ class LocalBuckets {
           if (!decidedHere) this.observe(buckets, value);
           return value;
         }
-        const answer = settle(() => call(tb));
-        // A charge-back that met a fault leaves the call to the in-memory buckets, whatever the call got: that key's
-        // fault goes on.
+        // A charge-back that met a fault leaves the call to the in-memory buckets: that key's fault goes on.
         const fault = (await Promise.all(charges)).find((charge) => charge.outcome === "owed");
-        const { value, error } = await answer;
         if (fault !== undefined) throw fault.error;
-        if (error !== undefined) throw error;
+        // Past the deadline, the call was decided here: it is not sent, so that it is never charged later.
+        if (decidedHere) return undefined;
+        const value = await call(tb);
         if (!decidedHere) this.observe(buckets, value);
         return value;
       });

@@ -1,7 +1,8 @@
 // The in-memory buckets of fail: "local" (docs/clients.md, "When Redis fails"): every case of fixtures/local.json
 // run through LocalBuckets.decide on a clock the test sets, with a Redis that answers or fails as each step says
 // (calls in parallel held open between their begin and end steps); then what the fixture does not hold: the
-// log of a refused charge-back, charge-backs in parallel settling out of order, and the floor's bound.
+// log of a refused charge-back, charge-backs in parallel settling out of order, the floor's bound, and the order
+// of a charge-back and its call.
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import path from "node:path";
@@ -45,29 +46,37 @@ const replyError = (command, key, text) => new TbReplyError(command, key, new Re
 /**
  * A Redis for one limiter call: `tb.lower` records each charge-back, and it and `call` wait until `finish(how)`
  * settles them: the charge-backs accepted, failed like a lost connection (`lowerFails`) or answered with the error
- * `lowerError`; then the call failed like a lost connection (`fails`) or answered with `reply`.
+ * `lowerError`; then the call (sent before `finish` or after) failed like a lost connection (`fails`) or answered
+ * with `reply`.
  */
 function fakeRedis() {
   const charged = [];
   const lowers = [];
+  let sent = false;
   let answer;
+  let settleCall;
   const tb = {
     lower(key, rate, burst, tokens) {
       charged.push({ key, rate, burst, tokens });
       return new Promise((resolve, reject) => lowers.push({ key, resolve, reject }));
     },
   };
-  const call = () => new Promise((resolve, reject) => (answer = { resolve, reject }));
+  const answered = new Promise((resolve, reject) => (answer = { resolve, reject }));
+  const call = () => {
+    sent = true;
+    settleCall?.();
+    return answered;
+  };
   function finish({ lowerFails = false, lowerError, fails, reply }) {
     for (const lower of lowers) {
       if (lowerError !== undefined) lower.reject(replyError("TB.LOWER", lower.key, lowerError));
       else if (lowerFails) lower.reject(lost());
       else lower.resolve({ remaining: 0, retryAfterMs: 0, resetAfterMs: 0 });
     }
-    if (fails) answer?.reject(lost());
-    else answer?.resolve(decisionOf(reply));
+    settleCall = () => (fails ? answer.reject(lost()) : answer.resolve(decisionOf(reply)));
+    if (sent) settleCall();
   }
-  return { run: (work) => work(tb), call, charged, finish, called: () => answer !== undefined };
+  return { run: (work) => work(tb), call, charged, finish, called: () => sent };
 }
 
 /** The charge-backs sent equal the fixture's, floors within 1e-9. */
@@ -113,8 +122,9 @@ for (const testCase of FIXTURE.cases) {
       }
       const redis = fakeRedis();
       const outcome = local.decide(bucketsOf(testCase, step), redis.run, redis.call);
-      // Both are written before anything answers: the charge-backs pipelined before the call.
-      assert.ok(redis.called(), `${where}: the call is sent with its charge-backs`);
+      // A call with charge-backs waits for their answers: sent beside them, it could reach Redis first.
+      const charging = redis.charged.length > 0;
+      assert.equal(redis.called(), !charging, `${where}: the call is sent ${charging ? "once its charge-backs are answered" : "at once"}`);
       if (step.charge_back !== undefined) assertChargeBacks(redis.charged, step.charge_back, where);
       if (step.begin !== undefined) {
         open.set(step.begin, { redis, outcome });
@@ -168,8 +178,13 @@ test("an error reply to a charge-back (OOM) keeps it owed, and the call is decid
   await local.decide([api], failing, () => assert.fail("not called"));
   const oom = replyError("TB.LOWER", api.key, "OOM command not allowed when used memory > 'maxmemory'.");
   const tb = { lower: () => Promise.reject(oom) };
-  const outcome = await local.decide([api], (work) => work(tb), async () => answered);
-  assert.equal(outcome.error, oom, "the charge-back's fault, though the call answered");
+  let sent = false;
+  const outcome = await local.decide([api], (work) => work(tb), async () => {
+    sent = true;
+    return answered;
+  });
+  assert.equal(outcome.error, oom, "the charge-back's fault");
+  assert.equal(sent, false, "the call is not sent");
   assert.deepEqual(outcome.decision.buckets[0].remaining, 3);
   assert.equal(local.entries.get(api.key).owed, 2);
   assert.equal(local.entries.get(api.key).charging, 0);
@@ -273,7 +288,12 @@ test("an answer that arrives after its call's deadline is not remembered: the ca
     work({ lower: () => late.then(() => ({ remaining: 5 })) });
     return new Promise((_, reject) => (expire = reject));
   };
-  const decided = local.decide([api], run, () => late.then(() => decisionOf({ allowed: true, buckets: [{ remaining: 4, retry_after_ms: 0, reset_after_ms: 1000 }] })));
+  let sent = false;
+  const call = () => {
+    sent = true;
+    return late.then(() => decisionOf({ allowed: true, buckets: [{ remaining: 4, retry_after_ms: 0, reset_after_ms: 1000 }] }));
+  };
+  const decided = local.decide([api], run, call);
   expire(new TbUnavailableError("redis-tb: no reply from Redis within 1000 ms"));
   const outcome = await decided;
   assert.equal(outcome.decision.allowed, false, "nothing left in memory");
@@ -282,5 +302,43 @@ test("an answer that arrives after its call's deadline is not remembered: the ca
   answer();
   await new Promise((resolve) => setImmediate(resolve));
   assert.deepEqual([entry.owed, entry.charging, entry.inFlight], [0, 0, 0], "the charge-back settled");
-  assert.equal(entry.tokens, 0, "not raised to the late answer's 4 tokens");
+  assert.equal(sent, false, "the call, past its deadline, is not sent after its charge-back");
+  assert.equal(entry.tokens, 0, "not raised by a late answer");
+});
+
+test("a call is sent once its charge-back is answered: sent beside it, it could reach the key's node first", async () => {
+  const local = new LocalBuckets({ now: () => 0 });
+  // Redis answered with 1 token left, then the key's calls fail: 1 admitted here, 0 left, 1 owed.
+  local.observe([api], decisionOf({ allowed: true, buckets: [{ remaining: 1, retry_after_ms: 0, reset_after_ms: 4000 }] }));
+  await local.decide([api], failing, () => assert.fail("not called"));
+  // The replica that took over holds a full bucket (the primary's last writes were lost with it), and runs each
+  // command as it arrives; the charge-back arrives late, after a MOVED redirection the call did not meet.
+  let tokens = api.burst;
+  const ran = [];
+  let arrive;
+  const tb = {
+    lower: (key, rate, burst, floor) =>
+      new Promise((resolve) => {
+        arrive = () => {
+          ran.push("TB.LOWER");
+          tokens = Math.min(tokens, floor);
+          resolve({ remaining: Math.floor(tokens), retryAfterMs: 0, resetAfterMs: ((api.burst - tokens) / api.rate) * 1000 });
+        };
+      }),
+  };
+  const call = async () => {
+    ran.push("TB.ACQUIRE");
+    const allowed = tokens >= api.cost;
+    if (allowed) tokens -= api.cost;
+    const wait = allowed ? 0 : ((api.cost - tokens) / api.rate) * 1000;
+    return decisionOf({ allowed, buckets: [{ remaining: Math.floor(tokens), retry_after_ms: wait, reset_after_ms: ((api.burst - tokens) / api.rate) * 1000 }] });
+  };
+  const decided = local.decide([api], (work) => work(tb), call);
+  await new Promise((resolve) => setImmediate(resolve));
+  arrive();
+  const { decision, error } = await decided;
+  assert.equal(error, undefined);
+  assert.deepEqual(ran, ["TB.LOWER", "TB.ACQUIRE"]);
+  assert.equal(decision.allowed, false, "this process's history leaves nothing");
+  assert.equal(local.entries.get(api.key).tokens, 0, "the in-memory bucket continues from the lowered bucket, not the full one");
 });
