@@ -142,8 +142,24 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
             self.guard.probed(None)
 
 
+# The names the middleware sends, lower-cased and encoded once.
+_NAMES = {
+    name: name.lower().encode("latin-1")
+    for name in (
+        "RateLimit-Policy",
+        "RateLimit",
+        "RateLimit-Limit",
+        "RateLimit-Remaining",
+        "RateLimit-Reset",
+        "Retry-After",
+        "Content-Type",
+    )
+}
+
+
 def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-    return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+    names = _NAMES
+    return [(names.get(name) or name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers]
 
 
 def _with_headers(send: Send, headers: list[tuple[str, str]]) -> Send:

@@ -20,6 +20,7 @@ limit and no reply can make a field a client cannot parse, or make this module r
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -74,6 +75,23 @@ def _count(tokens: int) -> int:
     return _integer(tokens, int)
 
 
+@lru_cache(maxsize=1024)
+def _name_item(limit: Limit) -> str:
+    """The limit's name as an sf-string, made once per limit."""
+    return _sf_string(limit.name)
+
+
+@lru_cache(maxsize=1024)
+def _policy_item(limit: Limit) -> str:
+    """The limit's `RateLimit-Policy` item, made once per limit."""
+    return f"{_name_item(limit)};q={_quota(limit)};w={_window(limit)}"
+
+
+@lru_cache(maxsize=1024)
+def _quota_text(limit: Limit) -> str:
+    return str(_quota(limit))
+
+
 def rate_limit_headers(
     buckets: Sequence[BucketStatus],
     *,
@@ -88,15 +106,20 @@ def rate_limit_headers(
         raise ValueError(f"standard must be one of {STANDARDS}, not {standard!r}")
     headers: list[tuple[str, str]] = []
     if buckets and standard in ("draft", "both"):
-        policies = ", ".join(f"{_sf_string(b.limit.name)};q={_quota(b.limit)};w={_window(b.limit)}" for b in buckets)
-        current = ", ".join(
-            f"{_sf_string(b.limit.name)};r={_count(b.remaining)};t={_seconds_up(b.reset_after_ms)}" for b in buckets
-        )
+        if len(buckets) == 1:
+            b = buckets[0]
+            policies = _policy_item(b.limit)
+            current = f"{_name_item(b.limit)};r={_count(b.remaining)};t={_seconds_up(b.reset_after_ms)}"
+        else:
+            policies = ", ".join([_policy_item(b.limit) for b in buckets])
+            current = ", ".join(
+                [f"{_name_item(b.limit)};r={_count(b.remaining)};t={_seconds_up(b.reset_after_ms)}" for b in buckets]
+            )
         headers += [("RateLimit-Policy", policies), ("RateLimit", current)]
     if buckets and standard in ("legacy", "both"):
         limiting = buckets[limiting_index if 0 <= limiting_index < len(buckets) else 0]
         headers += [
-            ("RateLimit-Limit", str(_quota(limiting.limit))),
+            ("RateLimit-Limit", _quota_text(limiting.limit)),
             ("RateLimit-Remaining", str(_count(limiting.remaining))),
             ("RateLimit-Reset", str(_seconds_up(limiting.reset_after_ms))),
         ]
