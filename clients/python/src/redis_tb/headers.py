@@ -20,9 +20,9 @@ limit and no reply can make a field a client cannot parse, or make this module r
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from .limit import Limit
