@@ -195,13 +195,17 @@ def _from_redis(error: BaseException) -> bool:
 
 def configure(redis: Any, timeout: float) -> None:
     """Caps the socket timeouts of a redis-py client (standalone, sentinel or cluster, sync or asyncio) at `timeout`
-    seconds and turns its retries off, on the client and on the cluster nodes it already knows.
+    seconds and turns its retries off, on the client and on the cluster nodes it already knows. An asyncio client
+    keeps its read and write timeout (`socket_timeout`): the ASGI middleware cancels each call at its deadline
+    itself, and redis-py's own timeout would wrap every write in `asyncio.wait_for` (a task per call before Python
+    3.12) for nothing.
 
     Only through what each client keeps for itself: its `set_retry`, the timeouts in the keyword arguments it makes
     connections with, and a `retry` already among them (replaced, never added: redis-py 6 and later make a cluster
     node's client with a `retry` of their own, no retries, and a second one fails with TypeError)."""
     asynchronous = isinstance(redis, (redis_asyncio.Redis, redis_asyncio.RedisCluster))
     no_retry: Any = AsyncRetry(NoBackoff(), 0) if asynchronous else Retry(NoBackoff(), 0)
+    capped = ("socket_connect_timeout",) if asynchronous else ("socket_timeout", "socket_connect_timeout")
     clients = [redis]
     get_nodes = getattr(redis, "get_nodes", None)
     if get_nodes is not None:
@@ -209,11 +213,11 @@ def configure(redis: Any, timeout: float) -> None:
         for node in get_nodes():  # asyncio cluster nodes keep their own connection settings
             node_kwargs = getattr(node, "connection_kwargs", None)
             if isinstance(node_kwargs, dict):
-                _cap(node_kwargs, timeout)
+                _cap(node_kwargs, timeout, capped)
                 _replace_retry(node_kwargs, no_retry)
     for client in clients:
         kwargs = client.get_connection_kwargs()
-        _cap(kwargs, timeout)
+        _cap(kwargs, timeout, capped)
         _replace_retry(kwargs, no_retry)
         if client is not redis or get_nodes is None:
             client.set_retry(no_retry)  # a Redis client: its pool's connections, now and to come
@@ -234,8 +238,8 @@ def _replace_retry(kwargs: dict[str, Any], retry: Any) -> None:
         kwargs["retry"] = retry
 
 
-def _cap(kwargs: dict[str, Any], timeout: float) -> None:
-    for name in ("socket_timeout", "socket_connect_timeout"):
+def _cap(kwargs: dict[str, Any], timeout: float, names: tuple[str, ...]) -> None:
+    for name in names:
         current = kwargs.get(name)
         if current is None or current > timeout:
             kwargs[name] = timeout

@@ -46,7 +46,8 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
     - `fail`: what answers while Redis fails (docs/clients.md, "When Redis fails"): `"local"` (default)
       limits with in-memory buckets per process, `"open"` lets requests through, `"closed"` answers 503.
     - `timeout`: the deadline of a limiter call in seconds (default 1), a positive finite number. The middleware
-      caps its Redis client's socket timeouts at it and turns the client's retries off: give it a client of its own.
+      cancels each call at it, caps its Redis client's connect timeout at it and turns the client's retries off:
+      give it a client of its own.
     - `standard`: which header fields to send: `"draft"`, `"legacy"` or `"both"` (docs/headers.md).
     - `local_capacity`: the keys `fail="local"` keeps in memory per process (a positive integer, default 10,000);
       beyond them, keys share one overflow bucket per limit.
