@@ -413,15 +413,16 @@ fn test_deb(script: &str, deb: &Path) {
 
 #[test]
 fn release_artifacts_deb_installs_loads_and_purges_cleanly() {
-    // The README's steps are these, with the include line that scripts/test-deb.sh adds to a copy of Debian's
-    // redis.conf (the test does not edit the machine's own, nor restart a system service).
-    let readme = std::fs::read_to_string(root().join("README.md")).expect("read README.md");
+    // docs/operating.md's steps are these, with the include line that scripts/test-deb.sh adds to a copy of
+    // Debian's redis.conf (the test does not edit the machine's own, nor restart a system service).
+    let operating =
+        std::fs::read_to_string(root().join("docs/operating.md")).expect("read docs/operating.md");
     for step in [
         format!("sudo dpkg -i redis-tb_{VERSION}_amd64.deb"),
         "echo 'include /etc/redis/modules.d/*.conf' | sudo tee -a /etc/redis/redis.conf"
             .to_string(),
     ] {
-        assert!(readme.contains(&step), "README.md says: {step}");
+        assert!(operating.contains(&step), "docs/operating.md says: {step}");
     }
     make_deb();
     let deb = root()
