@@ -1,16 +1,31 @@
 //! A lease: tokens a process takes from a shared bucket in batches (`TB.ACQUIREATMOST`) and spends in memory,
 //! without giving up `burst + rate · t` over all processes together.
 //!
-//! The rule (docs/clients.md, "Leased limits"): a bucket that refills toward its burst forgets what was taken from
-//! it. A grant answered with `reset_after_ms` left the bucket full again `reset_after_ms` later, so of the tokens
-//! the grant handed out, at most `rate · (reset - now)` are still counted by the bucket at `now`: all right after
-//! the grant, none at the reset. A process spends at most that many of each grant's tokens and drops the rest,
-//! never spending or refunding them. Every grant's reply counts the tokens other processes hold, so the grants'
-//! tokens lie one above the other in the bucket's deficit, and the sum over processes stays within it.
+//! The rule (docs/clients.md, "How a leased limit decides"): a bucket that refills toward its burst forgets what
+//! was taken from it. A grant answered with `reset_after_ms` left the bucket full again `reset_after_ms` later, so
+//! of the tokens the grant handed out, at most `rate · (reset - now)` are still counted by the bucket at `now`: all
+//! right after the grant, none at the reset. A process spends at most that many of each grant's tokens and drops
+//! the rest, never spending or refunding them. Every grant's reply counts the tokens other processes hold, so the
+//! grants' tokens lie one above the other in the bucket's deficit, and the sum over processes stays within it.
 //!
 //! Time is the caller's monotonic clock in microseconds; the reset is measured from when the call was *sent*
 //! (the server ran it later, so the true reset is later) less the millisecond the reply's rounding may add: a
 //! lease's tokens are valued at most as long as the bucket counts them. Pure, like the rest of the crate.
+//!
+//! The request whose call asked for a grant is decided by that grant when the reply arrives, from the grant's
+//! tokens as they were when Redis granted them, not from their worth at the reply. Its admission counts at the
+//! instant Redis took the tokens, exactly as a `TB.ACQUIRE` call's does: the bucket took them for this request,
+//! and no other spend can claim them. Only the rest of the grant is valued by `rate · (reset - now)` for the
+//! requests after it. Without this, a grant whose worth falls below one request's cost within a round trip (a
+//! small burst, a slow link: a grant of the whole deficit is worth `rate · (reset_after - round trip)`, less than
+//! itself) would never admit the request that asked for it, which would ask again for ever. So every request is
+//! decided by at most one round trip of its own: a grant of at least its cost admits it, a refusal refuses it
+//! (with Redis's retry time), a failure leaves it to the leased tokens and then the package's fail mode.
+//!
+//! The bound over processes holds because, for each grant, the tokens spent from any instant on never exceed what
+//! the bucket still counts of that grant at that instant: the asking request's share at the instant Redis granted
+//! it (the whole grant is counted then), every later spend by the `rate · (reset - now)` rule. A refund is sent
+//! only while the bucket is as the process's latest grant left it ([`Lease::give_back`]).
 #![forbid(unsafe_code)]
 
 use super::{Params, MAX_AT_MOST};
@@ -24,7 +39,7 @@ pub const LEASE_IDLE_US: i64 = 100_000;
 /// can cost the other processes is bounded by `processes · max_lease`.
 pub const MAX_LEASE_SHARE: f64 = 0.1;
 /// Grants kept at once. A process asks again only when it holds too little for a request, so older grants are
-/// nearly spent; a further grant drops the oldest (dropping is always safe).
+/// nearly spent; a further grant drops the one closest to its reset (dropping is always safe).
 const MAX_GRANTS: usize = 4;
 
 /// Microseconds in a second and in a millisecond.
@@ -36,6 +51,8 @@ const MICROS_PER_MS: i64 = 1_000;
 struct Held {
     tokens: f64,
     reset_us: i64,
+    /// Which grant this is: the lease's grants are numbered from 1 in the order they arrived.
+    number: u64,
 }
 
 impl Held {
@@ -51,11 +68,13 @@ impl Held {
 pub enum Admit {
     /// Admitted with leased tokens; no Redis call.
     Spent,
-    /// Redis refused a refill less than the bucket's retry time ago: refused without a call, retry after this
-    /// many milliseconds (rounded up).
+    /// Refused: Redis refused a refill less than the bucket's retry time ago (refused without a call), or
+    /// refused the call this request asked for. Retry after this many milliseconds (rounded up; -1: never, the
+    /// burst is below one token).
     Refused { retry_after_ms: i64 },
     /// The lease is short: send `TB.ACQUIREATMOST key rate burst max` now (it is the sending instant the reply
-    /// is measured from), then [`Lease::answered`] or [`Lease::failed`], and admit the request again.
+    /// is measured from), then [`Lease::answered`], which decides this request, or [`Lease::failed`], after
+    /// which the request is admitted again (leased tokens first, then the package's fail mode).
     Call { max: i64 },
     /// A refill is already in flight: admit the request again when it is answered or has failed.
     Wait,
@@ -65,10 +84,14 @@ pub enum Admit {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lease {
     params: Params,
-    /// Oldest grant first; the last one is the latest grant.
+    /// Closest to its reset first, spent ones dropped.
     grants: Vec<Held>,
+    /// The number of the latest grant (0: none yet).
+    latest: u64,
     /// A refill has been sent and not yet answered.
     in_flight: bool,
+    /// The cost of the request whose admission sent the refill in flight: the reply decides it.
+    asking: Option<f64>,
     /// Redis's last refusal holds until then (caller's clock, µs).
     refused_until_us: Option<i64>,
     /// Tokens requests asked for since `demand_since_us`: the process's own recent rate.
@@ -84,7 +107,9 @@ impl Lease {
         Lease {
             params,
             grants: Vec::new(),
+            latest: 0,
             in_flight: false,
+            asking: None,
             refused_until_us: None,
             demand: 0.0,
             demand_since_us: now_us,
@@ -107,49 +132,80 @@ impl Lease {
         if self.in_flight {
             return Admit::Wait;
         }
-        if let Some(until_us) = self.refused_until_us.filter(|until| *until > now_us) {
+        if let Some(refused) = self.refused(now_us) {
             self.used(now_us, cost);
-            let left_us = until_us.saturating_sub(now_us);
-            return Admit::Refused {
-                retry_after_ms: left_us.saturating_add(MICROS_PER_MS - 1) / MICROS_PER_MS,
-            };
+            return refused;
         }
         self.in_flight = true;
+        self.asking = Some(cost);
         Admit::Call {
             max: self.next_size(now_us, cost),
         }
     }
 
-    /// The reply to the refill sent at `sent_us`: `[granted, remaining, retry_after_ms, reset_after_ms]` of
-    /// `TB.ACQUIREATMOST`. A grant is held until `sent + reset_after - 1 ms`; a refusal is remembered until
-    /// `sent + retry_after` (for ever when `retry_after_ms` is -1: the burst is below one token).
+    /// The reply, arrived at `now_us`, to the refill sent at `sent_us`: `[granted, remaining, retry_after_ms,
+    /// reset_after_ms]` of `TB.ACQUIREATMOST`. Returns the decision for the request whose admission sent the call
+    /// (`None` when no request asked, as for a call the caller sent on its own): `Spent` when the grant, with the
+    /// leased tokens worth something at `now_us`, covers its cost, the grant's own tokens first and whole (they
+    /// count as taken when Redis granted them); otherwise `Refused`. The rest of a grant is held until
+    /// `sent + reset_after - 1 ms`; a refusal is remembered until `sent + retry_after` (for ever when
+    /// `retry_after_ms` is -1: the burst is below one token).
     pub fn answered(
         &mut self,
         sent_us: i64,
+        now_us: i64,
         granted: i64,
         retry_after_ms: i64,
         reset_after_ms: i64,
-    ) {
+    ) -> Option<Admit> {
         self.in_flight = false;
-        if granted > 0 {
-            self.refused_until_us = None;
+        let asking = self.asking.take();
+        if granted <= 0 {
+            self.refused_until_us = Some(if retry_after_ms < 0 {
+                i64::MAX
+            } else {
+                sent_us.saturating_add(retry_after_ms.saturating_mul(MICROS_PER_MS))
+            });
+            return asking.map(|_| {
+                self.last_use_us = now_us;
+                self.refused(now_us)
+                    .unwrap_or(Admit::Refused { retry_after_ms: 0 })
+            });
+        }
+        self.refused_until_us = None;
+        // i64 -> f64: a grant is at most 2^53, exact.
+        let mut tokens = granted as f64;
+        self.latest = self.latest.saturating_add(1);
+        let decision = asking.map(|cost| {
+            self.last_use_us = now_us;
+            let own = tokens.min(cost);
+            if own >= cost || self.spend(now_us, cost - own) {
+                tokens -= own;
+                return Admit::Spent;
+            }
+            // Redis held fewer whole tokens than the cost: the part missing, at the bucket's rate.
+            let missing = cost - tokens - self.spendable(now_us);
+            let wait_ms = (missing / self.params.rate_per_sec() * 1_000.0).ceil();
+            Admit::Refused {
+                retry_after_ms: (wait_ms as i64).max(1),
+            }
+        });
+        if tokens > 0.0 {
             if self.grants.len() >= MAX_GRANTS {
                 self.grants.remove(0);
             }
             let reset_us = sent_us
                 .saturating_add(reset_after_ms.saturating_mul(MICROS_PER_MS))
                 .saturating_sub(MICROS_PER_MS);
-            // i64 -> f64: a grant is at most 2^53, exact.
             self.grants.push(Held {
-                tokens: granted as f64,
+                tokens,
                 reset_us,
+                number: self.latest,
             });
-        } else if retry_after_ms < 0 {
-            self.refused_until_us = Some(i64::MAX);
-        } else {
-            self.refused_until_us =
-                Some(sent_us.saturating_add(retry_after_ms.saturating_mul(MICROS_PER_MS)));
+            // Spent closest to their reset first: those lose their worth soonest.
+            self.grants.sort_by_key(|held| held.reset_us);
         }
+        decision
     }
 
     /// The refill failed (an error, a timeout): nothing is known to be granted. Tokens Redis may have granted
@@ -157,6 +213,7 @@ impl Lease {
     /// then the package's fail mode.
     pub fn failed(&mut self) {
         self.in_flight = false;
+        self.asking = None;
     }
 
     /// Whether a refill is in flight.
@@ -201,12 +258,14 @@ impl Lease {
             && self.refundable(now_us) > 0.0
     }
 
-    /// What a refund sent at `now_us` may give back: the part of the *latest* grant the bucket still counts.
+    /// What a refund sent at `now_us` may give back: the part of the *latest* grant the bucket still counts (none
+    /// once that grant is spent: an older grant is never refunded).
     /// Only while the bucket is as that grant left it (see [`Lease::give_back`]) does a refund remove exactly
     /// these tokens; tokens of older grants may lie below other processes' later grants, and are dropped.
     pub fn refundable(&self, now_us: i64) -> f64 {
         self.grants
-            .last()
+            .iter()
+            .find(|held| held.number == self.latest)
             .map_or(0.0, |held| held.worth(now_us, &self.params))
     }
 
@@ -223,6 +282,20 @@ impl Lease {
         };
         self.grants.clear();
         amount
+    }
+
+    /// The remembered refusal, if it still holds at `now_us`.
+    fn refused(&self, now_us: i64) -> Option<Admit> {
+        let until_us = self.refused_until_us.filter(|until| *until > now_us)?;
+        let retry_after_ms = if until_us == i64::MAX {
+            -1
+        } else {
+            until_us
+                .saturating_sub(now_us)
+                .saturating_add(MICROS_PER_MS - 1)
+                / MICROS_PER_MS
+        };
+        Some(Admit::Refused { retry_after_ms })
     }
 
     /// Records a request of `cost` tokens at `now_us` for the lease size and the idle timer.
