@@ -55,7 +55,7 @@ grep -qx "loadmodule $module" "$snippet" || fail "$snippet does not load $module
 dpkg-query -L redis-tb
 
 # Debian's redis-server runs as the `redis` user with /etc/redis/redis.conf: start it that way, from a copy of that
-# file with the include line the README tells users to add, so that it proves the user can read the snippet and the
+# file with the include line docs/operating.md tells users to add, so that it proves the user can read the snippet and the
 # module. The command line moves it to a free loopback port and a scratch directory, in the foreground.
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 conf="$workdir/redis.conf"

@@ -86,7 +86,7 @@ fn tokens_refill_over_time() {
 }
 
 /// How long a key may outlive its bucket's moment of full: 1% of the time to fill from empty, at least 1 s, at
-/// most a day (the README's contract).
+/// most a day (docs/commands.md's contract).
 const MIN_SLACK_MS: i64 = 1_000;
 const MAX_SLACK_MS: i64 = 86_400_000;
 

@@ -215,7 +215,7 @@ fn acl_rules_grant_and_deny_the_command() {
             .query(conn)
             .expect("ACL SETUSER");
     };
-    // The README's rule: every TB command by name.
+    // docs/operating.md's rule: every TB command by name.
     setuser(
         &mut admin,
         &[
@@ -249,7 +249,7 @@ fn acl_rules_grant_and_deny_the_command() {
     assert!(acquire_error(&mut nolimit, &["k", "1", "5"]).starts_with("NOPERM"));
 
     // Where the server lets modules declare ACL categories (Redis 7.2+, Valkey), the command is in
-    // @write, @fast and the module's own @ratelimit; on Redis 7.0 it is in none, as the README says.
+    // @write, @fast and the module's own @ratelimit; on Redis 7.0 it is in none, as docs/operating.md says.
     let categories: Vec<String> = redis::cmd("ACL")
         .arg("CAT")
         .query(&mut admin)

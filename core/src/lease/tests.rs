@@ -339,11 +339,11 @@ fn simulate(
         };
         // Requests of a process to decide now: an arrival, or those waiting when a refill ends.
         let decide = |process: usize,
-                          count: usize,
-                          procs: &mut Vec<Process>,
-                          run: &mut Run,
-                          schedule: &mut dyn FnMut(i64, Event),
-                          latency: &mut dyn FnMut() -> (i64, i64, bool)| {
+                      count: usize,
+                      procs: &mut Vec<Process>,
+                      run: &mut Run,
+                      schedule: &mut dyn FnMut(i64, Event),
+                      latency: &mut dyn FnMut() -> (i64, i64, bool)| {
             for _ in 0..count {
                 match procs[process].lease.admit(now, 1.0) {
                     Admit::Spent => {
