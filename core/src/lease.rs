@@ -166,8 +166,8 @@ impl Lease {
             } else {
                 sent_us.saturating_add(retry_after_ms.saturating_mul(MICROS_PER_MS))
             });
-            return asking.map(|_| {
-                self.last_use_us = now_us;
+            return asking.map(|cost| {
+                self.used(now_us, cost);
                 self.refused(now_us)
                     .unwrap_or(Admit::Refused { retry_after_ms: 0 })
             });
@@ -177,7 +177,9 @@ impl Lease {
         let mut tokens = granted as f64;
         self.latest = self.latest.saturating_add(1);
         let decision = asking.map(|cost| {
-            self.last_use_us = now_us;
+            // The request counts toward the next lease's size as every decided request does: counting only those
+            // admitted from held tokens, a lease the asking request takes whole would never grow.
+            self.used(now_us, cost);
             let own = tokens.min(cost);
             if own >= cost || self.spend(now_us, cost - own) {
                 tokens -= own;

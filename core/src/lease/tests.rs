@@ -98,6 +98,34 @@ fn the_lease_size_follows_the_process_own_rate() {
     assert_eq!(Lease::new(params(1_000.0, 5.0), 0).max_lease(), 1);
 }
 
+/// A hot limit (its bucket far from full, so grants keep their worth), one request a millisecond, each refill
+/// answered a millisecond after it was sent: the lease grows from what the process asks for, and the calls become
+/// far fewer than the requests. Counting only the requests admitted from held tokens, each lease stayed at the one
+/// token the request that asked for it took: a call per request.
+#[test]
+fn under_steady_load_the_leases_grow_and_calls_become_few() {
+    let p = params(1_000.0, 2_000.0);
+    let mut lease = Lease::new(p, 0);
+    let mut calls = 0;
+    let mut in_flight: Option<(i64, i64)> = None;
+    for ms in 0..1_000 {
+        let now = ms * MS;
+        if let Some((sent, max)) = in_flight.filter(|(sent, _)| now >= sent + MS) {
+            in_flight = None;
+            assert_eq!(lease.answered(sent, now, max, 0, 1_900), Some(Admit::Spent));
+        }
+        match lease.admit(now, 1.0) {
+            Admit::Spent | Admit::Wait => {}
+            Admit::Call { max } => {
+                calls += 1;
+                in_flight = Some((now, max));
+            }
+            Admit::Refused { .. } => panic!("refused with tokens in the bucket"),
+        }
+    }
+    assert!(calls < 100, "{calls} calls for 1,000 requests");
+}
+
 #[test]
 fn only_the_latest_grant_is_refunded_and_only_when_the_bucket_is_unchanged() {
     let p = params(10.0, 100.0);
