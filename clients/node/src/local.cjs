@@ -77,10 +77,12 @@ class LocalBuckets {
     this.now = now;
     this.refused = refused;
     /**
-     * Redis key -> { rate, burst, tokens, atMs, owed, charging, inFlight }: tokens <= burst as of atMs (negative
-     * in debt); owed, the costs admitted here and covered by no charge-back sent yet; charging, those covered by
-     * the inFlight charge-backs not yet settled (exactly 0 when none is). The key is diverged while owed or
-     * charging is above 0. The Map's order is the order of last use (least recent first).
+     * Redis key -> { rate, burst, tokens, atMs, owed, charging, inFlight, admitted, confirmed }: tokens <= burst as
+     * of atMs (negative in debt); owed, the costs admitted here and covered by no charge-back sent yet; charging,
+     * those covered by the inFlight charge-backs not yet settled (exactly 0 when none is); admitted, every cost
+     * admitted here, summed; confirmed, how much of it Redis has seen: the largest `admitted` a charge-back taken by
+     * Redis was made at. The key is diverged while owed or charging is above 0. The Map's order is the order of
+     * last use (least recent first).
      */
     this.entries = new Map();
     /** A limit (name, rate, burst) -> its overflow bucket { rate, burst, tokens, atMs }, starting full. */
@@ -141,20 +143,25 @@ class LocalBuckets {
       const entry = this.entries.get(bucket.key);
       const tokens = Math.max(refilled(entry, nowMs), -entry.rate * MAX_DEBT_SECONDS);
       const share = entry.owed;
+      // The floor covers everything admitted so far: once Redis takes it, Redis has seen that much.
+      const through = entry.admitted;
       entry.owed = 0;
       entry.charging += share;
       entry.inFlight += 1;
-      charges.push(settle(() => lower(bucket, tokens)).then(({ error }) => this._settled(entry, share, error, refused)));
+      charges.push(
+        settle(() => lower(bucket, tokens)).then(({ error }) => this._settled(entry, share, through, error, refused)),
+      );
     }
     return charges;
   }
 
   /**
-   * A charge-back of `share` settled with `error` (undefined: accepted): the share leaves `charging`; `refused`
-   * hears of one dropped for a configuration error.
+   * A charge-back of `share`, made when the key had admitted `through`, settled with `error` (undefined: accepted):
+   * the share leaves `charging`; `refused` hears of one dropped for a configuration error.
    */
-  _settled(entry, share, error, refused) {
+  _settled(entry, share, through, error, refused) {
     const outcome = chargeBackOutcome(error);
+    if (outcome === "accepted") entry.confirmed = Math.max(entry.confirmed, through);
     entry.inFlight -= 1;
     // Exactly 0 once none is in flight, so that float residue (0.1 + 0.2 - 0.1 - 0.2) never keeps a key diverged.
     entry.charging = entry.inFlight === 0 ? 0 : Math.max(0, entry.charging - share);
@@ -182,7 +189,10 @@ class LocalBuckets {
     if (!Number.isFinite(resetAfterMs)) return;
     const entry = this._place(bucket, nowMs);
     if (entry === undefined) return;
-    entry.tokens = bucket.burst - (bucket.rate * resetAfterMs) / 1000 - entry.owed - entry.charging;
+    // What Redis has not seen is not in the answer. A floor Redis took covers the shares of earlier charge-backs
+    // still out (their outcome can be known later): those are in the answer already, not taken twice.
+    const unseen = Math.min(entry.owed + entry.charging, entry.admitted - entry.confirmed);
+    entry.tokens = bucket.burst - (bucket.rate * resetAfterMs) / 1000 - unseen;
     entry.atMs = nowMs;
   }
 
@@ -213,7 +223,10 @@ class LocalBuckets {
     if (allowed) {
       for (const [slot, need] of needs) {
         slot.tokens -= need;
-        if (slot.owed !== undefined) slot.owed += need;
+        if (slot.owed !== undefined) {
+          slot.owed += need;
+          slot.admitted += need;
+        }
       }
     }
     const reports = buckets.map((bucket, index) => {
@@ -233,7 +246,17 @@ class LocalBuckets {
       this.entries.delete(bucket.key);
     } else {
       if (this.entries.size >= this.capacity && !this._evict(nowMs)) return undefined;
-      entry = { rate: bucket.rate, burst: bucket.burst, tokens: bucket.burst, atMs: nowMs, owed: 0, charging: 0, inFlight: 0 };
+      entry = {
+        rate: bucket.rate,
+        burst: bucket.burst,
+        tokens: bucket.burst,
+        atMs: nowMs,
+        owed: 0,
+        charging: 0,
+        inFlight: 0,
+        admitted: 0,
+        confirmed: 0,
+      };
     }
     entry.rate = bucket.rate;
     entry.burst = bucket.burst;

@@ -211,7 +211,7 @@ test("charge-backs in parallel each send the floor; one that fails gives back on
   second.finish({ fails: false, reply: { allowed: true, buckets: [{ remaining: 0, retry_after_ms: 0, reset_after_ms: 4500 }] } });
   assert.equal((await two).error, undefined);
   assert.deepEqual([entry.owed, entry.charging], [0, 3], "the second's share (1) is in Redis; the first's (3) is not yet");
-  assert.equal(entry.tokens, 5 - 4.5 - 3, "Redis's answer less what it has not seen");
+  assert.equal(entry.tokens, 5 - 4.5, "Redis's answer as it is: the second's floor (1.5) covered the first's share too");
   first.finish({ lowerFails: true, fails: true });
   assert.notEqual((await one).error, undefined);
   assert.deepEqual([entry.owed, entry.charging, entry.inFlight], [3, 0, 0], "the first's share is owed again, and only it");

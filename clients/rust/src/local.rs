@@ -7,7 +7,8 @@
 //!              never clears or refills them
 //! continues    each answer Redis gives for a key is remembered: the bucket holds
 //!              burst - rate * reset_after_ms / 1000 - owed - charging tokens as of that moment (negative in
-//!              debt), what Redis has not seen yet still taken
+//!              debt), what Redis has not seen yet still taken; an accepted floor shows Redis has seen
+//!              everything admitted before it was made, whatever became of earlier charge-backs
 //! owed         what a bucket admitted is owed to Redis until a charge-back covers it
 //! charging     what charge-backs in flight cover, each its own share, until its outcome is known: accepted
 //!              (the share leaves), failed like a fault (the share is owed again) or refused by a
@@ -65,6 +66,11 @@ pub struct ChargeBack {
     /// The tokens admitted in memory this charge-back covers, moved from `owed` to `charging` when it was made;
     /// 0 when charge-backs already in flight cover everything admitted.
     pub share: f64,
+    /// Everything the bucket had admitted in memory when it was made (its `admitted`): the floor covers all of it,
+    /// so once Redis accepts it, Redis has seen that much, whatever became of earlier charge-backs.
+    covers: f64,
+    /// The entry it was made for (`Entry::born`): a key that left the table and came back is a new count.
+    entry: u64,
 }
 
 /// How a charge-back ended, for [`LocalBuckets::charge_ended`].
@@ -120,6 +126,12 @@ struct Entry {
     /// Charge-backs in flight with a share above 0. Counted, so that `charging` returns to exactly 0 however
     /// their shares added up in floating point.
     in_flight: u32,
+    /// Every token this bucket has admitted in memory, summed; only grows.
+    admitted: f64,
+    /// The largest `covers` of an accepted charge-back: Redis has seen this much of `admitted`.
+    confirmed: f64,
+    /// Unique to this entry (the recency counter when it was inserted).
+    born: u64,
     /// Its place in the recency order (`LocalBuckets::order`).
     used: u64,
 }
@@ -131,9 +143,11 @@ impl Entry {
         self.owed > 0.0 || self.in_flight > 0
     }
 
-    /// What Redis has not seen of this bucket's admissions.
+    /// What Redis has not seen of this bucket's admissions: what is owed or in flight, less what a charge-back
+    /// Redis accepted shows it has seen. A later charge-back's floor covers an earlier one's share, and the later
+    /// one's outcome can be known first (its call's task ran first): the earlier share is not taken twice.
     fn unseen(&self) -> f64 {
-        self.owed + self.charging
+        (self.owed + self.charging).min(self.admitted - self.confirmed)
     }
 }
 
@@ -215,6 +229,8 @@ impl LocalBuckets {
                     .tokens_at(now_us, &entry.params)
                     .max(-(rate * DEBT_BOUND_S)),
                 share,
+                covers: entry.admitted,
+                entry: entry.born,
             });
         }
         charges
@@ -223,12 +239,15 @@ impl LocalBuckets {
     /// A charge-back from [`LocalBuckets::charge_backs`] ended with `outcome`: its share leaves what is in flight,
     /// and is owed again if it failed.
     pub fn charge_ended(&mut self, charge: &ChargeBack, outcome: ChargeOutcome) {
-        if charge.share <= 0.0 {
-            return;
-        }
         let Some(entry) = self.table.get_mut(&charge.key) else {
             return;
         };
+        if outcome == ChargeOutcome::Accepted && charge.entry == entry.born {
+            entry.confirmed = entry.confirmed.max(charge.covers);
+        }
+        if charge.share <= 0.0 {
+            return;
+        }
         let was = entry.diverged();
         entry.in_flight = entry.in_flight.saturating_sub(1);
         entry.charging = if entry.in_flight == 0 {
@@ -244,7 +263,8 @@ impl LocalBuckets {
     }
 
     /// Redis answered a call for `buckets` with `results` (one per bucket) at `now_ms`: each bucket continues
-    /// from there if a fault comes, less what Redis has not seen (owed, or covered by charge-backs in flight).
+    /// from there if a fault comes, less what Redis has not seen (owed, or covered by charge-backs in flight and
+    /// not by an accepted later floor).
     pub fn answered(&mut self, buckets: &[LocalBucket<'_>], results: &[BucketResult], now_ms: f64) {
         let now_us = micros(now_ms);
         for (bucket, result) in buckets.iter().zip(results) {
@@ -311,6 +331,7 @@ impl LocalBuckets {
                     if let Some(entry) = self.table.get_mut(key) {
                         let was = entry.diverged();
                         entry.owed += bucket.cost;
+                        entry.admitted += bucket.cost;
                         self.count_diverged(was, true);
                     }
                 }
@@ -394,6 +415,9 @@ impl LocalBuckets {
                 owed: 0.0,
                 charging: 0.0,
                 in_flight: 0,
+                admitted: 0.0,
+                confirmed: 0.0,
+                born: used,
                 used,
             },
         );
@@ -541,6 +565,37 @@ mod tests {
         local.answered(&[limit("k")], &[answer(2, 8000)], 0.0);
         let decision = local.acquire_each(&[limit("k")], 0.0);
         assert_eq!(decision.buckets[0].remaining, 1);
+    }
+
+    /// Two calls for a diverged key each send a floor; the second's covers the first's share. When the second call's
+    /// task learns its charge-back was accepted and its call answered before the first's task learns anything, the
+    /// answer already holds the first share: it is not taken from it again (a fault then would charge it twice).
+    #[test]
+    fn an_accepted_floor_shows_every_earlier_share_seen() {
+        let mut local = LocalBuckets::new(10);
+        admit(&mut local, "k", 4, 0.0);
+        let first = local.charge_backs(&[limit("k")], 0.0);
+        let second = local.charge_backs(&[limit("k")], 0.0);
+        assert_eq!((first[0].share, second[0].share), (4.0, 0.0));
+        local.charge_ended(&second[0], ChargeOutcome::Accepted);
+        // Redis came down to the floor, 6: the second call takes one of them.
+        local.answered(&[limit("k")], &[answer(5, 5000)], 0.0);
+        local.charge_ended(&first[0], ChargeOutcome::Accepted);
+        assert_eq!(
+            local.acquire_each(&[limit("k")], 0.0).buckets[0].remaining,
+            4,
+            "5 left in Redis, one admitted in memory"
+        );
+        // Admitted after the floor: still unseen, whatever else was accepted.
+        let third = local.charge_backs(&[limit("k")], 0.0);
+        assert_eq!((third[0].share, third[0].tokens), (1.0, 4.0));
+        local.answered(&[limit("k")], &[answer(3, 7000)], 0.0);
+        local.charge_ended(&third[0], ChargeOutcome::Failed);
+        assert_eq!(
+            local.acquire_each(&[limit("k")], 0.0).buckets[0].remaining,
+            1,
+            "3 in Redis's answer, less the unseen admission and this one"
+        );
     }
 
     /// A refused charge-back's share is dropped: the key no longer sends a floor, and an answer is taken as it is.

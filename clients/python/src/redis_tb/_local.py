@@ -63,6 +63,10 @@ class Bucket:
     charging: float = 0.0
     #: Charge-backs of this key sent and not reported yet: `charging` is exactly 0 when none is.
     in_flight: int = 0
+    #: Everything admitted in memory, summed; only grows.
+    admitted: float = 0.0
+    #: The largest `through` of a charge-back Redis took: Redis has seen this much of `admitted`.
+    confirmed: float = 0.0
     #: A limit's overflow bucket: what it admits is not charged back (no key of its own to charge).
     overflow: bool = False
 
@@ -91,6 +95,9 @@ class ChargeBack:
     #: What this charge-back covers of the admitted-in-memory (0 when another in flight covers it all): `charging`
     #: while it is out, then gone (`charged`, `charge_refused`) or owed again (`charge_failed`).
     covers: float = 0.0
+    #: Everything the bucket had admitted when it was made (its `admitted`): the floor covers all of it, so once
+    #: Redis takes it, Redis has seen that much, whatever becomes of earlier charge-backs.
+    through: float = 0.0
 
 
 class LocalBuckets:
@@ -125,6 +132,7 @@ class LocalBuckets:
                 bucket.tokens, bucket.at = tokens, now
                 if allowed and not bucket.overflow:
                     bucket.owed += limit.cost
+                    bucket.admitted += limit.cost
         results = tuple(
             bucket_result(tokens, limit.rate, limit.burst, limit.cost, fit)
             for limit, tokens, fit in zip(limits, held, fits, strict=True)
@@ -143,8 +151,10 @@ class LocalBuckets:
                         continue  # not remembered: the key starts full next time
                     bucket = self._buckets[key] = Bucket(limit.burst, now, limit.rate, limit.burst)
                 self._buckets.move_to_end(key)
-                # What this process admitted and Redis has not taken yet is not in the answer.
-                unseen = bucket.owed + bucket.charging
+                # What this process admitted and Redis has not taken yet is not in the answer. A floor Redis took
+                # covers the shares of earlier charge-backs still out (their outcome can be known later): those
+                # are in the answer already, not taken twice.
+                unseen = min(bucket.owed + bucket.charging, bucket.admitted - bucket.confirmed)
                 bucket.tokens = limit.burst - limit.rate * result.reset_after_ms / 1000 - unseen
                 bucket.at, bucket.rate, bucket.burst = now, limit.rate, limit.burst
 
@@ -160,15 +170,15 @@ class LocalBuckets:
                 if bucket is None or not bucket.diverged():
                     continue
                 floor = max(bucket.held(now), -bucket.rate * DEBT_DAY_S)
-                found.append(ChargeBack(key, bucket.rate, bucket.burst, floor, bucket.owed))
+                found.append(ChargeBack(key, bucket.rate, bucket.burst, floor, bucket.owed, bucket.admitted))
                 bucket.charging += bucket.owed
                 bucket.owed = 0.0
                 bucket.in_flight += 1
         return found
 
     def charged(self, charge: ChargeBack) -> None:
-        """Redis took the charge-back: what it covered is in Redis's bucket."""
-        self._settle(charge, owed_again=False)
+        """Redis took the charge-back: what it covered is in Redis's bucket, and all that was admitted before it."""
+        self._settle(charge, owed_again=False, took=True)
 
     def charge_failed(self, charge: ChargeBack) -> None:
         """The charge-back failed like a fault (or was never sent): what it covered is owed again, for the next call
@@ -179,11 +189,13 @@ class LocalBuckets:
         """Redis refused the charge-back for good (a configuration error): what it covered is dropped."""
         self._settle(charge, owed_again=False)
 
-    def _settle(self, charge: ChargeBack, owed_again: bool) -> None:
+    def _settle(self, charge: ChargeBack, owed_again: bool, took: bool = False) -> None:
         with self._lock:
             bucket = self._buckets.get(charge.key)
             if bucket is None:  # never: a key with a charge-back in flight is not evicted
                 return
+            if took:
+                bucket.confirmed = max(bucket.confirmed, charge.through)
             bucket.in_flight = max(0, bucket.in_flight - 1)
             # Summed and taken back in floating point: with nothing in flight, exactly nothing is being charged.
             bucket.charging = max(0.0, bucket.charging - charge.covers) if bucket.in_flight else 0.0
