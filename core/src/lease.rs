@@ -223,6 +223,16 @@ impl Lease {
         self.in_flight
     }
 
+    /// The limit's parameters.
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// Whether the limit has not been used for [`LEASE_IDLE_US`] at `now_us`.
+    pub fn idle(&self, now_us: i64) -> bool {
+        now_us.saturating_sub(self.last_use_us) >= LEASE_IDLE_US
+    }
+
     /// Tokens the process may spend at `now_us`: over its grants, `min(held, rate · (reset - now))`.
     pub fn spendable(&self, now_us: i64) -> f64 {
         self.grants
@@ -255,9 +265,7 @@ impl Lease {
     /// Whether the lease is due to be given back at `now_us`: it holds tokens, no refill is in flight, and its
     /// limit has not been used for [`LEASE_IDLE_US`].
     pub fn refund_due(&self, now_us: i64) -> bool {
-        !self.in_flight
-            && now_us.saturating_sub(self.last_use_us) >= LEASE_IDLE_US
-            && self.refundable(now_us) > 0.0
+        !self.in_flight && self.idle(now_us) && self.refundable(now_us) > 0.0
     }
 
     /// What a refund sent at `now_us` may give back: the part of the *latest* grant the bucket still counts (none

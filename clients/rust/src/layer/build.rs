@@ -12,6 +12,7 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 
 use super::answer::{Fixed, Refusal, RefusalHook};
+use super::lease::Leases;
 use super::{ErrorHook, FailMode, LogState, RateLimitLayer, Shared};
 use crate::client::Client;
 use crate::error::{ConfigError, Error};
@@ -220,6 +221,7 @@ impl RateLimitLayerBuilder {
                 #[cfg(feature = "prometheus")]
                 metrics: self.metrics,
                 local: Mutex::new(LocalBuckets::new(self.local_capacity)),
+                leases: Leases::new(self.local_capacity),
                 epoch: Instant::now(),
                 in_fault: AtomicBool::new(false),
                 log: Mutex::new(LogState::default()),

@@ -25,7 +25,10 @@ use crate::failure::Failure;
 use crate::keys;
 use crate::limit::{Identity, Limit};
 use crate::local::{ChargeBack, ChargeOutcome, LocalBucket, LocalBuckets};
-use crate::replies::{AcquiredEach, BucketResult};
+use crate::replies::{AcquiredEach, BucketResult, PartialGrant};
+use redis_tb_core::Params;
+
+use super::lease::{Leases, Step};
 
 /// One limit that applies to a request, with its bucket key.
 struct Planned<'a> {
@@ -197,6 +200,11 @@ impl Shared {
         self.epoch.elapsed().as_secs_f64() * 1000.0
     }
 
+    /// The leases' clock: microseconds since the layer was built.
+    fn now_us(&self) -> i64 {
+        i64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(i64::MAX)
+    }
+
     /// Whether a refusal of shadow limit `name` at `now` is logged: the first, then one a second at most.
     fn shadow_log_due(&self, name: &str, now: Instant) -> bool {
         let Ok(mut log) = self.log.lock() else {
@@ -210,7 +218,13 @@ impl Shared {
     async fn decide(&self, plan: &[Planned<'_>], parts: &Parts, enforced: bool) -> Verdict {
         let started = self.call_started();
         let buckets: Vec<LocalBucket<'_>> = plan.iter().map(Planned::bucket).collect();
-        match self.ask(&buckets, parts).await {
+        let asked = if plan.iter().any(|planned| planned.limit.lease) {
+            // Boxed, as the charge-backs are: the usual call's future stays small (see `acquire`).
+            Box::pin(self.ask_leased(plan, &buckets, parts)).await
+        } else {
+            self.ask(&buckets, parts).await
+        };
+        match asked {
             Ok(reply) => {
                 self.count_decided(|| self.client.backend_in_use().as_str(), started);
                 self.answered();
@@ -275,6 +289,142 @@ impl Shared {
         }
         // Boxed, as the charge-backs are: the usual call's future stays small (see `acquire`).
         Box::pin(self.ask_per_slot(buckets, &parts)).await
+    }
+
+    /// A plan with leased limits: the others first, in one call after their charge-backs (as `ask`), then, when
+    /// they allow, each leased limit from its lease. A leased limit that refuses gives back what the others took
+    /// (TB.REFUND), as a refusal in another cluster slot does; what an earlier leased limit of the request spent
+    /// is not given back to its lease, which under-admits by at most that cost.
+    async fn ask_leased(
+        &self,
+        plan: &[Planned<'_>],
+        buckets: &[LocalBucket<'_>],
+        request: &Parts,
+    ) -> Result<AcquiredEach, Error> {
+        let (rest, chosen): (Vec<usize>, Vec<LocalBucket<'_>>) = plan
+            .iter()
+            .zip(buckets)
+            .enumerate()
+            .filter(|(_, (planned, _))| !planned.limit.lease)
+            .map(|(index, (_, bucket))| (index, *bucket))
+            .unzip();
+        let mut results: Vec<Option<BucketResult>> = vec![None; plan.len()];
+        let mut allowed = true;
+        if !chosen.is_empty() {
+            let reply = self.ask(&chosen, request).await?;
+            allowed = reply.allowed;
+            for (&index, result) in rest.iter().zip(reply.buckets) {
+                if let Some(slot) = results.get_mut(index) {
+                    *slot = Some(result);
+                }
+            }
+        }
+        let others_took = allowed && !chosen.is_empty();
+        for ((planned, bucket), slot) in plan.iter().zip(buckets).zip(results.iter_mut()) {
+            if !planned.limit.lease {
+                continue;
+            }
+            let result = if allowed {
+                self.leased(bucket, request).await?
+            } else {
+                let params = Params::new(bucket.rate, bucket.burst)
+                    .map_err(|_| Error::InvalidArgument("rate or burst".to_owned()))?;
+                self.leases
+                    .peek(bucket.key, params, bucket.cost, self.now_us())
+            };
+            allowed &= result.fits;
+            *slot = Some(result);
+        }
+        if others_took && !allowed {
+            for bucket in &chosen {
+                if let Err(err) = self
+                    .client
+                    .refund(bucket.key, bucket.rate, bucket.burst, bucket.cost)
+                    .await
+                {
+                    tracing::warn!(
+                        limit = %bucket.limit,
+                        "redis-tb: could not give back the tokens of a refused request ({err})"
+                    );
+                }
+            }
+        }
+        let results: Vec<BucketResult> = results.into_iter().flatten().collect();
+        Ok(AcquiredEach {
+            allowed,
+            limiting_index: redis_tb_core::limiting_index(
+                allowed,
+                results
+                    .iter()
+                    .map(|result| (result.remaining, result.retry_after_ms)),
+            ),
+            buckets: results,
+        })
+    }
+
+    /// One request on a leased limit's bucket: from the lease, after waiting for the refill in flight if there
+    /// is one, or by the refill this request sends. A refill that fails leaves the request to the leased tokens,
+    /// then to the fail mode (the error).
+    async fn leased(
+        &self,
+        bucket: &LocalBucket<'_>,
+        request: &Parts,
+    ) -> Result<BucketResult, Error> {
+        let params = Params::new(bucket.rate, bucket.burst)
+            .map_err(|_| Error::InvalidArgument("rate or burst".to_owned()))?;
+        loop {
+            match self
+                .leases
+                .admit(bucket.key, params, bucket.cost, self.now_us())
+            {
+                Step::Decided(result) => return Ok(result),
+                // The sender lives while a refill is in flight: an error means it ended.
+                Step::Wait(mut ended) => {
+                    let _ = ended.changed().await;
+                }
+                Step::NoRoom => {
+                    let reply = self.ask(std::slice::from_ref(bucket), request).await?;
+                    return reply.buckets.into_iter().next().ok_or_else(|| {
+                        Error::Protocol("a reply without the bucket asked for".to_owned())
+                    });
+                }
+                Step::Call { max } => {
+                    let mut refilling = Refilling {
+                        leases: &self.leases,
+                        key: bucket.key,
+                        ended: false,
+                    };
+                    let grant = self.refill(bucket, max, request).await;
+                    refilling.ended = true;
+                    let now_us = self.now_us();
+                    return match grant {
+                        Ok(grant) => Ok(self.leases.answered(bucket.key, params, &grant, now_us)),
+                        Err(err) => self
+                            .leases
+                            .failed(bucket.key, Some(bucket.cost), now_us)
+                            .ok_or(err),
+                    };
+                }
+            }
+        }
+    }
+
+    /// A lease's refill: the key's charge-backs first (fail mode `local`), then `TB.ACQUIREATMOST`.
+    async fn refill(
+        &self,
+        bucket: &LocalBucket<'_>,
+        max: u64,
+        request: &Parts,
+    ) -> Result<PartialGrant, Error> {
+        if self.fail == FailMode::Local {
+            let pending = self.charges(std::slice::from_ref(bucket));
+            if !pending.charges.is_empty() {
+                Box::pin(self.charge_back(pending, request)).await?;
+            }
+        }
+        self.client
+            .acquire_at_most(bucket.key, bucket.rate, bucket.burst, max)
+            .await
     }
 
     /// Buckets in several cluster slots: one call per slot (`parts`: the buckets' indexes by slot).
@@ -605,6 +755,22 @@ fn slot_parts(buckets: &[LocalBucket<'_>]) -> Vec<Vec<usize>> {
         }
     }
     parts.into_iter().map(|(_, part)| part).collect()
+}
+
+/// A lease's refill under way: dropped before it ended (the request went away mid-call), it ends as failed, so
+/// the requests waiting on it are decided again.
+struct Refilling<'a> {
+    leases: &'a Leases,
+    key: &'a str,
+    ended: bool,
+}
+
+impl Drop for Refilling<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.leases.failed(self.key, None, 0);
+        }
+    }
 }
 
 /// The charge-backs of one call, from the first not yet ended. Each ends once: with its outcome, or, when the

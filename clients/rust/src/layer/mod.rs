@@ -5,6 +5,7 @@
 //! ```text
 //! build.rs    the builder: setters that cannot fail, one build() that checks every option
 //! decide.rs   the Service: the request's buckets, the Redis call (or the fail mode), the charge-backs
+//! lease.rs    leased limits: tokens taken in batches and spent in memory, one refill in flight per key
 //! answer.rs   the responses: header fields, the refusal, fail mode closed's 503, the response body type
 //!
 //! errors      refusals and failures are responses (429, or 503 for fail mode closed), never the service's
@@ -26,6 +27,7 @@
 mod answer;
 mod build;
 mod decide;
+mod lease;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -89,6 +91,8 @@ struct Shared {
     #[cfg(feature = "prometheus")]
     metrics: Option<crate::metrics::Metrics>,
     local: Mutex<LocalBuckets>,
+    /// The leases of the leased limits' keys.
+    leases: lease::Leases,
     epoch: Instant,
     /// A fault is under way: its warning was logged; cleared by the next call that answers.
     in_fault: AtomicBool,
