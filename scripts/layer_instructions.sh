@@ -4,7 +4,8 @@
 # REQUESTS requests under valgrind's callgrind, counting only inside the bench's `counted` (the requests, after
 # as many uncounted). Instructions do not move with the machine's load as times do; they leave out waiting
 # (Redis's own work, the kernel's) and weigh every instruction alike.
-#   own instructions: tower_governor = governor - none; redis-tb layer = redis_tb - none - bare_acquire
+#   own instructions: tower_governor = governor - none; redis-tb layer = redis_tb - none - bare_acquire;
+#   a leased limit = redis_tb_leased - none (its Redis calls, one per lease, included)
 # Needs $REDIS_SERVER and $TB_MODULE as the bench does, and valgrind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ for line in sys.stdin:
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 declare -A per
-for case in none tower_governor redis_tb bare_acquire; do
+for case in none tower_governor redis_tb bare_acquire redis_tb_leased; do
   LAYER_BENCH_ONLY="$case:$requests" valgrind --tool=callgrind --toggle-collect='*counted*' \
     --callgrind-out-file="$out/$case.out" "$bench" --bench >/dev/null 2>"$out/$case.log"
   total="$(sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/$case.log")"
@@ -27,5 +28,8 @@ for case in none tower_governor redis_tb bare_acquire; do
 done
 governor=$((per[tower_governor] - per[none]))
 layer=$((per[redis_tb] - per[none] - per[bare_acquire]))
+leased=$((per[redis_tb_leased] - per[none]))
 echo "own instructions per request: tower_governor $governor, redis-tb layer $layer;" \
   "ratio redis-tb / tower_governor = $(python3 -c "print(f'{$layer / $governor:.2f}')")"
+echo "a leased limit, its Redis calls included: $leased;" \
+  "ratio to tower_governor = $(python3 -c "print(f'{$leased / $governor:.2f}')")"

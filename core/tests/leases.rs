@@ -53,6 +53,9 @@ fn leases_follow_the_shared_fixture() {
             if let Some(cost) = step.get("admit") {
                 let decision = lease.admit(now, fixture_number(cost));
                 assert_eq!(Some(decision), expected(&step["expect"]), "{at}");
+            } else if let Some(cost) = step.get("admit_again") {
+                let decision = lease.admit_again(now, fixture_number(cost));
+                assert_eq!(Some(decision), expected(&step["expect"]), "{at}");
             } else if let Some(reply) = step.get("answered") {
                 let reply: Vec<i64> = reply
                     .as_array()

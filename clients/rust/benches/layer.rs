@@ -47,6 +47,10 @@ use tower_governor::GovernorLayer;
 
 /// Far above any rate this bench reaches: every request is allowed, by both layers.
 const RATE: f64 = 1e9;
+/// The leased limit: a hot limit's bucket, emptied before the bench, that refills far faster than the bench asks
+/// (every request allowed) and takes days to fill (a grant keeps its worth: `rate * (reset - now)`).
+const LEASED_RATE: f64 = 1e6;
+const LEASED_BURST: f64 = 1e12;
 const PEER: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 40_000);
 
 fn app() -> Router {
@@ -167,6 +171,26 @@ fn main() {
         Some(&addr_identity(PEER.ip(), Ipv6Subnet::DEFAULT)),
         "api",
     );
+    let hot = Limit::new("hot", LEASED_RATE, LEASED_BURST)
+        .expect("a limit")
+        .lease(true);
+    let leased = app().layer(
+        RateLimitLayer::builder(client.clone(), [hot])
+            .build()
+            .expect("a layer"),
+    );
+    let hot_key = bucket_key(
+        DEFAULT_PREFIX,
+        Some(&addr_identity(PEER.ip(), Ipv6Subnet::DEFAULT)),
+        "hot",
+    );
+    runtime.block_on(async {
+        let emptied = client
+            .acquire(&hot_key, LEASED_RATE, LEASED_BURST, LEASED_BURST)
+            .await
+            .expect("TB.ACQUIRE");
+        assert!(emptied.allowed);
+    });
 
     // The layer must have reached the module (not the Lua script, not its local fallback).
     runtime.block_on(async {
@@ -179,7 +203,8 @@ fn main() {
     assert_eq!(client.backend_in_use(), Backend::Module);
 
     // LAYER_BENCH_ONLY=<case>:<requests>: that many requests of one case (none, tower_governor, redis_tb,
-    // bare_acquire) inside `counted`, after as many uncounted, then exit (see the top of this file).
+    // bare_acquire, redis_tb_leased) inside `counted`, after as many uncounted, then exit (see the top of this
+    // file).
     if let Ok(only) = std::env::var("LAYER_BENCH_ONLY") {
         let (case, count) = only
             .split_once(':')
@@ -189,6 +214,7 @@ fn main() {
             "none" => drop(drive(&plain, count).await),
             "tower_governor" => drop(drive(&governed, count).await),
             "redis_tb" => drop(drive(&limited, count).await),
+            "redis_tb_leased" => drop(drive(&leased, count).await),
             "bare_acquire" => {
                 for _ in 0..count {
                     let reply = client
@@ -218,6 +244,9 @@ fn main() {
     });
     group.bench_function("redis_tb", |b| {
         b.iter_custom(|iters| runtime.block_on(drive(&limited, iters)));
+    });
+    group.bench_function("redis_tb_leased", |b| {
+        b.iter_custom(|iters| runtime.block_on(drive(&leased, iters)));
     });
     group.bench_function("bare_acquire", |b| {
         b.iter_custom(|iters| {
@@ -281,7 +310,13 @@ fn main() {
         return;
     }
     let group_directory = directory.join("layer");
-    let ids = ["none", "tower_governor", "redis_tb", "bare_acquire"];
+    let ids = [
+        "none",
+        "tower_governor",
+        "redis_tb",
+        "bare_acquire",
+        "redis_tb_leased",
+    ];
     let estimates: Option<Vec<f64>> = ids
         .iter()
         .map(|id| estimate_ns(&group_directory, id))
@@ -299,6 +334,11 @@ fn main() {
         "own time, measured apart: tower_governor {apart_governor:.0} ns, redis-tb layer {apart_layer:.0} ns; \
          ratio {:.2}",
         apart_layer / apart_governor
+    );
+    let apart_leased = estimates[4] - estimates[0];
+    println!(
+        "own time of a leased limit (its Redis calls included): {apart_leased:.0} ns; ratio to tower_governor {:.2}",
+        apart_leased / apart_governor
     );
     let (governor_own, layer_own) = (governor_pairs.mean_ns(), layer_pairs.mean_ns());
     println!(

@@ -265,6 +265,8 @@ impl LocalBuckets {
     /// Redis answered a call for `buckets` with `results` (one per bucket) at `now_ms`: each bucket continues
     /// from there if a fault comes, less what Redis has not seen (owed, or covered by charge-backs in flight and
     /// not by an accepted later floor).
+    // Folded into each caller: the layer's usual path calls it once per request.
+    #[inline(always)]
     pub fn answered(&mut self, buckets: &[LocalBucket<'_>], results: &[BucketResult], now_ms: f64) {
         let now_us = micros(now_ms);
         for (bucket, result) in buckets.iter().zip(results) {

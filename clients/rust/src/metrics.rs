@@ -4,7 +4,8 @@
 //! ```text
 //! redis_tb_requests_total{outcome}          allowed, refused, shadow_refused, skipped
 //! redis_tb_refusals_total{limit}            per refused or shadow-refused request, each limit that did not fit
-//! redis_tb_decisions_total{source}          module, function, script (Redis answered), local, open, closed
+//! redis_tb_decisions_total{source}          module, function, script (Redis answered), lease (a leased limit
+//!                                           took part), local, open, closed
 //! redis_tb_redis_failures_total{class}      failed limiter calls, by the failure table's class
 //! redis_tb_call_duration_seconds            the limiter call, buckets 0.5 ms to 2.5 s
 //! ```
@@ -25,7 +26,9 @@ const DURATION_BOUNDS_S: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 const OUTCOMES: [&str; 4] = ["allowed", "refused", "shadow_refused", "skipped"];
-const SOURCES: [&str; 6] = ["module", "function", "script", "local", "open", "closed"];
+const SOURCES: [&str; 7] = [
+    "module", "function", "script", "lease", "local", "open", "closed",
+];
 
 type Labelled = Family<[(&'static str, String); 1], Counter>;
 

@@ -314,3 +314,73 @@ async fn a_leased_limit_beside_another_is_all_or_nothing() {
         2 - (3 - refused)
     );
 }
+
+/// The request that sent a refill goes away mid-call (its client disconnected): the grant still reaches the
+/// lease, and serves the requests after it without another call. Tokens Redis took are not lost with a request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_request_went_away_still_serves_the_next_requests() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    // A tenth of the burst, 10, is the largest lease; 60 requests in a row grow it there.
+    let app = process(&server.url(), 0.001, 100.0, FailMode::Local);
+    for _ in 0..60 {
+        assert_eq!(status(&app).await, 200);
+    }
+    let before = calls(&mut conn, "tb.acquireatmost");
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(300)
+        .arg("WRITE")
+        .query(&mut conn)
+        .expect("CLIENT PAUSE");
+    // Spent what the lease held; then one request sends a refill and goes away while Redis holds it.
+    let mut sender = None;
+    for _ in 0..12 {
+        let app = app.clone();
+        let request = tokio::spawn(async move { status(&app).await });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if !request.is_finished() {
+            sender = Some(request);
+            break;
+        }
+        assert_eq!(request.await.expect("a task"), 200);
+    }
+    let sender = sender.expect("a request that waits on Redis");
+    sender.abort();
+    // The paused call is answered after the pause: poll until Redis counted it.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while calls(&mut conn, "tb.acquireatmost") == before {
+        assert!(Instant::now() < deadline, "the refill never reached Redis");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for _ in 0..5 {
+        assert_eq!(status(&app).await, 200);
+    }
+    assert_eq!(
+        calls(&mut conn, "tb.acquireatmost"),
+        before + 1,
+        "the grant of the request that went away served the next five"
+    );
+}
+
+/// Two leased limits on one layer are refused when it is built: what one spent could not go back to its lease
+/// when the other refuses.
+#[test]
+fn a_layer_takes_at_most_one_leased_limit() {
+    let server = Server::start();
+    let limits = [
+        Limit::new("a", 1.0, 10.0).expect("a limit").lease(true),
+        Limit::new("b", 1.0, 10.0).expect("a limit").lease(true),
+    ];
+    let error = RateLimitLayer::builder(client(&server.url()), limits)
+        .build()
+        .err()
+        .expect("refused");
+    assert!(
+        error
+            .to_string()
+            .contains("at most one limit may be leased"),
+        "{error}"
+    );
+}

@@ -185,6 +185,13 @@ impl RateLimitLayerBuilder {
                 key.check()?;
             }
         }
+        if self.limits.iter().filter(|limit| limit.lease).count() > 1 {
+            return Err(ConfigError::new(
+                "limits: at most one limit may be leased (the shared, hot one); a request's leased tokens, once \
+                 spent, cannot go back to a lease when another leased limit refuses"
+                    .to_owned(),
+            ));
+        }
         keys::check_prefix(&self.prefix)?;
         let status = StatusCode::from_u16(self.status)
             .ok()
@@ -220,8 +227,8 @@ impl RateLimitLayerBuilder {
                 shadow: self.shadow,
                 #[cfg(feature = "prometheus")]
                 metrics: self.metrics,
-                local: Mutex::new(LocalBuckets::new(self.local_capacity)),
-                leases: Leases::new(self.local_capacity),
+                local: Arc::new(Mutex::new(LocalBuckets::new(self.local_capacity))),
+                leases: Arc::new(Leases::new(self.local_capacity)),
                 epoch: Instant::now(),
                 in_fault: AtomicBool::new(false),
                 log: Mutex::new(LogState::default()),

@@ -3,20 +3,22 @@
 //! workspace core's [`Lease`], which keeps the bound exact over every process.
 //!
 //! ```text
-//! one call    one refill in flight per key; the requests that come meanwhile wait for its end, then are
-//!             decided again (leased tokens first)
+//! one call    one refill in flight per key; the requests that come meanwhile wait for its end (at most the
+//!             client's timeout), counted toward the next lease's size, then are decided again
 //! refusals    Redis's refusal is remembered until its retry time: refused requests make no call
-//! faults      a refill that fails leaves the request to the leased tokens, then to the layer's fail mode; a
-//!             refill whose request is dropped (the client went away) ends as failed, so no one waits on it
+//! faults      a refill that fails leaves its request, and those that waited on it, to the leased tokens, then
+//!             to the layer's fail mode
 //! bounded     at most the local capacity's number of keys hold a lease; a key that finds no place is decided
-//!             by its own Redis call, as a limit without lease
-//! idle        a lease whose limit is idle is dropped when its place is needed; its tokens are worth less each
-//!             moment and none once its grant's reset time has passed
+//!             by its own Redis call, as a limit without lease; idle leases make room
 //! ```
+//!
+//! The clock is read under the table's lock, so that no decision values held tokens at an earlier instant than
+//! the one it is made at.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use redis_tb_core::{Admit, Lease, Params, LEASE_IDLE_US};
 use tokio::sync::watch;
@@ -29,8 +31,17 @@ struct Last {
     /// Tokens left in Redis's bucket after the grant.
     remaining: i64,
     reset_after_ms: i64,
-    /// When the refill was sent (caller's clock, µs).
+    /// When the refill was sent (the table's clock, µs).
     sent_us: i64,
+}
+
+/// How the latest refill of a key ended, for the requests that waited on it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Ended {
+    /// Counts the refills ended.
+    round: u64,
+    /// It failed: the requests that waited take the leased tokens, then the fail mode, without a call each.
+    pub(super) failed: bool,
 }
 
 /// One key's lease.
@@ -39,13 +50,12 @@ struct Slot {
     /// When the refill in flight was sent.
     sent_us: i64,
     last: Option<Last>,
-    /// Counts the refills ended (answered or failed): the requests waiting on one watch it.
-    ended: watch::Sender<u64>,
+    ended: watch::Sender<Ended>,
 }
 
 struct Table {
     slots: HashMap<String, Slot>,
-    /// When idle leases were last swept from a full table (caller's clock, µs).
+    /// When idle leases were last swept from a full table (µs).
     swept_us: i64,
 }
 
@@ -53,16 +63,18 @@ struct Table {
 pub(super) struct Leases {
     table: Mutex<Table>,
     capacity: usize,
+    epoch: Instant,
 }
 
 /// What a request of a leased limit does next.
 pub(super) enum Step {
     /// Decided: this bucket's result.
     Decided(BucketResult),
-    /// Send `TB.ACQUIREATMOST key rate burst max`, then [`Leases::answered`] or [`Leases::failed`].
+    /// Send `TB.ACQUIREATMOST key rate burst max`, then [`Leases::answered`] or [`Leases::failed`] (a
+    /// [`Refilling`] sees to the latter).
     Call { max: u64 },
-    /// A refill is in flight: wait for it to end, then ask again.
-    Wait(watch::Receiver<u64>),
+    /// A refill is in flight: wait for it to end, then ask again with `waited`.
+    Wait(watch::Receiver<Ended>),
     /// No place for this key's lease: decide it by its own Redis call.
     NoRoom,
 }
@@ -76,14 +88,39 @@ impl Leases {
                 swept_us: i64::MIN,
             }),
             capacity,
+            epoch: Instant::now(),
         }
     }
 
-    /// Decides one request of `cost` on `key`'s lease at `now_us`.
-    pub(super) fn admit(&self, key: &str, params: Params, cost: f64, now_us: i64) -> Step {
-        let Ok(mut table) = self.table.lock() else {
-            return Step::NoRoom;
-        };
+    /// The table, whatever panicked while holding it before: every path through it leaves it consistent, and
+    /// waiting requests must still hear of each refill's end.
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn now_us(&self) -> i64 {
+        i64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(i64::MAX)
+    }
+
+    /// The decision for one request of `cost` on `key` when the lease can make it without a call: from the
+    /// tokens it holds, or by Redis's remembered refusal. `None`: the request must wait or send a refill
+    /// ([`Leases::admit`]), or the key has no lease yet. Nothing changes then.
+    pub(super) fn held(&self, key: &str, params: Params, cost: f64) -> Option<BucketResult> {
+        let mut table = self.table();
+        let now_us = self.now_us();
+        let slot = table.slots.get_mut(key)?;
+        match slot.lease.admit_held(now_us, cost)? {
+            Admit::Refused { retry_after_ms } => {
+                Some(slot.result(false, retry_after_ms, now_us, &params))
+            }
+            _ => Some(slot.result(true, 0, now_us, &params)),
+        }
+    }
+
+    /// Decides one request of `cost` on `key`'s lease: spend leased tokens, refuse from a remembered refusal,
+    /// send a refill, or wait for the one in flight. `waited`: the request waited on a refill before, and was
+    /// counted toward the next lease's size then.
+    pub(super) fn admit(&self, key: &str, params: Params, cost: f64, waited: bool) -> Step {
         if cost > params.burst() {
             return Step::Decided(BucketResult {
                 fits: false,
@@ -92,10 +129,17 @@ impl Leases {
                 reset_after_ms: 0,
             });
         }
+        let mut table = self.table();
+        let now_us = self.now_us();
         let Some(slot) = table.slot(key, params, now_us, self.capacity) else {
             return Step::NoRoom;
         };
-        match slot.lease.admit(now_us, cost) {
+        let admit = if waited {
+            slot.lease.admit_again(now_us, cost)
+        } else {
+            slot.lease.admit(now_us, cost)
+        };
+        match admit {
             Admit::Spent => Step::Decided(slot.result(true, 0, now_us, &params)),
             Admit::Refused { retry_after_ms } => {
                 Step::Decided(slot.result(false, retry_after_ms, now_us, &params))
@@ -110,22 +154,16 @@ impl Leases {
         }
     }
 
-    /// The refill of `key` was answered with `grant` at `now_us`: the decision of the request that sent it.
-    pub(super) fn answered(
-        &self,
-        key: &str,
-        params: Params,
-        grant: &PartialGrant,
-        now_us: i64,
-    ) -> BucketResult {
+    /// The refill of `key` was answered with `grant`: the decision of the request that sent it (its tokens
+    /// count as taken when Redis granted them).
+    pub(super) fn answered(&self, key: &str, params: Params, grant: &PartialGrant) -> BucketResult {
+        let mut table = self.table();
+        let now_us = self.now_us();
         let refused = BucketResult {
             fits: false,
             remaining: grant.remaining,
             retry_after_ms: grant.retry_after_ms,
             reset_after_ms: grant.reset_after_ms,
-        };
-        let Ok(mut table) = self.table.lock() else {
-            return refused;
         };
         let Some(slot) = table.slots.get_mut(key) else {
             return refused;
@@ -143,8 +181,10 @@ impl Leases {
             reset_after_ms: grant.reset_after_ms,
             sent_us,
         });
-        slot.ended
-            .send_modify(|ended| *ended = ended.wrapping_add(1));
+        slot.ended.send_modify(|ended| {
+            ended.round = ended.round.wrapping_add(1);
+            ended.failed = false;
+        });
         match decision {
             Some(Admit::Spent) => slot.result(true, 0, now_us, &params),
             Some(Admit::Refused { retry_after_ms }) => {
@@ -154,16 +194,23 @@ impl Leases {
         }
     }
 
-    /// The refill of `key` failed (or its request went away): the waiting requests are decided again. When
-    /// `cost` is given, spends it from the leased tokens at `now_us` if they hold it: whether they did.
-    pub(super) fn failed(&self, key: &str, cost: Option<f64>, now_us: i64) -> Option<BucketResult> {
-        let mut table = self.table.lock().ok()?;
+    /// The refill of `key` failed, or was dropped before it was sent: the requests waiting on it are told.
+    pub(super) fn failed(&self, key: &str) {
+        let mut table = self.table();
+        if let Some(slot) = table.slots.get_mut(key) {
+            slot.lease.failed();
+            slot.ended.send_modify(|ended| {
+                ended.round = ended.round.wrapping_add(1);
+                ended.failed = true;
+            });
+        }
+    }
+
+    /// After a failed refill: `cost` from the leased tokens, if they hold it.
+    pub(super) fn spend_held(&self, key: &str, params: Params, cost: f64) -> Option<BucketResult> {
+        let mut table = self.table();
+        let now_us = self.now_us();
         let slot = table.slots.get_mut(key)?;
-        slot.lease.failed();
-        slot.ended
-            .send_modify(|ended| *ended = ended.wrapping_add(1));
-        let cost = cost?;
-        let params = *slot.lease.params();
         slot.lease
             .spend(now_us, cost)
             .then(|| slot.result(true, 0, now_us, &params))
@@ -171,9 +218,10 @@ impl Leases {
 
     /// The state of `key`'s lease as a result, taking nothing: for a leased limit of a request that another of
     /// its limits refused.
-    pub(super) fn peek(&self, key: &str, params: Params, cost: f64, now_us: i64) -> BucketResult {
-        let table = self.table.lock().ok();
-        match table.as_ref().and_then(|table| table.slots.get(key)) {
+    pub(super) fn peek(&self, key: &str, params: Params, cost: f64) -> BucketResult {
+        let table = self.table();
+        let now_us = self.now_us();
+        match table.slots.get(key) {
             Some(slot) => {
                 let fits = slot.lease.spendable(now_us) >= cost;
                 slot.result(fits, 0, now_us, &params)
@@ -190,7 +238,7 @@ impl Leases {
 
 impl Table {
     /// `key`'s slot, a new one if there is room (idle leases are swept from a full table at most once per
-    /// [`LEASE_IDLE_US`]).
+    /// [`LEASE_IDLE_US`], so a flood of new keys costs no sweep each).
     fn slot(
         &mut self,
         key: &str,
@@ -205,12 +253,12 @@ impl Table {
                 }
                 self.swept_us = now_us;
                 self.slots
-                    .retain(|_, slot| !slot.lease.idle(now_us) || slot.lease.in_flight());
+                    .retain(|_, slot| slot.lease.in_flight() || !slot.lease.idle(now_us));
                 if self.slots.len() >= capacity {
                     return None;
                 }
             }
-            let (ended, _) = watch::channel(0);
+            let (ended, _) = watch::channel(Ended::default());
             self.slots.insert(
                 key.to_owned(),
                 Slot {
@@ -251,6 +299,44 @@ impl Slot {
             remaining: remaining.min(params.burst()).floor().max(0.0) as i64,
             retry_after_ms,
             reset_after_ms,
+        }
+    }
+}
+
+/// A refill under way: dropped before [`Refilling::ended`] (its request went away before it was sent, or its
+/// task panicked), it ends as failed, so the requests waiting on it are decided.
+pub(super) struct Refilling {
+    leases: Arc<Leases>,
+    key: String,
+    ended: bool,
+}
+
+impl Refilling {
+    pub(super) fn new(leases: Arc<Leases>, key: &str) -> Refilling {
+        Refilling {
+            leases,
+            key: key.to_owned(),
+            ended: false,
+        }
+    }
+
+    /// The refill's reply: the decision of its request; waiting requests are told.
+    pub(super) fn answered(mut self, params: Params, grant: &PartialGrant) -> BucketResult {
+        self.ended = true;
+        self.leases.answered(&self.key, params, grant)
+    }
+
+    /// The refill failed; waiting requests are told.
+    pub(super) fn failed(mut self) {
+        self.ended = true;
+        self.leases.failed(&self.key);
+    }
+}
+
+impl Drop for Refilling {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.leases.failed(&self.key);
         }
     }
 }

@@ -90,9 +90,10 @@ struct Shared {
     shadow: bool,
     #[cfg(feature = "prometheus")]
     metrics: Option<crate::metrics::Metrics>,
-    local: Mutex<LocalBuckets>,
-    /// The leases of the leased limits' keys.
-    leases: lease::Leases,
+    /// Shared with the refills of leased limits, which run on tasks of their own.
+    local: Arc<Mutex<LocalBuckets>>,
+    /// The leases of the leased limit's keys.
+    leases: Arc<lease::Leases>,
     epoch: Instant,
     /// A fault is under way: its warning was logged; cleared by the next call that answers.
     in_fault: AtomicBool,
