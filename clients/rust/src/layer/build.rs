@@ -185,6 +185,16 @@ impl RateLimitLayerBuilder {
                 key.check()?;
             }
         }
+        if let Some(limit) = self
+            .limits
+            .iter()
+            .find(|limit| limit.lease && limit.burst < 1.0)
+        {
+            return Err(ConfigError::new(format!(
+                "limit {:?}: a leased limit needs a burst of at least 1 (leases are whole tokens), not {}",
+                limit.name, limit.burst
+            )));
+        }
         if self.limits.iter().filter(|limit| limit.lease).count() > 1 {
             return Err(ConfigError::new(
                 "limits: at most one limit may be leased (the shared, hot one); a request's leased tokens, once \

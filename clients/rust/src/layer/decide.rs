@@ -277,13 +277,21 @@ impl Shared {
 
     /// `decide` for a plan with a leased limit: Redis's replies for the other limits and the leased limit's
     /// grants are remembered for the fail mode as they arrive (see `ask_leased`), and a call that Redis answers
-    /// ends a fault there; a decision from the tokens held says nothing of Redis.
+    /// ends a fault there; a decision from the tokens held says nothing of Redis. Counted as the backend's when a
+    /// call decided, else as the lease's.
     async fn decide_leased(&self, plan: &[Planned<'_>], parts: &Parts, enforced: bool) -> Verdict {
         let started = self.call_started();
         let buckets: Vec<LocalBucket<'_>> = plan.iter().map(Planned::bucket).collect();
         match self.ask_leased(plan, &buckets, parts).await {
-            Ok(reply) => {
-                self.count_decided(|| "lease", started);
+            Ok((reply, called)) => {
+                let source = || {
+                    if called {
+                        self.client.backend_in_use().as_str()
+                    } else {
+                        "lease"
+                    }
+                };
+                self.count_decided(source, started);
                 self.verdict(plan, &reply, enforced, parts)
             }
             Err(err) => self.fail_mode(
@@ -387,15 +395,16 @@ impl Shared {
         plan: &[Planned<'_>],
         buckets: &[LocalBucket<'_>],
         request: &Parts,
-    ) -> Result<AcquiredEach, Error> {
+    ) -> Result<(AcquiredEach, bool), Error> {
         if let ([planned], [bucket]) = (plan, buckets) {
             if planned.limit.lease {
-                let result = self.leased(bucket, request).await?;
-                return Ok(AcquiredEach {
+                let (result, called) = self.leased(bucket, request).await?;
+                let reply = AcquiredEach {
                     allowed: result.fits,
                     limiting_index: 0,
                     buckets: vec![result],
-                });
+                };
+                return Ok((reply, called));
             }
         }
         let (rest, chosen): (Vec<usize>, Vec<LocalBucket<'_>>) = plan
@@ -423,7 +432,7 @@ impl Shared {
                 .map_err(|_| Error::InvalidArgument("rate or burst".to_owned()))?;
             let result = if allowed {
                 match self.leased(bucket, request).await {
-                    Ok(result) => result,
+                    Ok((result, _)) => result,
                     Err(err) => {
                         self.give_back(&chosen).await;
                         return Err(err);
@@ -439,7 +448,12 @@ impl Shared {
             *slot = Some(result);
         }
         let results: Vec<BucketResult> = results.into_iter().flatten().collect();
-        Ok(AcquiredEach {
+        if results.len() != plan.len() {
+            return Err(Error::Protocol(
+                "a reply held fewer buckets than the call".to_owned(),
+            ));
+        }
+        let reply = AcquiredEach {
             allowed,
             limiting_index: redis_tb_core::limiting_index(
                 allowed,
@@ -448,7 +462,9 @@ impl Shared {
                     .map(|result| (result.remaining, result.retry_after_ms)),
             ),
             buckets: results,
-        })
+        };
+        // The other limits were asked of Redis.
+        Ok((reply, true))
     }
 
     /// What `buckets` took for a request that is refused after all goes back (`TB.REFUND`).
@@ -468,58 +484,53 @@ impl Shared {
         }
     }
 
-    /// One request on a leased limit's bucket: from the lease, after waiting for the refill in flight if there
-    /// is one (at most the client's timeout), or by the refill this request sends. A refill that fails leaves
-    /// the request, and those that waited on it, to the leased tokens, then to the fail mode (the error).
+    /// One request on a leased limit's bucket: from the lease; after waiting for the refills in flight, if there
+    /// are; or by the refill this request sends. A request whose wait reached the client's timeout, or whose
+    /// refill failed without held tokens to cover it, is decided by a call of its own, as a key without lease:
+    /// waiting never turns into the fail mode, which only a call that fails reaches. With the decision: whether
+    /// a Redis call made it.
     async fn leased(
         &self,
         bucket: &LocalBucket<'_>,
         request: &Parts,
-    ) -> Result<BucketResult, Error> {
+    ) -> Result<(BucketResult, bool), Error> {
         let params = Params::new(bucket.rate, bucket.burst)
             .map_err(|_| Error::InvalidArgument("rate or burst".to_owned()))?;
-        let timeout = self.client.timeout();
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = tokio::time::Instant::now().checked_add(self.client.timeout());
         let mut waited = false;
         loop {
             match self.leases.admit(bucket.key, params, bucket.cost, waited) {
-                Step::Decided(result) => return Ok(result),
+                Step::Decided(result) => return Ok((result, false)),
                 Step::Wait(mut ended) => {
                     waited = true;
                     // The sender lives while the refill is in flight: an error means it ended.
-                    if tokio::time::timeout_at(deadline, ended.changed())
-                        .await
-                        .is_err()
-                    {
-                        return Err(Error::Timeout(timeout));
+                    let in_time = match deadline {
+                        Some(deadline) => tokio::time::timeout_at(deadline, ended.changed())
+                            .await
+                            .is_ok(),
+                        None => {
+                            let _ = ended.changed().await;
+                            true
+                        }
+                    };
+                    if !in_time {
+                        return self.own_call(bucket, request).await;
                     }
                     if ended.borrow().failed {
-                        return self
-                            .leases
-                            .spend_held(bucket.key, params, bucket.cost)
-                            .ok_or_else(|| {
-                                Error::Unavailable(
-                                    "the refill of the leased limit this request waited on failed"
-                                        .to_owned(),
-                                )
-                            });
+                        if let Some(result) =
+                            self.leases.spend_held(bucket.key, params, bucket.cost)
+                        {
+                            return Ok((result, false));
+                        }
+                        return self.own_call(bucket, request).await;
                     }
                 }
-                Step::NoRoom => {
-                    let reply = self
-                        .ask::<false>(std::slice::from_ref(bucket), request)
-                        .await?;
-                    self.answered();
-                    self.remember(std::slice::from_ref(bucket), &reply.buckets);
-                    return reply.buckets.into_iter().next().ok_or_else(|| {
-                        Error::Protocol("a reply without the bucket asked for".to_owned())
-                    });
-                }
+                Step::NoRoom => return self.own_call(bucket, request).await,
                 Step::Call { max } => {
                     return match self.refill(bucket, params, max, request).await {
                         Ok(result) => {
                             self.answered();
-                            Ok(result)
+                            Ok((result, true))
                         }
                         Err(err) => match self.leases.spend_held(bucket.key, params, bucket.cost) {
                             Some(result) => {
@@ -527,7 +538,7 @@ impl Shared {
                                 self.failed(&err);
                                 self.count_failed(err.failure().class);
                                 self.call_hook(&err, request);
-                                Ok(result)
+                                Ok((result, false))
                             }
                             None => Err(err),
                         },
@@ -535,6 +546,25 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// A leased limit's bucket decided by a call of its own (`TB.ACQUIRE` after its charge-backs), as a key
+    /// without lease: Redis decides, from its bucket, which counts every lease's grants.
+    async fn own_call(
+        &self,
+        bucket: &LocalBucket<'_>,
+        request: &Parts,
+    ) -> Result<(BucketResult, bool), Error> {
+        let reply = self
+            .ask::<false>(std::slice::from_ref(bucket), request)
+            .await?;
+        self.answered();
+        self.remember(std::slice::from_ref(bucket), &reply.buckets);
+        let result =
+            reply.buckets.into_iter().next().ok_or_else(|| {
+                Error::Protocol("a reply without the bucket asked for".to_owned())
+            })?;
+        Ok((result, true))
     }
 
     /// A lease's refill: the key's charge-backs first (fail mode `local`), then `TB.ACQUIREATMOST` on a task of

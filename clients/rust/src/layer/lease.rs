@@ -106,6 +106,9 @@ impl Leases {
     /// tokens it holds, or by Redis's remembered refusal. `None`: the request must wait or send a refill
     /// ([`Leases::admit`]), or the key has no lease yet. Nothing changes then.
     pub(super) fn held(&self, key: &str, params: Params, cost: f64) -> Option<BucketResult> {
+        if cost > params.burst() {
+            return Some(never(&params));
+        }
         let mut table = self.table();
         let now_us = self.now_us();
         let slot = table.slots.get_mut(key)?;
@@ -122,12 +125,7 @@ impl Leases {
     /// counted toward the next lease's size then.
     pub(super) fn admit(&self, key: &str, params: Params, cost: f64, waited: bool) -> Step {
         if cost > params.burst() {
-            return Step::Decided(BucketResult {
-                fits: false,
-                remaining: 0,
-                retry_after_ms: -1,
-                reset_after_ms: 0,
-            });
+            return Step::Decided(never(&params));
         }
         let mut table = self.table();
         let now_us = self.now_us();
@@ -194,14 +192,15 @@ impl Leases {
         }
     }
 
-    /// The refill of `key` failed, or was dropped before it was sent: the requests waiting on it are told.
-    pub(super) fn failed(&self, key: &str) {
+    /// The refill of `key` ended without a grant: `failed` when Redis failed it, else it was dropped before it
+    /// was sent (its request went away during its charge-backs). The requests waiting on it are told.
+    pub(super) fn ended_without_grant(&self, key: &str, failed: bool) {
         let mut table = self.table();
         if let Some(slot) = table.slots.get_mut(key) {
             slot.lease.failed();
             slot.ended.send_modify(|ended| {
                 ended.round = ended.round.wrapping_add(1);
-                ended.failed = true;
+                ended.failed = failed;
             });
         }
     }
@@ -233,6 +232,16 @@ impl Leases {
                 reset_after_ms: 0,
             },
         }
+    }
+}
+
+/// The result for a cost above the burst: refused, and waiting never helps.
+fn never(_params: &Params) -> BucketResult {
+    BucketResult {
+        fits: false,
+        remaining: 0,
+        retry_after_ms: -1,
+        reset_after_ms: 0,
     }
 }
 
@@ -303,8 +312,9 @@ impl Slot {
     }
 }
 
-/// A refill under way: dropped before [`Refilling::ended`] (its request went away before it was sent, or its
-/// task panicked), it ends as failed, so the requests waiting on it are decided.
+/// A refill under way: dropped before it ended (its request went away before it was sent, or its task
+/// panicked), it ends without a grant, not failed: the requests waiting on it are decided again, and one of
+/// them sends the next refill.
 pub(super) struct Refilling {
     leases: Arc<Leases>,
     key: String,
@@ -329,14 +339,14 @@ impl Refilling {
     /// The refill failed; waiting requests are told.
     pub(super) fn failed(mut self) {
         self.ended = true;
-        self.leases.failed(&self.key);
+        self.leases.ended_without_grant(&self.key, true);
     }
 }
 
 impl Drop for Refilling {
     fn drop(&mut self) {
         if !self.ended {
-            self.leases.failed(&self.key);
+            self.leases.ended_without_grant(&self.key, false);
         }
     }
 }
