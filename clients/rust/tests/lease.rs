@@ -89,6 +89,16 @@ fn calls(conn: &mut redis::Connection, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Holds every write for `ms` (`CLIENT PAUSE ms WRITE`): a refill sent meanwhile stays in flight.
+fn pause_writes(conn: &mut redis::Connection, ms: u64) {
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(ms)
+        .arg("WRITE")
+        .query(conn)
+        .expect("CLIENT PAUSE");
+}
+
 /// Three processes flood one leased limit, go quiet until the bucket is full again, and flood it together: over
 /// each flood, and over the whole run, they admit no more than `burst + rate * t` (`t` from before the first
 /// request to after the last decision); the held tokens of the first flood are worth nothing after the quiet
@@ -207,12 +217,7 @@ async fn a_refill_whose_request_went_away_leaves_no_one_waiting() {
     let mut conn = server.conn();
     let app = process(&server.url(), 100.0, 100.0, FailMode::Local);
     // Writes paused: the first request's refill stays in flight.
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(400)
-        .arg("WRITE")
-        .query(&mut conn)
-        .expect("CLIENT PAUSE");
+    pause_writes(&mut conn, 400);
     let sender = {
         let app = app.clone();
         tokio::spawn(async move { status(&app).await })
@@ -331,12 +336,7 @@ async fn a_grant_whose_request_went_away_still_serves_the_next_requests() {
         assert_eq!(status(&app).await, 200);
     }
     let before = calls(&mut conn, "tb.acquireatmost");
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(400)
-        .arg("WRITE")
-        .query(&mut conn)
-        .expect("CLIENT PAUSE");
+    pause_writes(&mut conn, 400);
     // Spent what the lease held (each such request ends in microseconds); then one request sends a refill, which
     // Redis holds for the pause (shorter than the client's timeout), and goes away.
     let mut sender = None;
