@@ -176,6 +176,9 @@ crate_package() {
   # unpacks them again from the .crate it has just written.
   rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/redis-tb-core-"$version" \
     "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/redis-tb-client-"$version"
+  # Likewise the client's verification build takes a registry crate for immutable and reuses the core it compiled
+  # in target/debug on a run before: the core's build goes too (it is small), so it is compiled from this core.
+  rm -rf target/debug/deps/libredis_tb_core-* target/debug/deps/redis_tb_core-* target/debug/.fingerprint/redis-tb-core-*
   cargo package -p redis-tb-core -p redis-tb-client --allow-dirty --quiet
   for file in "redis-tb-core-$version.crate" "redis-tb-client-$version.crate"; do
     cp "target/package/$file" "$stage/$file"

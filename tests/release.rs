@@ -107,7 +107,9 @@ fn check_contract(server: &Server, name: &str) {
         .arg(&["release:bucket", "10", "20", "25"])
         .query(&mut conn)
         .expect("TB.ACQUIRE");
-    assert_eq!(reply[..3], [0, 19, -1], "{name}: cost above burst");
+    // 19 tokens, or 20 if 100 ms passed since the first call.
+    assert_eq!((reply[0], reply[2]), (0, -1), "{name}: cost above burst");
+    assert!((19..=20).contains(&reply[1]), "{name}: {reply:?}");
     let error = common::acquire_error(&mut conn, &["release:bucket", "ten", "20"]);
     assert_eq!(error, "ERR rate must be a positive number", "{name}");
     let modules: Vec<Vec<redis::Value>> = redis::cmd("MODULE")

@@ -370,8 +370,9 @@ fn failover_keeps_drained_buckets_drained() {
             1
         );
     }
-    // A bucket written by a primary whose clock runs 5 s ahead of the replica's.
-    let ahead_us = (server_now_ms(&mut conn) + 5_000) * 1_000;
+    // A bucket written by a primary whose clock runs an hour ahead of the replica's (far enough that the test's
+    // own pace never catches up with it).
+    let ahead_us = (server_now_ms(&mut conn) + 3_600_000) * 1_000;
     let _: i64 = redis::cmd("HSET")
         .arg("ahead")
         .arg("tokens")
@@ -428,8 +429,8 @@ fn failover_keeps_drained_buckets_drained() {
         ("tokens".into(), "4".into())
     );
 
-    // The promoted server's clock is 5 s behind the one that wrote `ahead`: the bucket keeps its 0 tokens (the
-    // 5 s do not turn into 5000 tokens at 1000 tokens/s) and refills from the promoted server's clock, which the
+    // The promoted server's clock is an hour behind the one that wrote `ahead`: the bucket keeps its 0 tokens
+    // (the hour does not turn into tokens at 1000 tokens/s) and refills from the promoted server's clock, which the
     // first call records (tests/clock_steps.rs checks this with exact times).
     let asked_ms = server_now_ms(&mut on_replica);
     let denied = acquire(&mut on_replica, "ahead", "1000", "10", None);

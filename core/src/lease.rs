@@ -125,35 +125,53 @@ impl Lease {
     /// Decides one request of `cost` tokens at `now_us`: spend leased tokens, refuse from a remembered refusal,
     /// ask Redis for a lease, or wait for the refill in flight. The caller checks `cost <= burst` beforehand.
     pub fn admit(&mut self, now_us: i64, cost: f64) -> Admit {
-        if let Some(decided) = self.admit_held(now_us, cost) {
-            return decided;
-        }
-        if self.in_flight {
-            // Counted now: the requests that wait on a refill are the process's demand as much as those it
-            // decides, and with a slow round trip most requests wait.
-            self.used(now_us, cost);
-            return Admit::Wait;
-        }
-        self.ask(now_us, cost)
+        self.decide(now_us, cost, false)
     }
 
     /// [`Lease::admit`] for a request that waited on a refill and was counted toward the next lease's size then:
     /// decided as any other, counted no more.
     pub fn admit_again(&mut self, now_us: i64, cost: f64) -> Admit {
-        if self.spend(now_us, cost) {
-            self.last_use_us = now_us;
-            return Admit::Spent;
+        self.decide(now_us, cost, true)
+    }
+
+    /// [`Lease::admit`]'s decision when it needs no call: `Spent` from the leased tokens, or `Refused` by the
+    /// remembered refusal; `None` (nothing changed) when the request must wait for the refill in flight or send
+    /// one, which [`Lease::admit`] then decides.
+    pub fn admit_held(&mut self, now_us: i64, cost: f64) -> Option<Admit> {
+        self.held(now_us, cost, cost)
+    }
+
+    /// [`Lease::admit`], the request counted toward the next lease's size unless `counted` already.
+    fn decide(&mut self, now_us: i64, cost: f64, counted: bool) -> Admit {
+        let count = if counted { 0.0 } else { cost };
+        if let Some(decided) = self.held(now_us, cost, count) {
+            return decided;
         }
         if self.in_flight {
+            // Counted now: the requests that wait on a refill are the process's demand as much as those it
+            // decides, and with a slow round trip most requests wait.
+            self.used(now_us, count);
             return Admit::Wait;
         }
-        if let Some(refused) = self.refused(now_us) {
-            self.last_use_us = now_us;
-            return refused;
+        if counted {
+            // The size counts the asking request once.
+            self.demand = (self.demand - cost).max(0.0);
         }
-        // Counted when it waited: the size counts the asking request once.
-        self.demand = (self.demand - cost).max(0.0);
         self.ask(now_us, cost)
+    }
+
+    /// [`Lease::admit_held`], counting `count` tokens toward the next lease's size.
+    fn held(&mut self, now_us: i64, cost: f64, count: f64) -> Option<Admit> {
+        if self.spend(now_us, cost) {
+            self.used(now_us, count);
+            return Some(Admit::Spent);
+        }
+        if self.in_flight {
+            return None;
+        }
+        let refused = self.refused(now_us)?;
+        self.used(now_us, count);
+        Some(refused)
     }
 
     /// A refill for a request of `cost` at `now_us`: in flight from now.
@@ -163,22 +181,6 @@ impl Lease {
         Admit::Call {
             max: self.next_size(now_us, cost),
         }
-    }
-
-    /// [`Lease::admit`]'s decision when it needs no call: `Spent` from the leased tokens, or `Refused` by the
-    /// remembered refusal; `None` (nothing changed) when the request must wait for the refill in flight or send
-    /// one, which [`Lease::admit`] then decides.
-    pub fn admit_held(&mut self, now_us: i64, cost: f64) -> Option<Admit> {
-        if self.spend(now_us, cost) {
-            self.used(now_us, cost);
-            return Some(Admit::Spent);
-        }
-        if self.in_flight {
-            return None;
-        }
-        let refused = self.refused(now_us)?;
-        self.used(now_us, cost);
-        Some(refused)
     }
 
     /// The reply, arrived at `now_us`, to the refill sent at `sent_us`: `[granted, remaining, retry_after_ms,

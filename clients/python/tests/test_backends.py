@@ -48,8 +48,8 @@ def test_first_call_on_an_empty_server_loads_the_library(
     caplog.set_level(logging.INFO, logger="redis_tb")
     conn = fresh_plain.client()
     tb = TokenBucket(conn)
-    assert tb.acquire(key, 10, 20).remaining == 19
-    assert tb.acquire(key, 10, 20, 0).remaining == 19
+    assert tb.acquire(key, 0.01, 20).remaining == 19
+    assert tb.acquire(key, 0.01, 20, 0).remaining == 19
     assert tb.backend_in_use == WITHOUT_MODULE
     if WITHOUT_MODULE == "function":
         assert libraries(conn) == [protocol.LIBRARY_NAME]
@@ -235,8 +235,8 @@ def test_acl_user_without_functions_falls_back_to_the_script(
     caplog.set_level(logging.INFO, logger="redis_tb")
     fresh_plain.client().acl_setuser("tb", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", refused])
     tb = TokenBucket(fresh_plain.client(username="tb", password="pw"))
-    assert tb.acquire(key, 10, 20).remaining == 19
-    assert tb.acquire(key, 10, 20).remaining == 18
+    assert tb.acquire(key, 0.01, 20).remaining == 19
+    assert tb.acquire(key, 0.01, 20).remaining == 18
     assert tb.backend_in_use == "script"
     assert "Redis Functions are unavailable" in switches(caplog)[-1][1]
     assert "no permissions to run the" in switches(caplog)[-1][1]

@@ -145,16 +145,7 @@ impl Shared {
         let mut fields = Fields::default();
         let (enforced, shadow) = (plans.enforced.as_slice(), plans.shadow.as_slice());
         if !enforced.is_empty() {
-            let verdict = if any_leased(enforced) {
-                match self.decide_held(enforced, parts, true) {
-                    Some(verdict) => verdict,
-                    // Boxed, as the charge-backs are: the usual call's future stays small (see `acquire`).
-                    None => Box::pin(self.decide_leased(enforced, parts, true)).await,
-                }
-            } else {
-                self.decide(enforced, parts, true).await
-            };
-            match verdict {
+            match self.plan_verdict(enforced, parts, true).await {
                 Verdict::Pass(found) => fields = found,
                 Verdict::Refuse(response, refused) => {
                     self.count_request("refused", &refused);
@@ -163,15 +154,7 @@ impl Shared {
             }
         }
         if !shadow.is_empty() {
-            let verdict = if any_leased(shadow) {
-                match self.decide_held(shadow, parts, false) {
-                    Some(verdict) => verdict,
-                    None => Box::pin(self.decide_leased(shadow, parts, false)).await,
-                }
-            } else {
-                self.decide(shadow, parts, false).await
-            };
-            if let Verdict::Refuse(_, refused) = verdict {
+            if let Verdict::Refuse(_, refused) = self.plan_verdict(shadow, parts, false).await {
                 self.count_request("shadow_refused", &refused);
                 self.shadow_refused(shadow, refused);
                 return Ok(fields);
@@ -179,6 +162,19 @@ impl Shared {
         }
         self.count_request("allowed", &[]);
         Ok(fields)
+    }
+
+    /// The verdict on one plan (`enforced` or shadow): from the tokens held when it is one leased limit that
+    /// needs no call, else by `decide_leased` or, without a leased limit, `decide`.
+    async fn plan_verdict(&self, plan: &[Planned<'_>], parts: &Parts, enforced: bool) -> Verdict {
+        if !any_leased(plan) {
+            return self.decide(plan, parts, enforced).await;
+        }
+        match self.decide_held(plan, parts, enforced) {
+            Some(verdict) => verdict,
+            // Boxed, as the charge-backs are: the usual call's future stays small (see `acquire`).
+            None => Box::pin(self.decide_leased(plan, parts, enforced)).await,
+        }
     }
 
     /// Shadow limits refused a request that is served: logged at most once a second per limit. A fail mode's
@@ -234,12 +230,7 @@ impl Shared {
             Ok(reply) => {
                 self.count_decided(|| self.client.backend_in_use().as_str(), started);
                 self.answered();
-                if self.fail == FailMode::Local {
-                    let now_ms = self.now_ms();
-                    if let Ok(mut local) = self.local.lock() {
-                        local.answered(&buckets, &reply.buckets, now_ms);
-                    }
-                }
+                self.remember(&buckets, &reply.buckets);
                 self.verdict(plan, &reply, enforced, parts)
             }
             Err(err) => self.fail_mode(
@@ -642,32 +633,23 @@ impl Shared {
     ) -> Result<AcquiredEach, Error> {
         // Buckets in several cluster slots (limits with their own key function): one call per slot, and when one
         // refuses, what the others took goes back, so a refused request takes nothing.
+        let chosen: Vec<Vec<LocalBucket<'_>>> = parts
+            .iter()
+            .map(|part| {
+                part.iter()
+                    .filter_map(|&index| buckets.get(index).copied())
+                    .collect()
+            })
+            .collect();
         let mut replies = Vec::with_capacity(parts.len());
-        for part in parts {
-            let chosen: Vec<LocalBucket<'_>> = part
-                .iter()
-                .filter_map(|&index| buckets.get(index).copied())
-                .collect();
-            replies.push(self.acquire(&chosen).await?);
+        for part in &chosen {
+            replies.push(self.acquire(part).await?);
         }
         let allowed = replies.iter().all(|reply| reply.allowed);
         if !allowed {
-            for (part, reply) in parts.iter().zip(&replies) {
-                if !reply.allowed {
-                    continue;
-                }
-                for bucket in part.iter().filter_map(|&index| buckets.get(index)) {
-                    let refund = self
-                        .client
-                        .refund(bucket.key, bucket.rate, bucket.burst, bucket.cost)
-                        .await;
-                    if let Err(err) = refund {
-                        // The request stays refused; the bucket keeps what it took.
-                        tracing::warn!(
-                            limit = %bucket.limit,
-                            "redis-tb: could not give back the tokens of a refused request ({err})"
-                        );
-                    }
+            for (part, reply) in chosen.iter().zip(&replies) {
+                if reply.allowed {
+                    self.give_back(part).await;
                 }
             }
         }

@@ -107,7 +107,7 @@ impl Leases {
     /// ([`Leases::admit`]), or the key has no lease yet. Nothing changes then.
     pub(super) fn held(&self, key: &str, params: Params, cost: f64) -> Option<BucketResult> {
         if cost > params.burst() {
-            return Some(never(&params));
+            return Some(never());
         }
         let mut table = self.table();
         let now_us = self.now_us();
@@ -125,7 +125,7 @@ impl Leases {
     /// counted toward the next lease's size then.
     pub(super) fn admit(&self, key: &str, params: Params, cost: f64, waited: bool) -> Step {
         if cost > params.burst() {
-            return Step::Decided(never(&params));
+            return Step::Decided(never());
         }
         let mut table = self.table();
         let now_us = self.now_us();
@@ -236,7 +236,7 @@ impl Leases {
 }
 
 /// The result for a cost above the burst: refused, and waiting never helps.
-fn never(_params: &Params) -> BucketResult {
+fn never() -> BucketResult {
     BucketResult {
         fits: false,
         remaining: 0,
