@@ -29,6 +29,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use foldhash::fast::RandomState;
 use redis_tb_core::{self as bucket, Cost, Member, Params, State, MAX_WAIT_LIMIT_MS};
 
 use crate::error::Error;
@@ -161,7 +162,7 @@ enum Slot {
 #[derive(Debug)]
 pub struct LocalBuckets {
     capacity: usize,
-    table: HashMap<String, Entry>,
+    table: HashMap<String, Entry, RandomState>,
     /// Recency: use counter -> key, least recent first.
     order: BTreeMap<u64, String>,
     next_use: u64,
@@ -182,7 +183,7 @@ impl LocalBuckets {
     pub fn new(capacity: usize) -> LocalBuckets {
         LocalBuckets {
             capacity,
-            table: HashMap::new(),
+            table: HashMap::default(),
             order: BTreeMap::new(),
             next_use: 0,
             diverged: 0,

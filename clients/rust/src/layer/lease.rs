@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
+use foldhash::fast::RandomState;
 use redis_tb_core::{Admit, Lease, Params, LEASE_IDLE_US};
 use tokio::sync::watch;
 
@@ -54,7 +55,7 @@ struct Slot {
 }
 
 struct Table {
-    slots: HashMap<String, Slot>,
+    slots: HashMap<String, Slot, RandomState>,
     /// When idle leases were last swept from a full table (µs).
     swept_us: i64,
 }
@@ -84,7 +85,7 @@ impl Leases {
     pub(super) fn new(capacity: usize) -> Leases {
         Leases {
             table: Mutex::new(Table {
-                slots: HashMap::new(),
+                slots: HashMap::default(),
                 swept_us: i64::MIN,
             }),
             capacity,
