@@ -38,6 +38,10 @@ pub const LEASE_IDLE_US: i64 = 100_000;
 /// One lease takes at most this share of the burst (and at least one token, or the request's cost): what leasing
 /// can cost the other processes is bounded by `processes · max_lease`.
 pub const MAX_LEASE_SHARE: f64 = 0.1;
+/// A grant that the bucket counts for less than this once it has arrived (its bucket is nearly full: it refills
+/// what was taken within milliseconds) is not worth leasing: the requests after it are decided by calls of their
+/// own ([`Admit::Direct`]), side by side, until a reply says the bucket is this far from full again.
+pub const MIN_WORTH_US: i64 = 5_000;
 /// Grants kept at once. A process asks again only when it holds too little for a request, so older grants are
 /// nearly spent; a further grant drops the one closest to its reset (dropping is always safe).
 const MAX_GRANTS: usize = 4;
@@ -78,6 +82,10 @@ pub enum Admit {
     Call { max: i64 },
     /// A refill is already in flight: admit the request again when it is answered or has failed.
     Wait,
+    /// Leasing does not pay now: the latest reply left the bucket nearly full, so a grant would lose its worth
+    /// within [`MIN_WORTH_US`]. Decide this request by a call of its own (`TB.ACQUIRE`), then give its reply's
+    /// `reset_after_ms` to [`Lease::observed`].
+    Direct,
 }
 
 /// One process's lease on one limit's bucket.
@@ -99,6 +107,8 @@ pub struct Lease {
     demand_since_us: i64,
     /// The last request (admitted or refused).
     last_use_us: i64,
+    /// The latest reply left the bucket within [`MIN_WORTH_US`] of full: requests are decided by calls of their own.
+    direct: bool,
 }
 
 impl Lease {
@@ -114,6 +124,7 @@ impl Lease {
             demand: 0.0,
             demand_since_us: now_us,
             last_use_us: now_us,
+            direct: false,
         }
     }
 
@@ -123,7 +134,7 @@ impl Lease {
     }
 
     /// Decides one request of `cost` tokens at `now_us`: spend leased tokens, refuse from a remembered refusal,
-    /// ask Redis for a lease, or wait for the refill in flight. The caller checks `cost <= burst` beforehand.
+    /// ask Redis for a lease, wait for the refill in flight, or (the bucket nearly full) call Redis directly. The caller checks `cost <= burst` beforehand.
     pub fn admit(&mut self, now_us: i64, cost: f64) -> Admit {
         self.decide(now_us, cost, false)
     }
@@ -152,6 +163,10 @@ impl Lease {
             // decides, and with a slow round trip most requests wait.
             self.used(now_us, count);
             return Admit::Wait;
+        }
+        if self.direct {
+            self.used(now_us, count);
+            return Admit::Direct;
         }
         if counted {
             // The size counts the asking request once.
@@ -200,6 +215,11 @@ impl Lease {
     ) -> Option<Admit> {
         self.in_flight = false;
         let asking = self.asking.take();
+        let reset_us = sent_us
+            .saturating_add(reset_after_ms.saturating_mul(MICROS_PER_MS))
+            .saturating_sub(MICROS_PER_MS);
+        // A refusal finds the bucket empty, where a grant keeps its worth longest.
+        self.direct = granted > 0 && reset_us.saturating_sub(now_us) < MIN_WORTH_US;
         if granted <= 0 {
             self.refused_until_us = Some(if retry_after_ms < 0 {
                 i64::MAX
@@ -236,9 +256,6 @@ impl Lease {
             if self.grants.len() >= MAX_GRANTS {
                 self.grants.remove(0);
             }
-            let reset_us = sent_us
-                .saturating_add(reset_after_ms.saturating_mul(MICROS_PER_MS))
-                .saturating_sub(MICROS_PER_MS);
             self.grants.push(Held {
                 tokens,
                 reset_us,
@@ -256,6 +273,15 @@ impl Lease {
     pub fn failed(&mut self) {
         self.in_flight = false;
         self.asking = None;
+    }
+
+    /// The reply to a request's own call ([`Admit::Direct`], or any call made for this limit without the lease):
+    /// leasing pays again once the bucket is at least [`MIN_WORTH_US`] from full.
+    pub fn observed(&mut self, reset_after_ms: i64) {
+        let worth_us = reset_after_ms
+            .saturating_mul(MICROS_PER_MS)
+            .saturating_sub(MICROS_PER_MS);
+        self.direct = worth_us < MIN_WORTH_US;
     }
 
     /// Whether a refill is in flight.

@@ -48,7 +48,7 @@ mod lease;
 
 pub use at_most::{acquire_at_most, AtMost, Partial, MAX_AT_MOST};
 pub use each::{acquire_each, Each, Member};
-pub use lease::{Admit, Lease, LEASE_HORIZON_US, LEASE_IDLE_US, MAX_LEASE_SHARE};
+pub use lease::{Admit, Lease, LEASE_HORIZON_US, LEASE_IDLE_US, MAX_LEASE_SHARE, MIN_WORTH_US};
 
 /// Microseconds in a second: the unit conversion between `rate_per_sec` and the `*_us` timestamps.
 const MICROS_PER_SEC: f64 = 1_000_000.0;

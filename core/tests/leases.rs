@@ -5,12 +5,14 @@ use redis_tb_core::{Admit, Lease, Params};
 use serde_json::Value;
 use tb_test_support::{fixture, fixture_number};
 
-/// The decision a step expects: `"spent"`, `"wait"`, `{"call": max}`, `{"refused": retry_after_ms}`, or `null`.
+/// The decision a step expects: `"spent"`, `"wait"`, `"direct"`, `{"call": max}`, `{"refused": retry_after_ms}`,
+/// or `null`.
 fn expected(value: &Value) -> Option<Admit> {
     match value {
         Value::Null => None,
         Value::String(text) if text == "spent" => Some(Admit::Spent),
         Value::String(text) if text == "wait" => Some(Admit::Wait),
+        Value::String(text) if text == "direct" => Some(Admit::Direct),
         Value::Object(fields) => {
             if let Some(max) = fields.get("call") {
                 Some(Admit::Call {
@@ -70,6 +72,8 @@ fn leases_follow_the_shared_fixture() {
                 let sent = micros(&step["sent_ms"]);
                 let decision = lease.answered(sent, now, granted, retry_after_ms, reset_after_ms);
                 assert_eq!(decision, expected(&step["expect"]), "{at}");
+            } else if let Some(reset_after_ms) = step.get("observed") {
+                lease.observed(reset_after_ms.as_i64().expect("observed: an integer"));
             } else if step.get("failed").is_some() {
                 lease.failed();
             } else if let Some(tokens) = step.get("spendable") {

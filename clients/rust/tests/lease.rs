@@ -1,7 +1,8 @@
 //! Leased limits (`Limit::lease`) in front of a spawned Redis: three layers, each with its own client and leases
 //! as three processes have, on one hot limit. Together they admit no more than `burst + rate * t` over the run and
 //! over a burst after a quiet spell, with few Redis calls per decision; a refill whose request goes away leaves no
-//! request waiting; while Redis fails, leased tokens are spent first, then the fail mode answers.
+//! request waiting; a limit whose bucket stays full is decided by calls of their own; while Redis fails, leased
+//! tokens are spent first, then the fail mode answers.
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -206,6 +207,30 @@ async fn steady_load_on_a_hot_limit_takes_leases_of_many_requests_each() {
     assert!(
         refused * 20 <= 1_500,
         "{refused} of 1,500 refused under the rate"
+    );
+}
+
+/// A leased limit far from its rate: its bucket stays full, so a grant is worth nothing a millisecond later. The
+/// requests after the first grant are decided by calls of their own (`TB.ACQUIRE`), side by side, instead of one
+/// refill after another, each waited on by the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_limit_on_a_full_bucket_decides_by_calls_of_their_own() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    let apps = [process(&server.url(), 1e6, 1e6, FailMode::Local)];
+    let (admitted, decided) = flood(&apps, 8, Duration::from_millis(300)).await;
+    let (refills, own) = (
+        calls(&mut conn, "tb.acquireatmost"),
+        calls(&mut conn, "tb.acquire"),
+    );
+    eprintln!(
+        "full bucket: {admitted} of {decided} admitted, {refills} refills, {own} of their own"
+    );
+    assert_eq!(admitted, decided, "a limit far above the load");
+    assert!(refills <= 3, "{refills} refills for {decided} requests");
+    assert!(
+        own + refills >= decided,
+        "{own} calls of their own, {refills} refills for {decided} requests"
     );
 }
 

@@ -121,6 +121,7 @@ fn under_steady_load_the_leases_grow_and_calls_become_few() {
                 in_flight = Some((now, max));
             }
             Admit::Refused { .. } => panic!("refused with tokens in the bucket"),
+            Admit::Direct => panic!("a direct call with the bucket far from full"),
         }
     }
     assert!(calls < 100, "{calls} calls for 1,000 requests");
@@ -303,6 +304,10 @@ enum Event {
     Reply(usize, i64, i64, [i64; 3], u64),
     /// The process gives up on a refill whose reply was lost.
     Lost(usize),
+    /// A request's own call (`Admit::Direct`) runs on the server: process, the reply is lost.
+    Direct(usize, bool),
+    /// Its reply reaches the process: process, run at (on the server), granted, reset_after_ms.
+    DirectReply(usize, i64, i64, i64),
 }
 
 struct Process {
@@ -385,6 +390,10 @@ fn simulate(
                         let (up, _, lost) = latency();
                         schedule(now + up, Event::Acquire(process, now, max, lost));
                     }
+                    Admit::Direct => {
+                        let (up, _, lost) = latency();
+                        schedule(now + up, Event::Direct(process, lost));
+                    }
                 }
             }
             schedule(now + LEASE_IDLE_US, Event::Tick(process));
@@ -462,6 +471,31 @@ fn simulate(
                     &mut schedule,
                     &mut latency,
                 );
+            }
+            Event::Direct(process, lost) => {
+                // TB.ACQUIRE of one token: what TB.ACQUIREATMOST with a max of one takes.
+                let one = AtMost::new(1).expect("max");
+                let partial = acquire_at_most(stored, now, &p, one);
+                if let Some(write) = partial.write {
+                    stored = Some(write.state);
+                    version += 1;
+                }
+                let (_, down, _) = latency();
+                if lost {
+                    // The fail mode here refuses.
+                    run.decided += 1;
+                } else {
+                    let reply =
+                        Event::DirectReply(process, now, partial.granted, partial.reset_after_ms);
+                    schedule(now + down, reply);
+                }
+            }
+            Event::DirectReply(process, ran, granted, reset_after_ms) => {
+                if granted > 0 {
+                    run.admitted.push(ran);
+                }
+                run.decided += 1;
+                procs[process].lease.observed(reset_after_ms);
             }
             Event::Lost(process) => {
                 let proc = &mut procs[process];

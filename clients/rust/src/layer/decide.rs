@@ -516,7 +516,7 @@ impl Shared {
                         return self.own_call(bucket, request).await;
                     }
                 }
-                Step::NoRoom => return self.own_call(bucket, request).await,
+                Step::NoRoom | Step::Direct => return self.own_call(bucket, request).await,
                 Step::Call { max } => {
                     return match self.refill(bucket, params, max, request).await {
                         Ok(result) => {
@@ -555,6 +555,8 @@ impl Shared {
             reply.buckets.into_iter().next().ok_or_else(|| {
                 Error::Protocol("a reply without the bucket asked for".to_owned())
             })?;
+        // How far from full the bucket is: whether its lease pays again.
+        self.leases.observed(bucket.key, result.reset_after_ms);
         Ok((result, true))
     }
 

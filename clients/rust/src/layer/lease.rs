@@ -78,6 +78,9 @@ pub(super) enum Step {
     Wait(watch::Receiver<Ended>),
     /// No place for this key's lease: decide it by its own Redis call.
     NoRoom,
+    /// The bucket is nearly full, where a grant loses its worth within milliseconds: decide it by its own Redis
+    /// call, beside the others ([`Leases::observed`] hears its reply).
+    Direct,
 }
 
 impl Leases {
@@ -114,10 +117,11 @@ impl Leases {
         let now_us = self.now_us();
         let slot = table.slots.get_mut(key)?;
         match slot.lease.admit_held(now_us, cost)? {
+            Admit::Spent => Some(slot.result(true, 0, now_us, &params)),
             Admit::Refused { retry_after_ms } => {
                 Some(slot.result(false, retry_after_ms, now_us, &params))
             }
-            _ => Some(slot.result(true, 0, now_us, &params)),
+            Admit::Call { .. } | Admit::Wait | Admit::Direct => None,
         }
     }
 
@@ -150,6 +154,7 @@ impl Leases {
                 }
             }
             Admit::Wait => Step::Wait(slot.ended.subscribe()),
+            Admit::Direct => Step::Direct,
         }
     }
 
@@ -203,6 +208,13 @@ impl Leases {
                 ended.round = ended.round.wrapping_add(1);
                 ended.failed = failed;
             });
+        }
+    }
+
+    /// Redis answered a call of `key`'s own (not a refill) with `reset_after_ms`: whether leasing pays again.
+    pub(super) fn observed(&self, key: &str, reset_after_ms: i64) {
+        if let Some(slot) = self.table().slots.get_mut(key) {
+            slot.lease.observed(reset_after_ms);
         }
     }
 
