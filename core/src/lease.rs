@@ -38,9 +38,10 @@ pub const LEASE_IDLE_US: i64 = 100_000;
 /// One lease takes at most this share of the burst (and at least one token, or the request's cost): what leasing
 /// can cost the other processes is bounded by `processes · max_lease`.
 pub const MAX_LEASE_SHARE: f64 = 0.1;
-/// A grant that the bucket counts for less than this once it has arrived (its bucket is nearly full: it refills
-/// what was taken within milliseconds) is not worth leasing: the requests after it are decided by calls of their
-/// own ([`Admit::Direct`]), side by side, until a reply says the bucket is this far from full again.
+/// A grant that the bucket counts for less than this from when it was asked for (its bucket nearly full: it
+/// refills what was taken within milliseconds) is not worth leasing: the requests after it are decided by calls
+/// of their own ([`Admit::Direct`]), side by side, until a reply says a lease taken now would be worth this long
+/// (the bucket's time to full, plus the time it takes to refill the lease itself).
 pub const MIN_WORTH_US: i64 = 5_000;
 /// Grants kept at once. A process asks again only when it holds too little for a request, so older grants are
 /// nearly spent; a further grant drops the one closest to its reset (dropping is always safe).
@@ -218,8 +219,9 @@ impl Lease {
         let reset_us = sent_us
             .saturating_add(reset_after_ms.saturating_mul(MICROS_PER_MS))
             .saturating_sub(MICROS_PER_MS);
-        // A refusal finds the bucket empty, where a grant keeps its worth longest.
-        self.direct = granted > 0 && reset_us.saturating_sub(now_us) < MIN_WORTH_US;
+        // A refusal finds the bucket empty, where a grant keeps its worth longest. Measured from when the call was
+        // sent, as `observed` measures: a slow round trip does not turn leasing on and off.
+        self.direct = granted > 0 && reset_us.saturating_sub(sent_us) < MIN_WORTH_US;
         if granted <= 0 {
             self.refused_until_us = Some(if retry_after_ms < 0 {
                 i64::MAX
@@ -275,12 +277,30 @@ impl Lease {
         self.asking = None;
     }
 
-    /// The reply to a request's own call ([`Admit::Direct`], or any call made for this limit without the lease):
-    /// leasing pays again once the bucket is at least [`MIN_WORTH_US`] from full.
-    pub fn observed(&mut self, reset_after_ms: i64) {
+    /// The reply `[allowed, retry_after_ms, reset_after_ms]`, arrived at `now_us`, to a request's own call sent at
+    /// `sent_us` ([`Admit::Direct`], or any call made for this limit without the lease; the lease's requests all
+    /// have the limit's one cost). A refusal is remembered until `sent + retry_after`, as a refill's is. Leasing
+    /// pays again once a lease taken now, of the size [`Lease::next_size`] would ask, would be worth at least
+    /// [`MIN_WORTH_US`]: the bucket's time to full after this call, plus the time it takes to refill that lease.
+    pub fn observed(
+        &mut self,
+        sent_us: i64,
+        now_us: i64,
+        allowed: bool,
+        retry_after_ms: i64,
+        reset_after_ms: i64,
+    ) {
+        if !allowed && retry_after_ms > 0 {
+            self.refused_until_us =
+                Some(sent_us.saturating_add(retry_after_ms.saturating_mul(MICROS_PER_MS)));
+        }
+        // i64 -> f64: a lease is at most 2^53 tokens, exact.
+        let refill_us = (self.size_for(now_us, 1.0) as f64 / self.params.rate_per_sec()
+            * MICROS_PER_SEC) as i64;
         let worth_us = reset_after_ms
             .saturating_mul(MICROS_PER_MS)
-            .saturating_sub(MICROS_PER_MS);
+            .saturating_sub(MICROS_PER_MS)
+            .saturating_add(refill_us);
         self.direct = worth_us < MIN_WORTH_US;
     }
 
@@ -384,12 +404,18 @@ impl Lease {
     /// second since the last refill, times [`LEASE_HORIZON_US`], rounded up; at least `cost` (rounded up) and
     /// otherwise at most [`Lease::max_lease`]. Starts a new measuring window.
     pub fn next_size(&mut self, now_us: i64, cost: f64) -> i64 {
+        let size = self.size_for(now_us, cost);
+        self.demand = 0.0;
+        self.demand_since_us = now_us;
+        size
+    }
+
+    /// [`Lease::next_size`] without starting a new window.
+    fn size_for(&self, now_us: i64, cost: f64) -> i64 {
         let window_us = now_us
             .saturating_sub(self.demand_since_us)
             .max(LEASE_HORIZON_US);
         let wanted = (self.demand + cost) * LEASE_HORIZON_US as f64 / window_us as f64;
-        self.demand = 0.0;
-        self.demand_since_us = now_us;
         let need = (cost.ceil() as i64).clamp(1, MAX_AT_MOST);
         (wanted.ceil() as i64).clamp(1, self.max_lease()).max(need)
     }

@@ -72,8 +72,19 @@ fn leases_follow_the_shared_fixture() {
                 let sent = micros(&step["sent_ms"]);
                 let decision = lease.answered(sent, now, granted, retry_after_ms, reset_after_ms);
                 assert_eq!(decision, expected(&step["expect"]), "{at}");
-            } else if let Some(reset_after_ms) = step.get("observed") {
-                lease.observed(reset_after_ms.as_i64().expect("observed: an integer"));
+            } else if let Some(reply) = step.get("observed") {
+                let reply: Vec<i64> = reply
+                    .as_array()
+                    .expect("observed: a reply")
+                    .iter()
+                    .map(|field| field.as_i64().expect("an integer field"))
+                    .collect();
+                let &[allowed, _remaining, retry_after_ms, reset_after_ms] = reply.as_slice()
+                else {
+                    panic!("{at}: a reply of four fields");
+                };
+                let sent = micros(&step["sent_ms"]);
+                lease.observed(sent, now, allowed == 1, retry_after_ms, reset_after_ms);
             } else if step.get("failed").is_some() {
                 lease.failed();
             } else if let Some(tokens) = step.get("spendable") {

@@ -127,6 +127,71 @@ fn under_steady_load_the_leases_grow_and_calls_become_few() {
     assert!(calls < 100, "{calls} calls for 1,000 requests");
 }
 
+/// One process at about 95% of a limit's rate, from a full bucket, on the core's own bucket, each call answered
+/// half a millisecond after it was sent: the first grant (one token, the process has no history yet) is worth
+/// nothing and turns to calls of their own, but the next reply shows a lease of the process's demand would pay,
+/// and leasing resumes: far fewer calls than requests.
+#[test]
+fn near_its_rate_a_limit_resumes_leasing_after_a_full_bucket() {
+    let p = params(1_000.0, 1_000.0);
+    let mut lease = Lease::new(p, 0);
+    let mut stored: Option<State> = None;
+    let (mut calls, mut direct, mut admitted) = (0, 0, 0);
+    // A request every 1.05 ms for 2 s; the reply of a refill in flight arrives 0.5 ms after it was sent.
+    let mut in_flight: Option<(i64, i64)> = None;
+    for step in 0..1_905i64 {
+        let now = step * 1_050;
+        if let Some((sent, max)) = in_flight.filter(|(sent, _)| now >= sent + 500) {
+            in_flight = None;
+            let partial = acquire_at_most(stored, sent, &p, AtMost::new(max).expect("max"));
+            if let Some(write) = partial.write {
+                stored = Some(write.state);
+            }
+            let reply = (
+                partial.granted,
+                partial.retry_after_ms,
+                partial.reset_after_ms,
+            );
+            if lease.answered(sent, now, reply.0, reply.1, reply.2) == Some(Admit::Spent) {
+                admitted += 1;
+            }
+        }
+        match lease.admit(now, 1.0) {
+            Admit::Spent => admitted += 1,
+            Admit::Wait | Admit::Refused { .. } => {}
+            Admit::Call { max } => {
+                calls += 1;
+                in_flight = Some((now, max));
+            }
+            Admit::Direct => {
+                direct += 1;
+                let partial = acquire_at_most(stored, now, &p, AtMost::new(1).expect("max"));
+                if let Some(write) = partial.write {
+                    stored = Some(write.state);
+                }
+                if partial.granted > 0 {
+                    admitted += 1;
+                }
+                lease.observed(
+                    now,
+                    now + 500,
+                    partial.granted > 0,
+                    partial.retry_after_ms,
+                    partial.reset_after_ms,
+                );
+            }
+        }
+    }
+    assert!(
+        direct >= 1,
+        "the first grant is worth nothing: {direct} calls of their own"
+    );
+    assert!(
+        (calls + direct) * 5 < 1_905,
+        "{calls} refills and {direct} calls of their own for 1,905 requests ({admitted} admitted)"
+    );
+}
+
 #[test]
 fn only_the_latest_grant_is_refunded_and_only_when_the_bucket_is_unchanged() {
     let p = params(10.0, 100.0);
@@ -304,10 +369,11 @@ enum Event {
     Reply(usize, i64, i64, [i64; 3], u64),
     /// The process gives up on a refill whose reply was lost.
     Lost(usize),
-    /// A request's own call (`Admit::Direct`) runs on the server: process, the reply is lost.
-    Direct(usize, bool),
-    /// Its reply reaches the process: process, run at (on the server), granted, reset_after_ms.
-    DirectReply(usize, i64, i64, i64),
+    /// A request's own call (`Admit::Direct`) runs on the server: process, sent at, the reply is lost.
+    Direct(usize, i64, bool),
+    /// Its reply reaches the process: process, sent at, run at (on the server), [granted, retry_after_ms,
+    /// reset_after_ms].
+    DirectReply(usize, i64, i64, [i64; 3]),
 }
 
 struct Process {
@@ -392,7 +458,7 @@ fn simulate(
                     }
                     Admit::Direct => {
                         let (up, _, lost) = latency();
-                        schedule(now + up, Event::Direct(process, lost));
+                        schedule(now + up, Event::Direct(process, now, lost));
                     }
                 }
             }
@@ -472,7 +538,7 @@ fn simulate(
                     &mut latency,
                 );
             }
-            Event::Direct(process, lost) => {
+            Event::Direct(process, sent, lost) => {
                 // TB.ACQUIRE of one token: what TB.ACQUIREATMOST with a max of one takes.
                 let one = AtMost::new(1).expect("max");
                 let partial = acquire_at_most(stored, now, &p, one);
@@ -485,17 +551,22 @@ fn simulate(
                     // The fail mode here refuses.
                     run.decided += 1;
                 } else {
-                    let reply =
-                        Event::DirectReply(process, now, partial.granted, partial.reset_after_ms);
-                    schedule(now + down, reply);
+                    let reply = [
+                        partial.granted,
+                        partial.retry_after_ms,
+                        partial.reset_after_ms,
+                    ];
+                    schedule(now + down, Event::DirectReply(process, sent, now, reply));
                 }
             }
-            Event::DirectReply(process, ran, granted, reset_after_ms) => {
+            Event::DirectReply(process, sent, ran, [granted, retry, reset]) => {
                 if granted > 0 {
                     run.admitted.push(ran);
                 }
                 run.decided += 1;
-                procs[process].lease.observed(reset_after_ms);
+                procs[process]
+                    .lease
+                    .observed(sent, now, granted > 0, retry, reset);
             }
             Event::Lost(process) => {
                 let proc = &mut procs[process];

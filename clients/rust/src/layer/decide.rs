@@ -476,8 +476,9 @@ impl Shared {
     }
 
     /// One request on a leased limit's bucket: from the lease; after waiting for the refills in flight, if there
-    /// are; or by the refill this request sends. A request whose wait reached the client's timeout, or whose
-    /// refill failed without held tokens to cover it, is decided by a call of its own, as a key without lease:
+    /// are; or by the refill this request sends. A request whose wait reached the client's timeout, whose refill
+    /// failed without held tokens to cover it, or whose lease does not pay (the bucket nearly full), is decided by
+    /// a call of its own, as a key without lease:
     /// waiting never turns into the fail mode, which only a call that fails reaches. With the decision: whether
     /// a Redis call made it.
     async fn leased(
@@ -546,6 +547,7 @@ impl Shared {
         bucket: &LocalBucket<'_>,
         request: &Parts,
     ) -> Result<(BucketResult, bool), Error> {
+        let sent_us = self.leases.clock_us();
         let reply = self
             .ask::<false>(std::slice::from_ref(bucket), request)
             .await?;
@@ -555,8 +557,8 @@ impl Shared {
             reply.buckets.into_iter().next().ok_or_else(|| {
                 Error::Protocol("a reply without the bucket asked for".to_owned())
             })?;
-        // How far from full the bucket is: whether its lease pays again.
-        self.leases.observed(bucket.key, result.reset_after_ms);
+        // Its refusal, and how far from full the bucket is: whether its lease pays again.
+        self.leases.observed(bucket.key, sent_us, &result);
         Ok((result, true))
     }
 

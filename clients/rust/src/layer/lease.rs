@@ -10,6 +10,8 @@
 //!             to the layer's fail mode
 //! bounded     at most the local capacity's number of keys hold a lease; a key that finds no place is decided
 //!             by its own Redis call, as a limit without lease; idle leases make room
+//! direct      where grants lose their worth within milliseconds (the bucket nearly full), each request is
+//!             decided by its own Redis call, side by side, until a lease would pay again
 //! ```
 //!
 //! The clock is read under the table's lock, so that no decision values held tokens at an earlier instant than
@@ -126,7 +128,7 @@ impl Leases {
     }
 
     /// Decides one request of `cost` on `key`'s lease: spend leased tokens, refuse from a remembered refusal,
-    /// send a refill, or wait for the one in flight. `waited`: the request waited on a refill before, and was
+    /// send a refill, wait for the one in flight, or call Redis directly. `waited`: the request waited on a refill before, and was
     /// counted toward the next lease's size then.
     pub(super) fn admit(&self, key: &str, params: Params, cost: f64, waited: bool) -> Step {
         if cost > params.burst() {
@@ -211,10 +213,24 @@ impl Leases {
         }
     }
 
-    /// Redis answered a call of `key`'s own (not a refill) with `reset_after_ms`: whether leasing pays again.
-    pub(super) fn observed(&self, key: &str, reset_after_ms: i64) {
-        if let Some(slot) = self.table().slots.get_mut(key) {
-            slot.lease.observed(reset_after_ms);
+    /// The clock the leases are kept on (µs), for [`Leases::observed`]'s `sent_us`.
+    pub(super) fn clock_us(&self) -> i64 {
+        self.now_us()
+    }
+
+    /// Redis answered a call of `key`'s own (not a refill), sent at `sent_us`, with `result`: its refusal is
+    /// remembered, and whether leasing pays again.
+    pub(super) fn observed(&self, key: &str, sent_us: i64, result: &BucketResult) {
+        let mut table = self.table();
+        let now_us = self.now_us();
+        if let Some(slot) = table.slots.get_mut(key) {
+            slot.lease.observed(
+                sent_us,
+                now_us,
+                result.fits,
+                result.retry_after_ms,
+                result.reset_after_ms,
+            );
         }
     }
 
