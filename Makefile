@@ -168,7 +168,7 @@ bench-middleware-python: build venv ## The ASGI middleware beside slowapi (movin
 	@$(PYTHON) -m pip install -q --force-reinstall --no-deps ./clients/python
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) clients/python/bench/peers.py
 
-bench-lease: build ## A hot shared limit served by 4 processes of an axum app under wrk: the layer with and without a lease, beside tower_governor and no layer (decisions/s, Redis calls per decision, app and Redis CPU per request), then what a limit below the load admitted against burst + rate*t, 3 interleaved rounds (~2 min)
+bench-lease: build ## A hot shared limit served by 4 processes of an axum app under wrk: the layer with and without a lease, beside tower_governor and no layer (decisions/s, Redis calls per decision, app and Redis CPU per request), then what a limit below the load admitted against burst + rate*t, 3 interleaved rounds (~4 min)
 	cargo build --release -p redis-tb-client --example hot_limit
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench_lease.py
 
