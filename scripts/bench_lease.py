@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+
+from bench_support import free_port, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVER = os.environ.get("REDIS_SERVER", "redis-server")
@@ -52,24 +53,6 @@ KEY = "ratelimit:{global}:hot"
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for(check, what: str, deadline_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except (OSError, subprocess.CalledProcessError):
-            pass
-        time.sleep(0.02)
-    raise SystemExit(f"bench_lease: {what} did not come up")
-
-
 class Redis:
     """A redis-server with the module, spoken to through redis-cli."""
 
@@ -79,7 +62,11 @@ class Redis:
         command = [SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         command += ["--dir", self.dir, "--loadmodule", MODULE]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: self.cli("PING") == "PONG", f"redis-server on {self.port}")
+        wait_for(
+            lambda: self.cli("PING") == "PONG",
+            f"bench_lease: redis-server on {self.port}",
+            (OSError, subprocess.CalledProcessError),
+        )
 
     def cli(self, *args: str) -> str:
         cli = os.environ.get("REDIS_CLI", os.path.join(os.path.dirname(SERVER), "redis-cli"))
@@ -112,7 +99,7 @@ class Apps:
             for port in self.ports
         ]
         for port in self.ports:
-            wait_for(lambda port=port: self._answers(port), f"the app on {port}")
+            wait_for(lambda port=port: self._answers(port), f"bench_lease: the app on {port}")
 
     @staticmethod
     def _answers(port: int) -> bool:

@@ -48,6 +48,7 @@ from typing import Any
 
 import redis
 import redis.asyncio
+from bench_support import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = (ROOT / "lua" / "tb.lua").read_text()
@@ -60,24 +61,6 @@ ROUNDS = 3
 BOUND_RATE, BOUND_BURST, BOUND_SECONDS = 100, 200, 20
 LATENCY_SECONDS = 5
 LATENCY_ROUNDS = 3
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for(check, what: str, deadline_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except (OSError, redis.RedisError):
-            pass
-        time.sleep(0.05)
-    raise SystemExit(f"bench_python: {what} did not come up")
 
 
 class Process:
@@ -121,7 +104,7 @@ class Server(Process):
             command += ["--loadmodule", MODULE]
         super().__init__(command, REDIS_CPU)
         self.conn = redis.Redis(port=self.port)
-        wait_for(self.conn.ping, f"redis-server on {self.port}")
+        wait_for(self.conn.ping, f"bench_python: redis-server on {self.port}", (OSError, redis.RedisError))
 
     def stop(self) -> None:
         super().stop()
@@ -292,7 +275,7 @@ def serve(mode: str, redis_port: int, rate: float, burst: float, key: str) -> tu
         APP_CPU,
         env,
     )
-    wait_for(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() is None, f"uvicorn on {port}")
+    wait_for(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() is None, f"bench_python: uvicorn on {port}")
     return app, port
 
 
