@@ -30,6 +30,19 @@ fn expected(value: &Value) -> Option<Admit> {
     }
 }
 
+/// A reply of four integer fields, as the fixture writes `TB.ACQUIREATMOST`'s and `TB.ACQUIRE`'s.
+fn four(reply: &Value, at: &str) -> [i64; 4] {
+    let fields: Vec<i64> = reply
+        .as_array()
+        .unwrap_or_else(|| panic!("{at}: a reply"))
+        .iter()
+        .map(|field| field.as_i64().expect("an integer field"))
+        .collect();
+    fields
+        .try_into()
+        .unwrap_or_else(|_| panic!("{at}: a reply of four fields"))
+}
+
 /// A fixture's milliseconds as the core's microseconds.
 fn micros(value: &Value) -> i64 {
     (fixture_number(value) * 1_000.0).round() as i64
@@ -59,30 +72,12 @@ fn leases_follow_the_shared_fixture() {
                 let decision = lease.admit_again(now, fixture_number(cost));
                 assert_eq!(Some(decision), expected(&step["expect"]), "{at}");
             } else if let Some(reply) = step.get("answered") {
-                let reply: Vec<i64> = reply
-                    .as_array()
-                    .expect("answered: a reply")
-                    .iter()
-                    .map(|field| field.as_i64().expect("an integer field"))
-                    .collect();
-                let &[granted, _remaining, retry_after_ms, reset_after_ms] = reply.as_slice()
-                else {
-                    panic!("{at}: a reply of four fields");
-                };
+                let [granted, _remaining, retry_after_ms, reset_after_ms] = four(reply, &at);
                 let sent = micros(&step["sent_ms"]);
                 let decision = lease.answered(sent, now, granted, retry_after_ms, reset_after_ms);
                 assert_eq!(decision, expected(&step["expect"]), "{at}");
             } else if let Some(reply) = step.get("observed") {
-                let reply: Vec<i64> = reply
-                    .as_array()
-                    .expect("observed: a reply")
-                    .iter()
-                    .map(|field| field.as_i64().expect("an integer field"))
-                    .collect();
-                let &[allowed, _remaining, retry_after_ms, reset_after_ms] = reply.as_slice()
-                else {
-                    panic!("{at}: a reply of four fields");
-                };
+                let [allowed, _remaining, retry_after_ms, reset_after_ms] = four(reply, &at);
                 let sent = micros(&step["sent_ms"]);
                 lease.observed(sent, now, allowed == 1, retry_after_ms, reset_after_ms);
             } else if step.get("failed").is_some() {
