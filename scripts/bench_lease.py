@@ -62,11 +62,15 @@ class Redis:
         command = [SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         command += ["--dir", self.dir, "--loadmodule", MODULE]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(
-            lambda: self.cli("PING") == "PONG",
-            f"bench_lease: redis-server on {self.port}",
-            (OSError, subprocess.CalledProcessError),
-        )
+        try:
+            wait_for(
+                lambda: self.cli("PING") == "PONG",
+                f"bench_lease: redis-server on {self.port}",
+                (OSError, subprocess.CalledProcessError),
+            )
+        except BaseException:
+            self.stop()
+            raise
 
     def cli(self, *args: str) -> str:
         cli = os.environ.get("REDIS_CLI", os.path.join(os.path.dirname(SERVER), "redis-cli"))
@@ -83,7 +87,11 @@ class Redis:
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
-        self.process.wait(timeout=10)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 class Apps:
@@ -98,8 +106,12 @@ class Apps:
             subprocess.Popen([APP], env=dict(env, BIND=f"127.0.0.1:{port}"), stdout=subprocess.DEVNULL)
             for port in self.ports
         ]
-        for port in self.ports:
-            wait_for(lambda port=port: self._answers(port), f"bench_lease: the app on {port}")
+        try:
+            for port in self.ports:
+                wait_for(lambda port=port: self._answers(port), f"bench_lease: the app on {port}")
+        except BaseException:
+            self.stop()
+            raise
 
     @staticmethod
     def _answers(port: int) -> bool:
