@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ import time
 import urllib.error
 import urllib.request
 
-from bench_support import free_port, wait_for
+from bench_support import free_port, stop, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVER = os.environ.get("REDIS_SERVER", "redis-server")
@@ -86,12 +85,7 @@ class Redis:
         return sum(float(v) for v in re.findall(r"^used_cpu_(?:sys|user):([0-9.]+)", info, flags=re.M))
 
     def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop(self.process)
 
 
 class Apps:
@@ -131,13 +125,7 @@ class Apps:
 
     def stop(self) -> None:
         for process in self.processes:
-            process.send_signal(signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop(process)
 
 
 def load(ports: list[int], seconds: int) -> tuple[int, int, float]:

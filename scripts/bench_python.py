@@ -36,7 +36,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -48,7 +47,7 @@ from typing import Any
 
 import redis
 import redis.asyncio
-from bench_support import free_port, wait_for
+from bench_support import free_port, stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = (ROOT / "lua" / "tb.lua").read_text()
@@ -74,13 +73,7 @@ class Process:
         )
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop(self.process)
 
 
 class Server(Process):

@@ -11,16 +11,22 @@
 #   92 passed, 0 failed
 #
 # Every command runs even if an earlier one failed. Exits non-zero if any command did (a failed test, or a build
-# that never got to run its tests), so the total is never the only sign of a failure.
+# that never got to run its tests), so the total is never the only sign of a failure. A command still running after
+# TB_SUITE_TIMEOUT seconds (default 1800) is stopped and counts as failed, so one hung suite cannot use up the whole
+# run's time.
 set -uo pipefail
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
+limit="${TB_SUITE_TIMEOUT:-1800}"
 status=0
 for command in "$@"; do
-  bash -c "$command" 2>&1 | tee -a "$log"
+  timeout --kill-after=30 "$limit" bash -c "$command" 2>&1 | tee -a "$log"
   code=${PIPESTATUS[0]}
-  if [ "$code" -ne 0 ]; then
+  if [ "$code" -eq 124 ] || [ "$code" -eq 137 ]; then
+    echo "test-total: '$command' was stopped after ${limit}s" | tee -a "$log"
+    status=1
+  elif [ "$code" -ne 0 ]; then
     echo "test-total: '$command' exited with status $code"
     status=1
   fi
@@ -50,5 +56,7 @@ awk '/^test result: / {
      /^Unit Testing: / { rules = 1; next }
      rules && /^  SUCCESS$/ { passed += 1; rules = 0; next }
      rules && /^  FAILED:$/ { failed += 1; rules = 0; next }
+     # A command this script stopped (see TB_SUITE_TIMEOUT) counts as one failed test.
+     /^test-total: .* was stopped after [0-9]+s$/ { failed += 1; next }
      END { printf "%d passed, %d failed\n", passed, failed }' "$log"
 exit "$status"

@@ -84,8 +84,8 @@ pub enum Admit {
     /// A refill is already in flight: admit the request again when it is answered or has failed.
     Wait,
     /// Leasing does not pay now: the latest reply left the bucket nearly full, so a grant would lose its worth
-    /// within [`MIN_WORTH_US`]. Decide this request by a call of its own (`TB.ACQUIRE`), then give its reply's
-    /// `reset_after_ms` to [`Lease::observed`].
+    /// within [`MIN_WORTH_US`]. Decide this request by a call of its own (`TB.ACQUIRE`), then give its reply to
+    /// [`Lease::observed`].
     Direct,
 }
 
@@ -135,7 +135,8 @@ impl Lease {
     }
 
     /// Decides one request of `cost` tokens at `now_us`: spend leased tokens, refuse from a remembered refusal,
-    /// ask Redis for a lease, wait for the refill in flight, or (the bucket nearly full) call Redis directly. The caller checks `cost <= burst` beforehand.
+    /// ask Redis for a lease, wait for the refill in flight, or (the bucket nearly full) call Redis directly. The
+    /// caller checks `cost <= burst` beforehand.
     pub fn admit(&mut self, now_us: i64, cost: f64) -> Admit {
         self.decide(now_us, cost, false)
     }
@@ -216,12 +217,11 @@ impl Lease {
     ) -> Option<Admit> {
         self.in_flight = false;
         let asking = self.asking.take();
-        let reset_us = sent_us
-            .saturating_add(reset_after_ms.saturating_mul(MICROS_PER_MS))
-            .saturating_sub(MICROS_PER_MS);
+        let worth_us = counted_for_us(reset_after_ms);
+        let reset_us = sent_us.saturating_add(worth_us);
         // A refusal finds the bucket empty, where a grant keeps its worth longest. Measured from when the call was
         // sent, as `observed` measures: a slow round trip does not turn leasing on and off.
-        self.direct = granted > 0 && reset_us.saturating_sub(sent_us) < MIN_WORTH_US;
+        self.direct = granted > 0 && worth_us < MIN_WORTH_US;
         if granted <= 0 {
             self.refused_until_us = Some(if retry_after_ms < 0 {
                 i64::MAX
@@ -297,11 +297,7 @@ impl Lease {
         // i64 -> f64: a lease is at most 2^53 tokens, exact.
         let refill_us = (self.size_for(now_us, 1.0) as f64 / self.params.rate_per_sec()
             * MICROS_PER_SEC) as i64;
-        let worth_us = reset_after_ms
-            .saturating_mul(MICROS_PER_MS)
-            .saturating_sub(MICROS_PER_MS)
-            .saturating_add(refill_us);
-        self.direct = worth_us < MIN_WORTH_US;
+        self.direct = counted_for_us(reset_after_ms).saturating_add(refill_us) < MIN_WORTH_US;
     }
 
     /// Whether a refill is in flight.
@@ -419,6 +415,14 @@ impl Lease {
         let need = (cost.ceil() as i64).clamp(1, MAX_AT_MOST);
         (wanted.ceil() as i64).clamp(1, self.max_lease()).max(need)
     }
+}
+
+/// How long after a call was sent the bucket still counts what it took, from the reply's `reset_after_ms`: less
+/// the millisecond the reply's rounding may add.
+fn counted_for_us(reset_after_ms: i64) -> i64 {
+    reset_after_ms
+        .saturating_mul(MICROS_PER_MS)
+        .saturating_sub(MICROS_PER_MS)
 }
 
 #[cfg(test)]

@@ -547,7 +547,7 @@ impl Shared {
         bucket: &LocalBucket<'_>,
         request: &Parts,
     ) -> Result<(BucketResult, bool), Error> {
-        let sent_us = self.leases.clock_us();
+        let sent_us = self.leases.now_us();
         let reply = self
             .ask::<false>(std::slice::from_ref(bucket), request)
             .await?;

@@ -104,7 +104,8 @@ impl Leases {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn now_us(&self) -> i64 {
+    /// The clock the leases are kept on (µs).
+    pub(super) fn now_us(&self) -> i64 {
         i64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(i64::MAX)
     }
 
@@ -128,8 +129,8 @@ impl Leases {
     }
 
     /// Decides one request of `cost` on `key`'s lease: spend leased tokens, refuse from a remembered refusal,
-    /// send a refill, wait for the one in flight, or call Redis directly. `waited`: the request waited on a refill before, and was
-    /// counted toward the next lease's size then.
+    /// send a refill, wait for the one in flight, or call Redis directly. `waited`: the request waited on a refill
+    /// before, and was counted toward the next lease's size then.
     pub(super) fn admit(&self, key: &str, params: Params, cost: f64, waited: bool) -> Step {
         if cost > params.burst() {
             return Step::Decided(never());
@@ -211,11 +212,6 @@ impl Leases {
                 ended.failed = failed;
             });
         }
-    }
-
-    /// The clock the leases are kept on (µs), for [`Leases::observed`]'s `sent_us`.
-    pub(super) fn clock_us(&self) -> i64 {
-        self.now_us()
     }
 
     /// Redis answered a call of `key`'s own (not a refill), sent at `sent_us`, with `result`: its refusal is
