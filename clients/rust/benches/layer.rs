@@ -57,6 +57,12 @@ fn app() -> Router {
     Router::new().route("/", get(|| async { "hello\n" }))
 }
 
+/// `router` as `axum::serve` runs it: its handlers turned into routes once (`with_state`), each layer applied
+/// then. Unserved, axum applies the layers again on every request, work that neither layer does in a server.
+fn served(router: Router) -> Router {
+    router.with_state(())
+}
+
 fn request() -> Request<Body> {
     let mut request = Request::builder()
         .uri("/")
@@ -152,19 +158,21 @@ fn main() {
         .build()
         .expect("a client");
 
-    let plain = app();
+    let plain = served(app());
     let governor_config = GovernorConfigBuilder::default()
         .use_headers()
         .per_nanosecond(1)
         .burst_size(1_000_000_000)
         .finish()
         .expect("a governor config");
-    let governed = app().layer(GovernorLayer::new(governor_config));
+    let governed = served(app().layer(GovernorLayer::new(governor_config)));
     let limit = Limit::new("api", RATE, RATE).expect("a limit");
-    let limited = app().layer(
-        RateLimitLayer::builder(client.clone(), [limit])
-            .build()
-            .expect("a layer"),
+    let limited = served(
+        app().layer(
+            RateLimitLayer::builder(client.clone(), [limit])
+                .build()
+                .expect("a layer"),
+        ),
     );
     let key = bucket_key(
         DEFAULT_PREFIX,
@@ -174,10 +182,12 @@ fn main() {
     let hot = Limit::new("hot", LEASED_RATE, LEASED_BURST)
         .expect("a limit")
         .lease(true);
-    let leased = app().layer(
-        RateLimitLayer::builder(client.clone(), [hot])
-            .build()
-            .expect("a layer"),
+    let leased = served(
+        app().layer(
+            RateLimitLayer::builder(client.clone(), [hot])
+                .build()
+                .expect("a layer"),
+        ),
     );
     let hot_key = bucket_key(
         DEFAULT_PREFIX,
