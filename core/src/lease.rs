@@ -110,6 +110,9 @@ pub struct Lease {
     last_use_us: i64,
     /// The latest reply left the bucket within [`MIN_WORTH_US`] of full: requests are decided by calls of their own.
     direct: bool,
+    /// When the call of the newest reply so far was sent: a reply to an earlier call, arriving after it, says
+    /// nothing newer about the bucket.
+    newest_sent_us: i64,
 }
 
 impl Lease {
@@ -126,6 +129,7 @@ impl Lease {
             demand_since_us: now_us,
             last_use_us: now_us,
             direct: false,
+            newest_sent_us: i64::MIN,
         }
     }
 
@@ -219,22 +223,29 @@ impl Lease {
         let asking = self.asking.take();
         let worth_us = counted_for_us(reset_after_ms);
         let reset_us = sent_us.saturating_add(worth_us);
-        // A refusal finds the bucket empty, where a grant keeps its worth longest. Measured from when the call was
-        // sent, as `observed` measures: a slow round trip does not turn leasing on and off.
-        self.direct = granted > 0 && worth_us < MIN_WORTH_US;
+        let newest = self.newest(sent_us);
+        if newest {
+            // A refusal finds the bucket empty, where a grant keeps its worth longest. Measured from when the call
+            // was sent, as `observed` measures: a slow round trip does not turn leasing on and off.
+            self.direct = granted > 0 && worth_us < MIN_WORTH_US;
+        }
         if granted <= 0 {
-            self.refused_until_us = Some(if retry_after_ms < 0 {
-                i64::MAX
-            } else {
-                sent_us.saturating_add(retry_after_ms.saturating_mul(MICROS_PER_MS))
-            });
+            if newest {
+                self.refused_until_us = Some(if retry_after_ms < 0 {
+                    i64::MAX
+                } else {
+                    sent_us.saturating_add(retry_after_ms.saturating_mul(MICROS_PER_MS))
+                });
+            }
             return asking.map(|cost| {
                 self.used(now_us, cost);
                 self.refused(now_us)
                     .unwrap_or(Admit::Refused { retry_after_ms: 0 })
             });
         }
-        self.refused_until_us = None;
+        if newest {
+            self.refused_until_us = None;
+        }
         // i64 -> f64: a grant is at most 2^53, exact.
         let mut tokens = granted as f64;
         self.latest = self.latest.saturating_add(1);
@@ -282,6 +293,8 @@ impl Lease {
     /// have the limit's one cost). A refusal is remembered until `sent + retry_after`, as a refill's is. Leasing
     /// pays again once a lease taken now, of the size [`Lease::next_size`] would ask, would be worth at least
     /// [`MIN_WORTH_US`]: the bucket's time to full after this call, plus the time it takes to refill that lease.
+    /// A reply to a call sent before that of a reply already given (own calls run side by side, and their replies
+    /// may arrive out of order) is older news of the bucket and changes nothing.
     pub fn observed(
         &mut self,
         sent_us: i64,
@@ -290,6 +303,9 @@ impl Lease {
         retry_after_ms: i64,
         reset_after_ms: i64,
     ) {
+        if !self.newest(sent_us) {
+            return;
+        }
         if !allowed && retry_after_ms > 0 {
             self.refused_until_us =
                 Some(sent_us.saturating_add(retry_after_ms.saturating_mul(MICROS_PER_MS)));
@@ -388,6 +404,16 @@ impl Lease {
                 / MICROS_PER_MS
         };
         Some(Admit::Refused { retry_after_ms })
+    }
+
+    /// Whether the reply to a call sent at `sent_us` is the newest news of the bucket so far; if so, it is from now
+    /// on.
+    fn newest(&mut self, sent_us: i64) -> bool {
+        if sent_us < self.newest_sent_us {
+            return false;
+        }
+        self.newest_sent_us = sent_us;
+        true
     }
 
     /// Records a request of `cost` tokens at `now_us` for the lease size and the idle timer.
