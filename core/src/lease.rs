@@ -110,6 +110,8 @@ pub struct Lease {
     last_use_us: i64,
     /// The latest reply left the bucket within [`MIN_WORTH_US`] of full: requests are decided by calls of their own.
     direct: bool,
+    /// The cost of the latest request (a leased limit's requests share one): what `observed` sizes a lease for.
+    cost: f64,
     /// When the call of the newest reply so far was sent: a reply to an earlier call, arriving after it, says
     /// nothing newer about the bucket.
     newest_sent_us: i64,
@@ -129,6 +131,7 @@ impl Lease {
             demand_since_us: now_us,
             last_use_us: now_us,
             direct: false,
+            cost: 1.0,
             newest_sent_us: i64::MIN,
         }
     }
@@ -160,6 +163,7 @@ impl Lease {
 
     /// [`Lease::admit`], the request counted toward the next lease's size unless `counted` already.
     fn decide(&mut self, now_us: i64, cost: f64, counted: bool) -> Admit {
+        self.cost = cost;
         let count = if counted { 0.0 } else { cost };
         if let Some(decided) = self.held(now_us, cost, count) {
             return decided;
@@ -230,17 +234,14 @@ impl Lease {
             self.direct = granted > 0 && worth_us < MIN_WORTH_US;
         }
         if granted <= 0 {
+            let until_us = refused_until(sent_us, retry_after_ms);
             if newest {
-                self.refused_until_us = Some(if retry_after_ms < 0 {
-                    i64::MAX
-                } else {
-                    sent_us.saturating_add(retry_after_ms.saturating_mul(MICROS_PER_MS))
-                });
+                self.refused_until_us = Some(until_us);
             }
+            // The request that asked waits what this reply says, whether or not it is the newest news.
             return asking.map(|cost| {
                 self.used(now_us, cost);
-                self.refused(now_us)
-                    .unwrap_or(Admit::Refused { retry_after_ms: 0 })
+                refusal(until_us, now_us)
             });
         }
         if newest {
@@ -281,8 +282,8 @@ impl Lease {
     }
 
     /// The refill failed (an error, a timeout): nothing is known to be granted. Tokens Redis may have granted
-    /// are never spent, which only under-admits. The waiting requests are admitted again: leased tokens first,
-    /// then the package's fail mode.
+    /// are never spent, which only under-admits. The waiting requests are decided again, from the leased tokens
+    /// first.
     pub fn failed(&mut self) {
         self.in_flight = false;
         self.asking = None;
@@ -290,9 +291,10 @@ impl Lease {
 
     /// The reply `[allowed, retry_after_ms, reset_after_ms]`, arrived at `now_us`, to a request's own call sent at
     /// `sent_us` ([`Admit::Direct`], or any call made for this limit without the lease; the lease's requests all
-    /// have the limit's one cost). A refusal is remembered until `sent + retry_after`, as a refill's is. Leasing
-    /// pays again once a lease taken now, of the size [`Lease::next_size`] would ask, would be worth at least
-    /// [`MIN_WORTH_US`]: the bucket's time to full after this call, plus the time it takes to refill that lease.
+    /// have the limit's one cost). A refusal is remembered until `sent + retry_after`, as a refill's is; an
+    /// allowance forgets a remembered refusal. Leasing pays again once a lease taken now, of the size
+    /// [`Lease::next_size`] would ask for the latest request's cost, would be worth at least [`MIN_WORTH_US`]: the
+    /// bucket's time to full after this call, plus the time it takes to refill that lease.
     /// A reply to a call sent before that of a reply already given (own calls run side by side, and their replies
     /// may arrive out of order) is older news of the bucket and changes nothing.
     pub fn observed(
@@ -306,12 +308,13 @@ impl Lease {
         if !self.newest(sent_us) {
             return;
         }
-        if !allowed && retry_after_ms > 0 {
-            self.refused_until_us =
-                Some(sent_us.saturating_add(retry_after_ms.saturating_mul(MICROS_PER_MS)));
+        if allowed {
+            self.refused_until_us = None;
+        } else if retry_after_ms > 0 {
+            self.refused_until_us = Some(refused_until(sent_us, retry_after_ms));
         }
         // i64 -> f64: a lease is at most 2^53 tokens, exact.
-        let refill_us = (self.size_for(now_us, 1.0) as f64 / self.params.rate_per_sec()
+        let refill_us = (self.size_for(now_us, self.cost) as f64 / self.params.rate_per_sec()
             * MICROS_PER_SEC) as i64;
         self.direct = counted_for_us(reset_after_ms).saturating_add(refill_us) < MIN_WORTH_US;
     }
@@ -395,15 +398,7 @@ impl Lease {
     /// The remembered refusal, if it still holds at `now_us`.
     fn refused(&self, now_us: i64) -> Option<Admit> {
         let until_us = self.refused_until_us.filter(|until| *until > now_us)?;
-        let retry_after_ms = if until_us == i64::MAX {
-            -1
-        } else {
-            until_us
-                .saturating_sub(now_us)
-                .saturating_add(MICROS_PER_MS - 1)
-                / MICROS_PER_MS
-        };
-        Some(Admit::Refused { retry_after_ms })
+        Some(refusal(until_us, now_us))
     }
 
     /// Whether the reply to a call sent at `sent_us` is the newest news of the bucket so far; if so, it is from now
@@ -441,6 +436,31 @@ impl Lease {
         let need = (cost.ceil() as i64).clamp(1, MAX_AT_MOST);
         (wanted.ceil() as i64).clamp(1, self.max_lease()).max(need)
     }
+}
+
+/// Until when a refusal of a call sent at `sent_us` holds: `retry_after_ms` later, for ever when it is -1 (the
+/// burst is below one token).
+fn refused_until(sent_us: i64, retry_after_ms: i64) -> i64 {
+    if retry_after_ms < 0 {
+        i64::MAX
+    } else {
+        sent_us.saturating_add(retry_after_ms.saturating_mul(MICROS_PER_MS))
+    }
+}
+
+/// The refusal at `now_us` of a request refused until `until_us`: its wait rounded up to the millisecond (0 once
+/// it has passed), -1 when it holds for ever.
+fn refusal(until_us: i64, now_us: i64) -> Admit {
+    let retry_after_ms = if until_us == i64::MAX {
+        -1
+    } else {
+        until_us
+            .saturating_sub(now_us)
+            .max(0)
+            .saturating_add(MICROS_PER_MS - 1)
+            / MICROS_PER_MS
+    };
+    Admit::Refused { retry_after_ms }
 }
 
 /// How long after a call was sent the bucket still counts what it took, from the reply's `reset_after_ms`: less

@@ -6,8 +6,8 @@
 //! one call    one refill in flight per key; the requests that come meanwhile wait for its end (at most the
 //!             client's timeout), counted toward the next lease's size, then are decided again
 //! refusals    Redis's refusal is remembered until its retry time: refused requests make no call
-//! faults      a refill that fails leaves its request, and those that waited on it, to the leased tokens, then
-//!             to the layer's fail mode
+//! faults      a refill that fails leaves its request to the leased tokens, then to the layer's fail mode; the
+//!             requests that waited on it take the leased tokens, then a call of their own
 //! bounded     at most the local capacity's number of keys hold a lease; a key that finds no place is decided
 //!             by its own Redis call, as a limit without lease; idle leases make room
 //! direct      where grants lose their worth within milliseconds (the bucket nearly full), each request is
@@ -43,7 +43,8 @@ struct Last {
 pub(super) struct Ended {
     /// Counts the refills ended.
     round: u64,
-    /// It failed: the requests that waited take the leased tokens, then the fail mode, without a call each.
+    /// It failed: the requests that waited take the leased tokens, then a call of their own each (whose failure
+    /// takes the fail mode).
     pub(super) failed: bool,
 }
 
