@@ -85,6 +85,8 @@ class LocalBuckets {
      * last use (least recent first).
      */
     this.entries = new Map();
+    /** The key last in `entries`' order, the most recently used (undefined: none, or it was evicted). */
+    this.newest = undefined;
     /** A limit (name, rate, burst) -> its overflow bucket { rate, burst, tokens, atMs }, starting full. */
     this.overflow = new Map();
   }
@@ -243,6 +245,12 @@ class LocalBuckets {
   _place(bucket, nowMs) {
     let entry = this.entries.get(bucket.key);
     if (entry !== undefined) {
+      if (bucket.key === this.newest) {
+        // Already the most recently used: a hot key is not moved out of its place and back on every call.
+        entry.rate = bucket.rate;
+        entry.burst = bucket.burst;
+        return entry;
+      }
       this.entries.delete(bucket.key);
     } else {
       if (this.entries.size >= this.capacity && !this._evict(nowMs)) return undefined;
@@ -261,6 +269,7 @@ class LocalBuckets {
     entry.rate = bucket.rate;
     entry.burst = bucket.burst;
     this.entries.set(bucket.key, entry);
+    this.newest = bucket.key;
     return entry;
   }
 
@@ -271,6 +280,7 @@ class LocalBuckets {
       if (looked++ >= EVICTION_WINDOW) break;
       if (entry.owed === 0 && entry.charging === 0 && refilled(entry, nowMs) >= entry.burst) {
         this.entries.delete(key);
+        if (key === this.newest) this.newest = undefined;
         return true;
       }
     }

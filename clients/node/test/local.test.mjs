@@ -263,6 +263,26 @@ test("a table of 1 key limits every other key with its limit's overflow bucket",
   assert.deepEqual([...local.entries.keys()], ["a"]);
 });
 
+test("keys stay in the order of their last use, the most recent one left in place, even once evicted", () => {
+  const local = new LocalBuckets({ capacity: 2, now: () => 0 });
+  const answer = (key) => local.observeOne({ ...api, key }, 0);
+  answer("a");
+  answer("b");
+  answer("b");
+  assert.deepEqual([...local.entries.keys()], ["a", "b"]);
+  answer("a");
+  assert.deepEqual([...local.entries.keys()], ["b", "a"]);
+  // Full again and owing nothing, so a new key takes the least recently used one's place.
+  answer("c");
+  assert.deepEqual([...local.entries.keys()], ["a", "c"]);
+  const one = new LocalBuckets({ capacity: 1, now: () => 0 });
+  one.observeOne({ ...api, key: "a" }, 0);
+  one.observeOne({ ...api, key: "b" }, 0);
+  one.observeOne({ ...api, key: "a" }, 0);
+  assert.deepEqual([...one.entries.keys()], ["a"]);
+  assert.equal(one.newest, "a");
+});
+
 test("waits saturate at the module's longest (2^63 - 1 ms) where a double cannot count the refill", () => {
   const local = new LocalBuckets({ now: () => 0 });
   const slow = { key: "slow", name: "slow", rate: 1e-300, burst: 1e10, cost: 1 };
