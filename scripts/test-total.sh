@@ -11,20 +11,32 @@
 #   92 passed, 0 failed
 #
 # Every command runs even if an earlier one failed. Exits non-zero if any command did (a failed test, or a build
-# that never got to run its tests), so the total is never the only sign of a failure. A command still running after
-# TB_SUITE_TIMEOUT seconds (default 1800) is stopped and counts as failed, so one hung suite cannot use up the whole
-# run's time.
+# that never got to run its tests), so the total is never the only sign of a failure. Run without a terminal (CI),
+# a command still running after TB_SUITE_TIMEOUT seconds (a whole number, default 1800; 0: no limit) is stopped, with
+# everything it started, and counts as one failed test, so one hung suite cannot use up the whole run's time. From a
+# terminal there is no limit: Ctrl-C stops the suite, which `timeout` would keep out of the terminal's reach.
 set -uo pipefail
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 limit="${TB_SUITE_TIMEOUT:-1800}"
+if ! [[ "$limit" =~ ^[0-9]+$ ]]; then
+  echo "test-total: TB_SUITE_TIMEOUT must be a whole number of seconds (0: no limit), not '$limit'" >&2
+  exit 2
+fi
+limited=()
+if [ "$limit" -gt 0 ] && ! [ -t 0 ]; then
+  limited=(timeout --kill-after=30 "$limit")
+fi
 status=0
 for command in "$@"; do
-  timeout --kill-after=30 "$limit" bash -c "$command" 2>&1 | tee -a "$log"
+  "${limited[@]}" bash -c "$command" 2>&1 | tee -a "$log"
   code=${PIPESTATUS[0]}
-  if [ "$code" -eq 124 ] || [ "$code" -eq 137 ]; then
+  if [ "${#limited[@]}" -gt 0 ] && [ "$code" -eq 124 ]; then
     echo "test-total: '$command' was stopped after ${limit}s" | tee -a "$log"
+    status=1
+  elif [ "$code" -eq 137 ]; then
+    echo "test-total: '$command' was killed (SIGKILL: its time limit, or the out-of-memory killer)" | tee -a "$log"
     status=1
   elif [ "$code" -ne 0 ]; then
     echo "test-total: '$command' exited with status $code"
@@ -56,7 +68,7 @@ awk '/^test result: / {
      /^Unit Testing: / { rules = 1; next }
      rules && /^  SUCCESS$/ { passed += 1; rules = 0; next }
      rules && /^  FAILED:$/ { failed += 1; rules = 0; next }
-     # A command this script stopped (see TB_SUITE_TIMEOUT) counts as one failed test.
-     /^test-total: .* was stopped after [0-9]+s$/ { failed += 1; next }
+     # A command stopped at its time limit (TB_SUITE_TIMEOUT) or killed counts as one failed test.
+     /^test-total: .* was (stopped after [0-9]+s|killed \(SIGKILL: .*\))$/ { failed += 1; next }
      END { printf "%d passed, %d failed\n", passed, failed }' "$log"
 exit "$status"
