@@ -244,14 +244,11 @@ class LocalBuckets {
   /** `bucket`'s entry, made the most recently used; a new one (full) if there is room or a place to take. */
   _place(bucket, nowMs) {
     let entry = this.entries.get(bucket.key);
+    // The most recently used key is already last: a hot key is not moved out of its place and back on every call.
+    // A key not in the table is never `newest`.
+    const moves = bucket.key !== this.newest;
     if (entry !== undefined) {
-      if (bucket.key === this.newest) {
-        // Already the most recently used: a hot key is not moved out of its place and back on every call.
-        entry.rate = bucket.rate;
-        entry.burst = bucket.burst;
-        return entry;
-      }
-      this.entries.delete(bucket.key);
+      if (moves) this.entries.delete(bucket.key);
     } else {
       if (this.entries.size >= this.capacity && !this._evict(nowMs)) return undefined;
       entry = {
@@ -268,8 +265,10 @@ class LocalBuckets {
     }
     entry.rate = bucket.rate;
     entry.burst = bucket.burst;
-    this.entries.set(bucket.key, entry);
-    this.newest = bucket.key;
+    if (moves) {
+      this.entries.set(bucket.key, entry);
+      this.newest = bucket.key;
+    }
     return entry;
   }
 
