@@ -8,9 +8,11 @@
 // requests/s, its ratio to the bare app of the same round, the app's own CPU µs per request (process.cpuUsage
 // over the measured window / requests served) and Redis's CPU µs per request (INFO cpu, used_cpu_user +
 // used_cpu_sys, over the same window). The table shows the median of the rounds and the min-max spread; the last
-// lines say where redis-tb stands against each peer.
+// lines say where redis-tb stands against each peer. With two CPUs or more (and taskset), the app runs alone on
+// CPU 1 and wrk and Redis share CPU 0: unpinned, the three moved between two cores and each app's CPU per request
+// spread across rounds by more than the differences measured.
 //   REDIS_SERVER=/usr/bin/redis-server TB_MODULE=$PWD/target/release/libredis_tb.so node clients/node/bench/peers.mjs
-import { execFileSync, fork, spawn } from "node:child_process";
+import { execFileSync, spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -25,6 +27,9 @@ const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS || 10);
 const WRK = process.env.WRK || "/usr/bin/wrk";
 const VARIANTS = ["bare", "redis-tb", "express-rate-limit", "rate-limiter-flexible"];
 const KEYINGS = (process.env.BENCH_KEYINGS || "peer,header").split(",");
+const PINNED = os.cpus().length >= 2 && spawnSync("taskset", ["-V"]).status === 0;
+/** `command` and its arguments, to run on `cpu` alone when PINNED. */
+const on = (cpu, command, args) => (PINNED ? ["taskset", ["-c", String(cpu), command, ...args]] : [command, args]);
 
 // wrk's script: an x-user header cycling 1,000 identities.
 const script = path.join(os.tmpdir(), `peers-${process.pid}.lua`);
@@ -50,7 +55,7 @@ function wrk(url, seconds, keying) {
   const args = ["-t1", `-c${CONNECTIONS}`, `-d${seconds}s`, "--latency"];
   if (keying === "header") args.push("-s", script);
   return new Promise((resolve, reject) => {
-    const child = spawn(WRK, [...args, url], { stdio: ["ignore", "pipe", "inherit"] });
+    const child = spawn(...on(0, WRK, [...args, url]), { stdio: ["ignore", "pipe", "inherit"] });
     let out = "";
     child.stdout.on("data", (chunk) => (out += chunk));
     child.on("error", reject);
@@ -69,8 +74,9 @@ async function redisCpuUs(port) {
 }
 
 async function round(variant, keying, redisPort) {
-  const child = fork(path.join(HERE, "peer-app.mjs"), {
+  const child = spawn(...on(1, process.execPath, [path.join(HERE, "peer-app.mjs")]), {
     env: { ...process.env, VARIANT: variant, KEYING: keying, REDIS_PORT: String(redisPort) },
+    stdio: ["ignore", "inherit", "inherit", "ipc"],
   });
   const { port } = await new Promise((resolve) => child.once("message", resolve));
   const url = `http://127.0.0.1:${port}/`;
@@ -100,12 +106,14 @@ const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const spread = (xs, digits) => `${Math.min(...xs).toFixed(digits)}-${Math.max(...xs).toFixed(digits)}`;
 
 const server = await Server.start();
+if (PINNED) execFileSync("taskset", ["-p", "-c", "0", String(server.child.pid)], { stdio: "ignore" });
 const lines = [];
 try {
   const version = execFileSync(SERVER, ["--version"], { encoding: "utf8" }).split(" ").slice(0, 3).join(" ");
   lines.push(`Node ${process.version}, ${version}, ${os.cpus().length} vCPU ${os.cpus()[0].model.trim()}`);
   lines.push(
-    `wrk -t1 -c${CONNECTIONS}, ${SECONDS} s per variant, ${ROUNDS} interleaved rounds, every request allowed; ` +
+    `wrk -t1 -c${CONNECTIONS}, ${SECONDS} s per variant, ${ROUNDS} interleaved rounds, every request allowed, ` +
+      `${PINNED ? "the app on CPU 1, wrk and Redis on CPU 0" : "unpinned"}; ` +
       `${new Date().toISOString().slice(0, 16)} UTC`,
   );
   for (const keying of KEYINGS) {

@@ -78,6 +78,11 @@ function ipIdentity(address, { ipv6Subnet = DEFAULT_IPV6_SUBNET } = {}) {
   if (typeof address !== "string" || address === "") return undefined;
   const zone = address.indexOf("%");
   const bare = zone >= 0 ? address.slice(0, zone) : address;
+  // The IPv4 peers of a dual-stack server, as Node reports them (`::ffff:1.2.3.4`): the dotted part, which
+  // net.isIPv4 takes only as the general path below writes it (no leading zeros).
+  if (bare.startsWith("::") && bare.slice(2, 7).toLowerCase() === "ffff:" && net.isIPv4(bare.slice(7))) {
+    return bare.slice(7);
+  }
   const family = net.isIP(bare);
   // A zone id belongs to IPv6 text only (RFC 4007): `1.2.3.4%eth0` is not an address.
   if (family === 4) return zone >= 0 ? undefined : bare;

@@ -85,6 +85,8 @@ class LocalBuckets {
      * last use (least recent first).
      */
     this.entries = new Map();
+    /** How many entries are diverged: while none is, no call looks its key up to know (see `diverged`). */
+    this.divergedKeys = 0;
     /** The key last in `entries`' order, the most recently used (undefined: none, or it was evicted). */
     this.newest = undefined;
     /** A limit (name, rate, burst) -> its overflow bucket { rate, burst, tokens, atMs }, starting full. */
@@ -149,6 +151,7 @@ class LocalBuckets {
       const through = entry.admitted;
       entry.owed = 0;
       entry.charging += share;
+      this._recount(entry, true);
       entry.inFlight += 1;
       charges.push(
         settle(() => lower(bucket, tokens)).then(({ error }) => this._settled(entry, share, through, error, refused)),
@@ -168,6 +171,7 @@ class LocalBuckets {
     // Exactly 0 once none is in flight, so that float residue (0.1 + 0.2 - 0.1 - 0.2) never keeps a key diverged.
     entry.charging = entry.inFlight === 0 ? 0 : Math.max(0, entry.charging - share);
     if (outcome === "owed") entry.owed += share;
+    this._recount(entry, true);
     if (outcome === "dropped") refused(error, share);
     return { outcome, error };
   }
@@ -200,6 +204,7 @@ class LocalBuckets {
 
   /** Whether the key `key` is diverged: it owes Redis a charge-back, or one is in flight (see `chargeBacks`). */
   diverged(key) {
+    if (this.divergedKeys === 0) return false;
     const entry = this.entries.get(key);
     return entry !== undefined && (entry.owed > 0 || entry.charging > 0);
   }
@@ -226,7 +231,9 @@ class LocalBuckets {
       for (const [slot, need] of needs) {
         slot.tokens -= need;
         if (slot.owed !== undefined) {
+          const was = slot.owed > 0 || slot.charging > 0;
           slot.owed += need;
+          this._recount(slot, was);
           slot.admitted += need;
         }
       }
@@ -270,6 +277,12 @@ class LocalBuckets {
       this.newest = bucket.key;
     }
     return entry;
+  }
+
+  /** `entry` changed from diverged (`was`) or not: `divergedKeys` follows. */
+  _recount(entry, was) {
+    const is = entry.owed > 0 || entry.charging > 0;
+    if (is !== was) this.divergedKeys += is ? 1 : -1;
   }
 
   /** Frees a place: the first of the least recently used keys that is full again and owes nothing. */

@@ -35,10 +35,26 @@ function app(client, run) {
     const logger = { warn() {}, error: (message) => bodyErrors.push(message) };
     server.get(`/${name}`, rateLimit({ client, prefix: `${run}:`, limits: { name, rate: 0.25, burst: 1 }, key: (req) => req.get("x-user"), body, logger }), (req, res) => res.send("ok"));
   }
+  // A response already begun before the limiter: its headers cannot be set, and the error goes to Express.
+  server.get(
+    "/begun",
+    (req, res, next) => {
+      res.writeHead(200, { "content-type": "text/plain" });
+      res.write("begun\n");
+      next();
+    },
+    rateLimit({ client, prefix: `${run}:`, limits: { name: "begun", rate: 0.25, burst: 3 }, key: () => "all" }),
+    (req, res) => res.end("not reached\n"),
+  );
+  server.use((error, req, res, next) => {
+    expressErrors.push(error.code);
+    res.end();
+  });
   return http.createServer(server);
 }
 
 const bodyErrors = [];
+const expressErrors = [];
 
 for (const backend of [{ name: "module", module: true }, { name: "script", module: false }]) {
   describe(`Express middleware, ${backend.name}`, () => {
@@ -74,6 +90,13 @@ for (const backend of [{ name: "module", module: true }, { name: "script", modul
         assert.equal(bodyErrors.length, 1, name);
         assert.match(bodyErrors[0], new RegExp(`the body function failed for limit "${name}"`));
       }
+    });
+
+    test("an error setting the headers (the response already begun) goes to Express's error handler", async () => {
+      expressErrors.length = 0;
+      const response = await fetch(`${base}/begun`);
+      assert.equal(await response.text(), "begun\n");
+      assert.deepEqual(expressErrors, ["ERR_HTTP_HEADERS_SENT"]);
     });
 
     test("every response carries the headers; the fourth is refused with 429, Retry-After and a JSON body", async () => {

@@ -217,6 +217,37 @@ test("charge-backs in parallel each send the floor; one that fails gives back on
   assert.deepEqual([entry.owed, entry.charging, entry.inFlight], [3, 0, 0], "the first's share is owed again, and only it");
 });
 
+test("the count of diverged keys follows every change: no key is looked up while none owes Redis", async () => {
+  const local = new LocalBuckets({ now: () => 0 });
+  const other = { ...api, key: `${api.key}:other` };
+  const counted = () => [...local.entries.values()].filter((entry) => entry.owed > 0 || entry.charging > 0).length;
+  const check = (expected, about) => {
+    assert.equal(local.divergedKeys, counted(), about);
+    assert.equal(local.divergedKeys, expected, about);
+  };
+  check(0, "a new table");
+  await local.decide([api, other], failing, () => assert.fail("not called"));
+  check(2, "both keys owe what they admitted in memory");
+  const first = fakeRedis();
+  const one = local.decide([api], first.run, first.call);
+  check(2, "a charge-back in flight keeps its key diverged");
+  first.finish({ reply: { allowed: true, buckets: [{ remaining: 3, retry_after_ms: 0, reset_after_ms: 2000 }] } });
+  await one;
+  check(1, "the charge-back taken: only the other key owes");
+  assert.equal(local.diverged(api.key), false);
+  assert.equal(local.diverged(other.key), true);
+  const second = fakeRedis();
+  const two = local.decide([other], second.run, second.call);
+  second.finish({ lowerFails: true, fails: true });
+  await two;
+  check(1, "a charge-back that met a fault is owed again");
+  const third = fakeRedis();
+  const three = local.decide([other], third.run, third.call);
+  third.finish({ reply: { allowed: true, buckets: [{ remaining: 3, retry_after_ms: 0, reset_after_ms: 2000 }] } });
+  await three;
+  check(0, "every charge-back taken");
+});
+
 test("charging is exactly 0 once no charge-back is in flight, whatever the float sums left", async () => {
   const local = new LocalBuckets({ now: () => 0 });
   const tenth = { ...api, cost: 0.1 };
