@@ -4,6 +4,7 @@
 //! carries either the inner service's body or the layer's own bytes without boxing the former.
 #![forbid(unsafe_code)]
 
+use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -115,15 +116,61 @@ const SMALL_NUMBERS: [&str; 100] = [
     "97", "98", "99",
 ];
 
-/// An integer's header value.
+/// An integer's header value: one allocation of its digits' size (`HeaderValue::from` of an integer takes two).
 fn number(value: i64) -> HeaderValue {
-    match usize::try_from(value)
+    if let Some(text) = usize::try_from(value)
         .ok()
         .and_then(|index| SMALL_NUMBERS.get(index))
     {
-        Some(text) => HeaderValue::from_static(text),
-        None => HeaderValue::from(value),
+        return HeaderValue::from_static(text);
     }
+    match HeaderValue::from_bytes(itoa::Buffer::new().format(value).as_bytes()) {
+        Ok(number) => number,
+        Err(_) => HeaderValue::from(value),
+    }
+}
+
+/// A header value's text written on the stack first, so that the value takes one allocation of its exact size
+/// (written into a `String`, it takes that and another for the count the bytes share).
+struct OnStack {
+    bytes: [u8; 96],
+    len: usize,
+}
+
+impl OnStack {
+    fn new() -> OnStack {
+        OnStack {
+            bytes: [0; 96],
+            len: 0,
+        }
+    }
+
+    fn value(&self) -> Option<HeaderValue> {
+        HeaderValue::from_bytes(self.bytes.get(..self.len)?).ok()
+    }
+}
+
+impl fmt::Write for OnStack {
+    /// Fails when the text does not fit: the caller writes it into a `String` then.
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let end = self.len.checked_add(text.len()).ok_or(fmt::Error)?;
+        let into = self.bytes.get_mut(self.len..end).ok_or(fmt::Error)?;
+        into.copy_from_slice(text.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// The `RateLimit` value of `reply`'s buckets, named by `names`.
+fn current_value<'a, I>(names: I, reply: &AcquiredEach) -> Option<HeaderValue>
+where
+    I: Iterator<Item = &'a str> + Clone,
+{
+    let mut text = OnStack::new();
+    if headers::write_current_field(&mut text, names.clone(), reply).is_ok() {
+        return text.value();
+    }
+    HeaderValue::try_from(headers::current_field(names, reply)).ok()
 }
 
 /// The header values that stay the same for every decision over the layer's whole list of limits: made once,
@@ -178,9 +225,9 @@ impl Fields {
                     HeaderValue::try_from(headers::policy_field(&policies)).ok()
                 }
             };
-            let current = headers::current_field(limits.clone().map(Limit::name), reply);
+            let current = current_value(limits.clone().map(Limit::name), reply);
             // Every value is printable ASCII (an sf-string or digits), so each converts.
-            if let (Some(policy), Ok(current)) = (policy, HeaderValue::try_from(current)) {
+            if let (Some(policy), Some(current)) = (policy, current) {
                 fields.push((RATELIMIT_POLICY, policy));
                 fields.push((RATELIMIT, current));
             }
@@ -290,15 +337,39 @@ mod tests {
     use crate::replies::BucketResult;
     use tb_test_support::{fixture, fixture_number};
 
-    /// The layer's fields are [`headers::rate_limit_headers`]'s, for every case of fixtures/headers.json whose
-    /// limits a [`Limit`] can hold, with the unchanging values made apart or not.
     #[test]
     fn small_numbers_are_written_as_large_ones_are() {
-        for value in [-1, 0, 1, 9, 10, 99, 100, 12345, i64::MAX] {
+        for value in [i64::MIN, -1, 0, 1, 9, 10, 99, 100, 12345, i64::MAX] {
             assert_eq!(number(value), HeaderValue::from(value), "{value}");
         }
     }
 
+    /// A `RateLimit` value too long for the stack is written into a `String`, the same text.
+    #[test]
+    fn a_long_rate_limit_value_is_written_whole() {
+        let reply = AcquiredEach {
+            allowed: true,
+            limiting_index: 0,
+            buckets: vec![BucketResult {
+                fits: true,
+                remaining: i64::MAX,
+                retry_after_ms: 0,
+                reset_after_ms: 1500,
+            }],
+        };
+        for name in [
+            "api",
+            "n".repeat(60).as_str(),
+            "\"quoted\" \u{e9}".repeat(20).as_str(),
+        ] {
+            let expected = headers::current_field([name], &reply);
+            let value = current_value([name].into_iter(), &reply).expect("a value");
+            assert_eq!(value.to_str().expect("text"), expected, "{name}");
+        }
+    }
+
+    /// The layer's fields are [`headers::rate_limit_headers`]'s, for every case of fixtures/headers.json whose
+    /// limits a [`Limit`] can hold, with the unchanging values made apart or not.
     #[test]
     fn the_layer_s_fields_are_the_shared_mapping_s() {
         let fixture = fixture("headers.json");
