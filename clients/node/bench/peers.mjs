@@ -27,7 +27,8 @@ const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS || 10);
 const WRK = process.env.WRK || "/usr/bin/wrk";
 const VARIANTS = ["bare", "redis-tb", "express-rate-limit", "rate-limiter-flexible"];
 const KEYINGS = (process.env.BENCH_KEYINGS || "peer,header").split(",");
-const PINNED = os.cpus().length >= 2 && spawnSync("taskset", ["-V"]).status === 0;
+// Pinned only where both CPUs can be used (a container may be given fewer than os.cpus() lists).
+const PINNED = os.cpus().length >= 2 && [0, 1].every((cpu) => spawnSync("taskset", ["-c", String(cpu), "true"]).status === 0);
 /** `command` and its arguments, to run on `cpu` alone when PINNED. */
 const on = (cpu, command, args) => (PINNED ? ["taskset", ["-c", String(cpu), command, ...args]] : [command, args]);
 
@@ -106,7 +107,7 @@ const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const spread = (xs, digits) => `${Math.min(...xs).toFixed(digits)}-${Math.max(...xs).toFixed(digits)}`;
 
 const server = await Server.start();
-if (PINNED) execFileSync("taskset", ["-p", "-c", "0", String(server.child.pid)], { stdio: "ignore" });
+if (PINNED) execFileSync("taskset", ["-a", "-p", "-c", "0", String(server.child.pid)], { stdio: "ignore" });
 const lines = [];
 try {
   const version = execFileSync(SERVER, ["--version"], { encoding: "utf8" }).split(" ").slice(0, 3).join(" ");

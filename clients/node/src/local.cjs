@@ -165,13 +165,16 @@ class LocalBuckets {
    * the share leaves `charging`; `refused` hears of one dropped for a configuration error.
    */
   _settled(entry, share, through, error, refused) {
+    // Taken before the change: a charge-back of share 0 (another in flight covered all) can settle on a key that
+    // owes nothing any more.
+    const was = entry.owed > 0 || entry.charging > 0;
     const outcome = chargeBackOutcome(error);
     if (outcome === "accepted") entry.confirmed = Math.max(entry.confirmed, through);
     entry.inFlight -= 1;
     // Exactly 0 once none is in flight, so that float residue (0.1 + 0.2 - 0.1 - 0.2) never keeps a key diverged.
     entry.charging = entry.inFlight === 0 ? 0 : Math.max(0, entry.charging - share);
     if (outcome === "owed") entry.owed += share;
-    this._recount(entry, true);
+    this._recount(entry, was);
     if (outcome === "dropped") refused(error, share);
     return { outcome, error };
   }

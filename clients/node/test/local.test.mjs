@@ -248,6 +248,27 @@ test("the count of diverged keys follows every change: no key is looked up while
   check(0, "every charge-back taken");
 });
 
+test("two charge-backs of one key in flight at once, settled in order, leave the other key's debt counted", async () => {
+  const local = new LocalBuckets({ now: () => 0 });
+  const other = { ...api, key: `${api.key}:other` };
+  const counted = () => [...local.entries.values()].filter((entry) => entry.owed > 0 || entry.charging > 0).length;
+  await local.decide([api, other], failing, () => assert.fail("not called"));
+  const [first, second] = [fakeRedis(), fakeRedis()];
+  const one = local.decide([api], first.run, first.call);
+  // The second finds the key diverged (its charge-back in flight) and sends a share of 0.
+  const two = local.decide([api], second.run, second.call);
+  assert.deepEqual([local.entries.get(api.key).charging, local.entries.get(api.key).inFlight], [1, 2]);
+  const reply = { allowed: true, buckets: [{ remaining: 3, retry_after_ms: 0, reset_after_ms: 2000 }] };
+  first.finish({ reply });
+  await one;
+  assert.equal(local.divergedKeys, counted());
+  second.finish({ reply });
+  await two;
+  assert.equal(local.divergedKeys, counted());
+  assert.equal(local.divergedKeys, 1, "the other key still owes Redis");
+  assert.equal(local.diverged(other.key), true);
+});
+
 test("charging is exactly 0 once no charge-back is in flight, whatever the float sums left", async () => {
   const local = new LocalBuckets({ now: () => 0 });
   const tenth = { ...api, cost: 0.1 };

@@ -357,9 +357,15 @@ mod tests {
                 reset_after_ms: 1500,
             }],
         };
+        // 24 bytes besides a plain name (`r` at most 15 digits): 72 fills the 96 on the stack, 73 takes the `String`.
+        for (plain, size) in [(72, 96), (73, 97)] {
+            let name = "n".repeat(plain);
+            assert_eq!(headers::current_field([name.as_str()], &reply).len(), size);
+        }
         for name in [
             "api",
-            "n".repeat(60).as_str(),
+            "n".repeat(72).as_str(),
+            "n".repeat(73).as_str(),
             "\"quoted\" \u{e9}".repeat(20).as_str(),
         ] {
             let expected = headers::current_field([name], &reply);
