@@ -189,14 +189,14 @@ class LocalBuckets {
    */
   observe(buckets, decision, nowMs = this.now()) {
     for (let index = 0; index < buckets.length; index++) {
-      this.observeOne(buckets[index], decision?.buckets?.[index]?.resetAfterMs, nowMs);
+      this.observeOne(buckets[index], decision?.buckets?.[index]?.resetAfterMs, nowMs, buckets);
     }
   }
 
-  /** `observe` for one bucket and its reply's `resetAfterMs`. */
-  observeOne(bucket, resetAfterMs, nowMs = this.now()) {
+  /** `observe` for one bucket and its reply's `resetAfterMs`; `call`: the call's buckets (default, this one). */
+  observeOne(bucket, resetAfterMs, nowMs = this.now(), call = undefined) {
     if (!Number.isFinite(resetAfterMs)) return;
-    const entry = this._place(bucket, nowMs);
+    const entry = this._place(bucket, nowMs, call);
     if (entry === undefined) return;
     // What Redis has not seen is not in the answer. A floor Redis took covers the shares of earlier charge-backs
     // still out (their outcome can be known later): those are in the answer already, not taken twice.
@@ -218,7 +218,7 @@ class LocalBuckets {
    * resetAfterMs }] }.
    */
   acquire(buckets, nowMs = this.now()) {
-    const slots = buckets.map((bucket) => this._place(bucket, nowMs) ?? this._overflowOf(bucket, nowMs));
+    const slots = buckets.map((bucket) => this._place(bucket, nowMs, buckets) ?? this._overflowOf(bucket, nowMs));
     const needs = new Map();
     buckets.forEach((bucket, index) => {
       const slot = slots[index];
@@ -251,8 +251,11 @@ class LocalBuckets {
     return { allowed, limitingIndex: limiting(reports), buckets: reports };
   }
 
-  /** `bucket`'s entry, made the most recently used; a new one (full) if there is room or a place to take. */
-  _place(bucket, nowMs) {
+  /**
+   * `bucket`'s entry, made the most recently used; a new one (full) if there is room or a place to take from a key
+   * of another call (`call`: this call's buckets, default `bucket` alone).
+   */
+  _place(bucket, nowMs, call = undefined) {
     let entry = this.entries.get(bucket.key);
     // The most recently used key is already last: a hot key is not moved out of its place and back on every call.
     // A key not in the table is never `newest`.
@@ -260,7 +263,7 @@ class LocalBuckets {
     if (entry !== undefined) {
       if (moves) this.entries.delete(bucket.key);
     } else {
-      if (this.entries.size >= this.capacity && !this._evict(nowMs)) return undefined;
+      if (this.entries.size >= this.capacity && !this._evict(nowMs, call)) return undefined;
       entry = {
         rate: bucket.rate,
         burst: bucket.burst,
@@ -288,12 +291,16 @@ class LocalBuckets {
     if (is !== was) this.divergedKeys += is ? 1 : -1;
   }
 
-  /** Frees a place: the first of the least recently used keys that is full again and owes nothing. */
-  _evict(nowMs) {
+  /**
+   * Frees a place: the first of the least recently used keys that is full again, owes nothing, has no charge-back
+   * out and is none of `call`'s keys (a key the same call placed keeps its place: it is about to be taken from).
+   */
+  _evict(nowMs, call) {
     let looked = 0;
     for (const [key, entry] of this.entries) {
       if (looked++ >= EVICTION_WINDOW) break;
-      if (entry.owed === 0 && entry.charging === 0 && refilled(entry, nowMs) >= entry.burst) {
+      const owesNothing = entry.owed === 0 && entry.charging === 0 && entry.inFlight === 0;
+      if (owesNothing && refilled(entry, nowMs) >= entry.burst && !call?.some((bucket) => bucket.key === key)) {
         this.entries.delete(key);
         if (key === this.newest) this.newest = undefined;
         return true;
