@@ -149,9 +149,9 @@ class LocalBuckets {
       const share = entry.owed;
       // The floor covers everything admitted so far: once Redis takes it, Redis has seen that much.
       const through = entry.admitted;
+      // Still diverged: what it owed is now being charged.
       entry.owed = 0;
       entry.charging += share;
-      this._recount(entry, true);
       entry.inFlight += 1;
       charges.push(
         settle(() => lower(bucket, tokens)).then(({ error }) => this._settled(entry, share, through, error, refused)),
@@ -167,7 +167,7 @@ class LocalBuckets {
   _settled(entry, share, through, error, refused) {
     // Taken before the change: a charge-back of share 0 (another in flight covered all) can settle on a key that
     // owes nothing any more.
-    const was = entry.owed > 0 || entry.charging > 0;
+    const was = isDiverged(entry);
     const outcome = chargeBackOutcome(error);
     if (outcome === "accepted") entry.confirmed = Math.max(entry.confirmed, through);
     entry.inFlight -= 1;
@@ -209,7 +209,7 @@ class LocalBuckets {
   diverged(key) {
     if (this.divergedKeys === 0) return false;
     const entry = this.entries.get(key);
-    return entry !== undefined && (entry.owed > 0 || entry.charging > 0);
+    return entry !== undefined && isDiverged(entry);
   }
 
   /**
@@ -234,7 +234,7 @@ class LocalBuckets {
       for (const [slot, need] of needs) {
         slot.tokens -= need;
         if (slot.owed !== undefined) {
-          const was = slot.owed > 0 || slot.charging > 0;
+          const was = isDiverged(slot);
           slot.owed += need;
           this._recount(slot, was);
           slot.admitted += need;
@@ -287,7 +287,7 @@ class LocalBuckets {
 
   /** `entry` changed from diverged (`was`) or not: `divergedKeys` follows. */
   _recount(entry, was) {
-    const is = entry.owed > 0 || entry.charging > 0;
+    const is = isDiverged(entry);
     if (is !== was) this.divergedKeys += is ? 1 : -1;
   }
 
@@ -299,8 +299,8 @@ class LocalBuckets {
     let looked = 0;
     for (const [key, entry] of this.entries) {
       if (looked++ >= EVICTION_WINDOW) break;
-      const owesNothing = entry.owed === 0 && entry.charging === 0 && entry.inFlight === 0;
-      if (owesNothing && refilled(entry, nowMs) >= entry.burst && !call?.some((bucket) => bucket.key === key)) {
+      const free = !isDiverged(entry) && entry.inFlight === 0 && refilled(entry, nowMs) >= entry.burst;
+      if (free && !call?.some((bucket) => bucket.key === key)) {
         this.entries.delete(key);
         if (key === this.newest) this.newest = undefined;
         return true;
@@ -327,6 +327,11 @@ async function settle(work) {
   } catch (error) {
     return { error };
   }
+}
+
+/** Whether an entry owes Redis a charge-back, or has one in flight (see `chargeBacks`). */
+function isDiverged(entry) {
+  return entry.owed > 0 || entry.charging > 0;
 }
 
 /** The tokens of `slot` at `nowMs`, refilled at its rate up to its burst (a clock read earlier refills nothing). */
