@@ -355,3 +355,17 @@ fn python_client_example_runs() {
         "python client example: ok",
     );
 }
+
+/// The harness's own guard: a server answering on a port is taken for the one a test spawned only when its
+/// process id is that one's, and no port is handed out twice in one process. Without it, a test whose server lost
+/// its port to another test's could run against that one and fail once the other test stopped it.
+#[test]
+fn the_harness_knows_its_own_server() {
+    let server = Server::start();
+    assert!(tb_test_support::answers_as(server.port, server.pid()));
+    assert!(!tb_test_support::answers_as(server.port, server.pid() + 1));
+    let ports: Vec<u16> = (0..500).map(|_| common::free_port()).collect();
+    let distinct: std::collections::HashSet<&u16> = ports.iter().collect();
+    assert_eq!(distinct.len(), ports.len());
+    assert!(!ports.contains(&server.port));
+}

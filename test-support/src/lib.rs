@@ -10,6 +10,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long the nodes may take to agree on the cluster after `redis-cli --cluster create`.
@@ -75,10 +76,48 @@ pub fn wait_until(deadline: Duration, mut condition: impl FnMut() -> bool) -> bo
     }
 }
 
-/// A port the OS just gave us, released for a server to take.
+/// The ports [`free_port`] has handed out in this process: the OS may give a released port again, and two tests
+/// running at once must not spawn their servers on one port.
+static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+
+/// A port the OS just gave us, released for a server to take; never one handed out before in this process.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local address").port()
+    let mut handed_out = HANDED_OUT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let port = listener.local_addr().expect("local address").port();
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
+}
+
+/// Whether the server on loopback `port` is the process `pid` and ready: it answers PING (not `LOADING`), and
+/// `INFO server` gives `pid` as its `process_id`. A released port can still be taken by a server of another
+/// process before ours binds it; ours then exits, and a check of PING alone would take the other for ours.
+pub fn answers_as(port: u16, pid: u32) -> bool {
+    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) else {
+        return false;
+    };
+    let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(500)) else {
+        return false;
+    };
+    if conn.set_read_timeout(Some(Duration::from_secs(2))).is_err()
+        || redis::cmd("PING").query::<String>(&mut conn).is_err()
+    {
+        return false;
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut conn)
+        .unwrap_or_default();
+    info.lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .and_then(|value| value.trim().parse::<u32>().ok())
+        == Some(pid)
 }
 
 /// Offset of a cluster node's bus port from its client port.

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tb_test_support::free_port_with_bus;
+use tb_test_support::{answers_as, free_port_with_bus};
 pub use tb_test_support::{free_port, wait_until};
 
 /// How long a server may take to answer its first PING.
@@ -217,13 +217,8 @@ fn wait_ready(port: u16, child: &mut Child) -> Result<(), ()> {
         if !matches!(child.try_wait(), Ok(None)) {
             return Err(());
         }
-        if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) {
-            if let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200)) {
-                // A server still loading its AOF/RDB answers LOADING; wait for a real PONG.
-                if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                    return Ok(());
-                }
-            }
+        if answers_as(port, child.id()) {
+            return Ok(());
         }
         thread::sleep(Duration::from_millis(10));
     }

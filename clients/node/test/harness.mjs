@@ -26,7 +26,13 @@ export const WITHOUT_MODULE = SERVER_VERSION[0] >= 7 ? "function" : "script";
 const STARTUP_DEADLINE_MS = 20_000;
 const STARTUP_ATTEMPTS = 5;
 
-/** A port the OS just gave us (bound and released), with port + 10000 free too when `withBus` (a cluster node). */
+/** The ports `freePort` has handed out in this process: the OS may give a released port again. */
+const handedOut = new Set();
+
+/**
+ * A port the OS just gave us (bound and released), never one handed out before in this process, with port + 10000
+ * free too when `withBus` (a cluster node).
+ */
 async function freePort(withBus) {
   for (;;) {
     const port = await new Promise((resolve, reject) => {
@@ -37,6 +43,8 @@ async function freePort(withBus) {
         listener.close(() => resolve(given));
       });
     });
+    if (handedOut.has(port)) continue;
+    handedOut.add(port);
     if (!withBus) return port;
     if (port + 10000 < 65536 && (await portIsFree(port + 10000))) return port;
   }
@@ -47,6 +55,32 @@ function portIsFree(port) {
     const listener = net.createServer();
     listener.once("error", () => resolve(false));
     listener.listen(port, "127.0.0.1", () => listener.close(() => resolve(true)));
+  });
+}
+
+/**
+ * Whether the server on `port` is the process `pid` and ready: it answers PING (not LOADING), and INFO gives `pid`
+ * as its process_id. A released port can still be taken by another process's server before ours binds it; ours
+ * then exits, and a check of PING alone would take the other for ours.
+ */
+function answersAs(port, pid, deadlineMs) {
+  return new Promise((resolve) => {
+    const socket = net.connect(port, "127.0.0.1");
+    let text = "";
+    const done = (answer) => {
+      clearTimeout(timer);
+      socket.destroy();
+      resolve(answer);
+    };
+    const timer = setTimeout(() => done(false), deadlineMs);
+    socket.on("connect", () => socket.write("PING\r\nINFO server\r\n"));
+    socket.on("data", (chunk) => {
+      text += chunk;
+      if (text.includes("\r\n") && !text.startsWith("+PONG\r\n")) return done(false);
+      const found = /\r\nprocess_id:(\d+)\r\n/.exec(text);
+      if (found) done(Number(found[1]) === pid);
+    });
+    socket.on("error", () => done(false));
   });
 }
 
@@ -121,11 +155,7 @@ export class Server {
     let gone = false;
     this.exited.then(() => (gone = true));
     while (Date.now() < deadline && !gone) {
-      try {
-        if ((await rawCommand(this.port, "PING", 500)).startsWith("+PONG")) return true;
-      } catch {
-        // not listening yet
-      }
+      if (await answersAs(this.port, this.child.pid, 500)) return true;
       await new Promise((resolve) => setTimeout(resolve, 20));
     }
     return false;

@@ -45,11 +45,19 @@ def server_version(binary: str = SERVER) -> tuple[int, int]:
 WITHOUT_MODULE = "function" if server_version() >= (7, 0) else "script"
 
 
+#: The ports `free_port` has handed out in this process: the OS may give a released port again.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(with_bus: bool = False) -> int:
+    """A port the OS just gave us, released for a server to take; never one handed out before in this process."""
     while True:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = int(sock.getsockname()[1])
+        if port in _HANDED_OUT:
+            continue
+        _HANDED_OUT.add(port)
         if not with_bus:
             return port
         if port + 10000 < 65536:
@@ -59,6 +67,17 @@ def free_port(with_bus: bool = False) -> int:
                 return port
             except OSError:
                 continue
+
+
+def answers_as(port: int, pid: int) -> bool:
+    """Whether the server on `port` is the process `pid` and ready: it answers PING (not LOADING), and INFO gives
+    `pid` as its process_id. A released port can still be taken by another process's server before ours binds it;
+    ours then exits, and a check of PING alone would take the other for ours."""
+    try:
+        with redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1) as conn:
+            return bool(conn.ping()) and conn.info("server").get("process_id") == pid
+    except redis.exceptions.RedisError:
+        return False
 
 
 class Server:
@@ -123,11 +142,9 @@ class Server:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 return False
-            try:
-                if redis.Redis(port=self.port, socket_timeout=1).ping():
-                    return True
-            except redis.exceptions.RedisError:
-                time.sleep(0.02)
+            if answers_as(self.port, self.process.pid):
+                return True
+            time.sleep(0.02)
         return False
 
     def client(self, **kwargs: Any) -> redis.Redis:

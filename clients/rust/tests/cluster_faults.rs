@@ -131,9 +131,9 @@ impl Node {
                 .is_none_or(|child| !matches!(child.try_wait(), Ok(None)));
             exited
                 || self
-                    .conn()
-                    .and_then(|mut conn| redis::cmd("PING").query::<String>(&mut conn))
-                    .is_ok()
+                    .child
+                    .as_ref()
+                    .is_some_and(|child| tb_test_support::answers_as(self.port, child.id()))
         });
         let running = self
             .child

@@ -205,7 +205,7 @@ impl Redis {
                 "redis-server exited at start:\n{}",
                 proc.log_text()
             );
-            self.ping()
+            tb_test_support::answers_as(self.port, proc.pid())
         });
         assert!(
             ready,
@@ -221,17 +221,6 @@ impl Redis {
         if let Some(mut proc) = self.proc.take() {
             proc.kill();
         }
-    }
-
-    pub fn ping(&self) -> bool {
-        redis::Client::open(self.url())
-            .ok()
-            .and_then(|client| {
-                client
-                    .get_connection_with_timeout(Duration::from_millis(200))
-                    .ok()
-            })
-            .is_some_and(|mut conn| redis::cmd("PING").query::<String>(&mut conn).is_ok())
     }
 
     pub fn url(&self) -> String {
