@@ -115,6 +115,11 @@ pub struct Lease {
     /// When the call of the newest reply so far was sent: a reply to an earlier call, arriving after it, says
     /// nothing newer about the bucket.
     newest_sent_us: i64,
+    /// The cost of the requests told to wait on the refill in flight.
+    waiting: f64,
+    /// The cost of the requests that waited on the refill that ended last and have not been admitted again: a
+    /// refill asked for meanwhile covers them too, however long ago they were counted.
+    waking: f64,
 }
 
 impl Lease {
@@ -133,6 +138,8 @@ impl Lease {
             direct: false,
             cost: 1.0,
             newest_sent_us: i64::MIN,
+            waiting: 0.0,
+            waking: 0.0,
         }
     }
 
@@ -165,6 +172,9 @@ impl Lease {
     fn decide(&mut self, now_us: i64, cost: f64, counted: bool) -> Admit {
         self.cost = cost;
         let count = if counted { 0.0 } else { cost };
+        if counted {
+            self.waking = (self.waking - cost).max(0.0);
+        }
         if let Some(decided) = self.held(now_us, cost, count) {
             return decided;
         }
@@ -172,6 +182,7 @@ impl Lease {
             // Counted now: the requests that wait on a refill are the process's demand as much as those it
             // decides, and with a slow round trip most requests wait.
             self.used(now_us, count);
+            self.waiting += cost;
             return Admit::Wait;
         }
         if self.direct {
@@ -223,7 +234,7 @@ impl Lease {
         retry_after_ms: i64,
         reset_after_ms: i64,
     ) -> Option<Admit> {
-        self.in_flight = false;
+        self.ended();
         let asking = self.asking.take();
         let worth_us = counted_for_us(reset_after_ms);
         let reset_us = sent_us.saturating_add(worth_us);
@@ -285,8 +296,14 @@ impl Lease {
     /// are never spent, which only under-admits. The waiting requests are decided again, from the leased tokens
     /// first.
     pub fn failed(&mut self) {
-        self.in_flight = false;
+        self.ended();
         self.asking = None;
+    }
+
+    /// The refill in flight ended: the requests that waited on it are to be admitted again.
+    fn ended(&mut self) {
+        self.in_flight = false;
+        self.waking = std::mem::take(&mut self.waiting);
     }
 
     /// The reply `[allowed, retry_after_ms, reset_after_ms]`, arrived at `now_us`, to a request's own call sent at
@@ -418,7 +435,8 @@ impl Lease {
     }
 
     /// The size of the next lease at `now_us` for a request of `cost`: the tokens the process asked for per
-    /// second since the last refill, times [`LEASE_HORIZON_US`], rounded up; at least `cost` (rounded up) and
+    /// second since the last refill, times [`LEASE_HORIZON_US`], and at least what the requests still to be
+    /// admitted after the last refill ask for with this one, rounded up; at least `cost` (rounded up) and
     /// otherwise at most [`Lease::max_lease`]. Starts a new measuring window.
     pub fn next_size(&mut self, now_us: i64, cost: f64) -> i64 {
         let size = self.size_for(now_us, cost);
@@ -432,7 +450,8 @@ impl Lease {
         let window_us = now_us
             .saturating_sub(self.demand_since_us)
             .max(LEASE_HORIZON_US);
-        let wanted = (self.demand + cost) * LEASE_HORIZON_US as f64 / window_us as f64;
+        let wanted = ((self.demand + cost) * LEASE_HORIZON_US as f64 / window_us as f64)
+            .max(self.waking + cost);
         let need = (cost.ceil() as i64).clamp(1, MAX_AT_MOST);
         (wanted.ceil() as i64).clamp(1, self.max_lease()).max(need)
     }

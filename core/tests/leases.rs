@@ -1,5 +1,5 @@
 //! fixtures/leases.json through `Lease`: each case's steps at their instants, each decision as the fixture says.
-//! The packages' leased limits are to replay the same file.
+//! The Python and npm packages replay the same file through their own ports of the rule.
 
 use redis_tb_core::{Admit, Lease, Params};
 use serde_json::Value;

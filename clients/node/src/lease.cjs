@@ -34,9 +34,13 @@ function worth(held, nowUs, rate) {
   return Math.max(Math.min(held.tokens, leftS * rate), 0);
 }
 
-/** Until when a refusal of a call sent at sentUs holds: for ever (Infinity) when retryAfterMs is -1. */
+/** Where the core's 64-bit instants saturate, in µs: an instant there is for ever. */
+const FOREVER_US = 2 ** 63;
+
+/** Until when a refusal of a call sent at sentUs holds: for ever (Infinity) when retryAfterMs is -1 or saturates. */
 function refusedUntil(sentUs, retryAfterMs) {
-  return retryAfterMs < 0 ? Infinity : sentUs + retryAfterMs * MICROS_PER_MS;
+  const until = sentUs + retryAfterMs * MICROS_PER_MS;
+  return retryAfterMs < 0 || until >= FOREVER_US ? Infinity : until;
 }
 
 /** The refusal at nowUs of a request refused until untilUs: its wait in whole ms, rounded up; -1 for ever. */
@@ -47,7 +51,7 @@ function refusal(untilUs, nowUs) {
 
 /** How long after a call was sent the bucket still counts what it took: less the millisecond of rounding. */
 function countedForUs(resetAfterMs) {
-  return resetAfterMs * MICROS_PER_MS - MICROS_PER_MS;
+  return Math.min(resetAfterMs * MICROS_PER_MS, FOREVER_US) - MICROS_PER_MS;
 }
 
 /**
@@ -59,6 +63,9 @@ function countedForUs(resetAfterMs) {
  */
 class Lease {
   constructor(rate, burst, nowUs) {
+    if (!(Number.isFinite(rate) && rate > 0 && Number.isFinite(burst) && burst > 0)) {
+      throw new RangeError(`a lease needs a finite rate and burst above 0, not ${rate} and ${burst}`);
+    }
     this.rate = rate;
     this.burst = burst;
     /** Closest to its reset first, spent ones dropped: { tokens, resetUs, number }. */
@@ -80,6 +87,13 @@ class Lease {
     this.cost = 1;
     /** When the call of the newest reply so far was sent. */
     this.newestSentUs = -Infinity;
+    /** The cost of the requests told to wait on the refill in flight. */
+    this.waiting = 0;
+    /**
+     * The cost of the requests that waited on the refill that ended last and have not been admitted again: a refill
+     * asked for meanwhile covers them too, however long ago they were counted.
+     */
+    this.waking = 0;
   }
 
   /** The most tokens one lease asks for: MAX_LEASE_SHARE of the burst, at least one. */
@@ -100,11 +114,13 @@ class Lease {
   _decide(nowUs, cost, counted) {
     this.cost = cost;
     const count = counted ? 0 : cost;
+    if (counted) this.waking = Math.max(this.waking - cost, 0);
     const decided = this._held(nowUs, cost, count);
     if (decided !== null) return decided;
     if (this.inFlight) {
       // The requests that wait on a refill are the process's demand as much as those it decides.
       this._used(nowUs, count);
+      this.waiting += cost;
       return "wait";
     }
     if (this.direct) {
@@ -138,7 +154,7 @@ class Lease {
    * else a refusal.
    */
   answered(sentUs, nowUs, granted, retryAfterMs, resetAfterMs) {
-    this.inFlight = false;
+    this._ended();
     const asking = this.asking;
     this.asking = null;
     const worthUs = countedForUs(resetAfterMs);
@@ -181,8 +197,15 @@ class Lease {
 
   /** The refill failed: nothing is known to be granted, and tokens Redis may have granted are never spent. */
   failed() {
-    this.inFlight = false;
+    this._ended();
     this.asking = null;
+  }
+
+  /** The refill in flight ended: the requests that waited on it are to be admitted again. */
+  _ended() {
+    this.inFlight = false;
+    this.waking = this.waiting;
+    this.waiting = 0;
   }
 
   /**
@@ -260,7 +283,7 @@ class Lease {
 
   _sizeFor(nowUs, cost) {
     const windowUs = Math.max(nowUs - this.demandSinceUs, LEASE_HORIZON_US);
-    const wanted = ((this.demand + cost) * LEASE_HORIZON_US) / windowUs;
+    const wanted = Math.max(((this.demand + cost) * LEASE_HORIZON_US) / windowUs, this.waking + cost);
     const need = Math.min(Math.max(Math.ceil(cost), 1), MAX_AT_MOST);
     return Math.max(Math.min(Math.max(Math.ceil(wanted), 1), this.maxLease()), need);
   }

@@ -159,6 +159,7 @@ def test_a_known_sequence_scrapes_exact_values(kind: str, fresh: Server) -> None
         'redis_tb_decisions_total{source="module"}': 9,
         'redis_tb_decisions_total{source="function"}': 0,
         'redis_tb_decisions_total{source="script"}': 0,
+        'redis_tb_decisions_total{source="lease"}': 0,
         'redis_tb_decisions_total{source="local"}': 4,
         'redis_tb_decisions_total{source="open"}': 0,
         'redis_tb_decisions_total{source="closed"}': 0,

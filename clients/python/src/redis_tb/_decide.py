@@ -22,9 +22,10 @@ from redis.cluster import RedisCluster
 from . import _protocol as protocol
 from ._failures import Failure, answered_by_server, classify
 from ._guard import MAX_IN_FLIGHT, STALL_FRACTION, Guard, NotSent, configure
-from ._local import CAPACITY, ChargeBack, LocalBuckets
+from ._leases import Leases, Own, Refill, Waiting
+from ._local import CAPACITY, ChargeBack, LocalBuckets, limiting_index
 from ._metrics import DEFAULT_REGISTRY, metrics_for
-from ._plan import LimitsSpec, Plan, plan
+from ._plan import LimitsSpec, Plan, bucket_result, plan
 from .aio import AsyncTokenBucket
 from .client import TokenBucket
 from .headers import STANDARDS, Standard, headers_for
@@ -35,7 +36,7 @@ from .identity import (
     ip_identity,
 )
 from .limit import KeyFunction, Limit, check_limits
-from .replies import Acquired, AcquiredEach
+from .replies import Acquired, AcquiredEach, BucketResult, PartialGrant
 
 FailMode = Literal["local", "open", "closed"]
 #: The `on_error` option: called with the error, the request (ASGI scope or WSGI environ) and the failure table's
@@ -58,10 +59,11 @@ class Probe:
 
 
 PROBE = Probe()
-#: A decision as its middleware runs it: it yields `PROBE` or a lane (`Calls`), to which the middleware sends the
-#: lane's result, or throws its error (`NotSent` when the gate closed while the lane waited unwritten); it returns
-#: the decision.
-Flow = Generator["Calls[Any] | Probe", Any, T]
+#: A decision as its middleware runs it: it yields `PROBE`, a lane (`Calls`), to which the middleware sends the
+#: lane's result, or throws its error (`NotSent` when the gate closed while the lane waited unwritten), or a
+#: `Waiting` (a leased limit's refill in flight), to which it sends whether the refill ended before the wait's
+#: deadline; it returns the decision.
+Flow = Generator["Calls[Any] | Probe | Waiting", Any, T]
 #: A refund of a plan refused in part (`Plan.refunds`).
 Refund = protocol.Call[Any]
 
@@ -247,6 +249,7 @@ class Middleware(Generic[App, Limiter]):
         self.timeout = float(timeout)
         self.guard = Guard(fail)
         self.local = LocalBuckets(local_capacity)
+        self.leases = Leases(local_capacity)
         self.shadow = shadow
         self.refusals = Refusals(status_code, body)
         self.on_error = on_error
@@ -305,6 +308,8 @@ class Middleware(Generic[App, Limiter]):
     def _decision(self, plan: Plan, request: Mapping[str, Any], enforced: bool) -> Flow[Verdict | None]:
         """One limiter call for `plan`: Redis's answer, or the fail mode's when Redis fails or the gate is closed.
         `enforced`: the answer is the response's (headers, body); else only whether it allows."""
+        if any(limit.lease for limit in plan.limits):
+            return (yield from self._leased_decision(plan, request, enforced))
         started = time.perf_counter()
         verdict: Verdict | None
         answered = False
@@ -327,14 +332,163 @@ class Middleware(Generic[App, Limiter]):
                 # refused, with the reply of the part that refused it (the fail mode never answers it, since Redis
                 # did): logged, and the others are still sent.
                 for refund in refunds:
-                    try:
-                        yield _single(refund)
-                    except Exception as error:
-                        self.guard.refund_failed(refund.keys[0], error)
+                    yield from self._refund(refund)
         if self.metrics is not None:
             source = (self.limiter.backend_in_use or protocol.MODULE) if answered else self.fail
             self.metrics.decided(source, time.perf_counter() - started)
         return verdict
+
+    def _leased_decision(self, plan: Plan, request: Mapping[str, Any], enforced: bool) -> Flow[Verdict | None]:
+        """`_decision` for a plan with a leased limit: from the tokens held when it is the only limit and needs no
+        call; else its other limits by one call, then the leased one (`_leased`). A call that fails takes the
+        whole plan to the fail mode. Counted as the backend's when a call decided, else as the lease's."""
+        started = time.perf_counter()
+        source = "lease"
+        answer: Verdict | None
+        if not self.guard.admits and self.guard.probe_due():
+            yield PROBE
+        try:
+            reply, called = yield from self._ask_leased(plan, request)
+        except NotSent:
+            answer, source = self.fallback(plan, enforced), self.fail
+        except Exception as error:  # every failure is a row of the failure table, none a 500
+            self._report(error, request, self.guard.failed(error))
+            answer, source = self.fallback(plan, enforced), self.fail
+        else:
+            if called:
+                source = self.limiter.backend_in_use or protocol.MODULE
+            answer = verdict(plan, reply, self.standard, self.refusals if enforced else None)
+        if self.metrics is not None:
+            self.metrics.decided(source, time.perf_counter() - started)
+        return answer
+
+    def _ask_leased(self, plan: Plan, request: Mapping[str, Any]) -> Flow[tuple[AcquiredEach, bool]]:
+        """The plan's reply, and whether a Redis call made it. The limits without lease are asked first, in one
+        call; when they allow, the leased limit takes from its lease, and when it refuses, what the others took goes
+        back (`TB.REFUND`), so a refused request takes nothing. Only the first leased limit of a plan is leased
+        (the middleware refuses a second in a fixed list; a `limits` function may return one): the others are asked
+        as without lease."""
+        index = next(index for index, limit in enumerate(plan.limits) if limit.lease)
+        limit, key = plan.limits[index], plan.keys[index]
+        if len(plan.limits) == 1:
+            held = self.leases.held(key, limit)
+            if held is not None:
+                return AcquiredEach(held.fits, 0, (held,)), False
+            result, called = yield from self._leased(plan, request)
+            return AcquiredEach(result.fits, 0, (result,)), called
+        others = plan.without(index)
+        asked, refunds = yield self._ask(others, request)
+        self._remember(others, asked)
+        for refund in refunds:
+            yield from self._refund(refund)
+        results = list(asked.buckets if isinstance(asked, AcquiredEach) else (bucket_result(asked),))
+        allowed = asked.allowed
+        if allowed:
+            try:
+                result, _ = yield from self._leased(plan.only(index), request)
+            except Exception:
+                yield from self._give_back(others)
+                raise
+            if not result.fits:
+                yield from self._give_back(others)
+                allowed = False
+        else:
+            result = self.leases.peek(key, limit)
+        results.insert(index, result)
+        buckets = tuple(results)
+        return AcquiredEach(allowed, limiting_index(buckets, allowed), buckets), True
+
+    def _leased(self, plan: Plan, request: Mapping[str, Any]) -> Flow[tuple[BucketResult, bool]]:
+        """One request on a leased limit's bucket (`plan` holds that limit alone): from the lease; after waiting for
+        the refill in flight, if there is one; or by the refill this request sends. A request whose wait reached the
+        deadline, whose refill failed without held tokens to cover it, or whose lease does not pay (the bucket nearly
+        full), is decided by a call of its own, as a key without lease. With the result: whether a call made it."""
+        limit, key = plan.limits[0], plan.keys[0]
+        deadline = time.monotonic() + self.timeout
+        waited = False
+        while True:
+            step = self.leases.admit(key, limit, waited, deadline)
+            if isinstance(step, BucketResult):
+                return step, False
+            if isinstance(step, Own):
+                return (yield from self._own_call(plan, request))
+            if isinstance(step, Waiting):
+                waited = True
+                if not (yield step):
+                    return (yield from self._own_call(plan, request))
+                if step.failed:
+                    held = self.leases.spend_held(key, limit)
+                    if held is not None:
+                        return held, False
+                    return (yield from self._own_call(plan, request))
+                continue
+            return (yield from self._refill(plan, step, request))
+
+    def _refill(self, plan: Plan, refill: Refill, request: Mapping[str, Any]) -> Flow[tuple[BucketResult, bool]]:
+        """The lease's refill, whose reply decides the request that sent it. However it ends without a reply (an
+        error, the deadline, the gate closed, the request abandoned), the requests waiting on it are told; tokens
+        Redis may have granted then are never spent, which can only admit fewer. When it fails, the request takes
+        the leased tokens, then the fail mode (the error is reported once, here or by the fail mode)."""
+        limit, key = plan.limits[0], plan.keys[0]
+        try:
+            grant = yield self._refill_lane(plan, refill, request)
+        except BaseException as error:
+            self.leases.ended(key)
+            if not isinstance(error, Exception):
+                raise
+            held = self.leases.spend_held(key, limit)
+            if held is None:
+                raise
+            if not isinstance(error, NotSent):  # a call never sent is no failure of its own
+                self._report(error, request, self.guard.failed(error))
+            return held, False
+        self.guard.answered()
+        if self.fail == "local":
+            # Redis's bucket after the grant, which the fail mode continues from: the tokens the process holds are
+            # not in it, and are spent first when Redis fails.
+            after = Acquired(True, grant.remaining, grant.retry_after_ms, grant.reset_after_ms)
+            self.local.observe(plan.limits, plan.keys, after)
+        return self.leases.answered(key, limit, grant), True
+
+    def _refill_lane(self, plan: Plan, refill: Refill, request: Mapping[str, Any]) -> Calls[PartialGrant]:
+        """The refill's lane: the key's charge-backs (fail mode `local`), then `TB.ACQUIREATMOST`."""
+        limit, key = plan.limits[0], plan.keys[0]
+        if self.fail == "local":
+            charges = self.local.charge_backs(plan.keys)
+            if charges:
+                yield from self._charge_back(charges, request)
+        grant: PartialGrant = yield protocol.acquire_at_most(key, limit.rate, limit.burst, refill.max)
+        return grant
+
+    def _own_call(self, plan: Plan, request: Mapping[str, Any]) -> Flow[tuple[BucketResult, bool]]:
+        """A leased limit's bucket decided by a call of its own (`TB.ACQUIRE` after its charge-backs), as a key
+        without lease: Redis decides, from its bucket, which counts every lease's grants. Its refusal, and how far
+        from full the bucket is, go to the lease."""
+        sent_us = self.leases.now_us()
+        reply, _ = yield self._ask(plan, request)
+        self._remember(plan, reply)
+        result = reply.buckets[0] if isinstance(reply, AcquiredEach) else bucket_result(reply)
+        self.leases.observed(plan.keys[0], sent_us, result)
+        return result, True
+
+    def _remember(self, plan: Plan, reply: Acquired | AcquiredEach) -> None:
+        """Redis answered for `plan`: the gate hears of it, and the fail mode's buckets continue from it."""
+        self.guard.answered()
+        if self.fail == "local":
+            self.local.observe(plan.limits, plan.keys, reply)
+
+    def _give_back(self, plan: Plan) -> Flow[None]:
+        """What `plan`'s limits took goes back (`TB.REFUND`): a leased limit refused the request they allowed."""
+        for key, limit in zip(plan.keys, plan.limits, strict=True):
+            yield from self._refund(protocol.refund(key, limit.rate, limit.burst, limit.cost))
+
+    def _refund(self, refund: Refund) -> Flow[None]:
+        """One refund in a lane of its own, within its own deadline; one that fails is logged, and the request
+        keeps its decision."""
+        try:
+            yield _single(refund)
+        except Exception as error:
+            self.guard.refund_failed(refund.keys[0], error)
 
     def _ask(self, plan: Plan, request: Mapping[str, Any]) -> Calls[tuple[Acquired | AcquiredEach, list[Refund]]]:
         """The plan's lane: its charge-backs, then its call (in a cluster, one per slot); returns the reply and the

@@ -79,6 +79,8 @@ class Lease:
     """One process's lease on one limit's bucket of `rate` tokens a second up to `burst`, created at `now_us`."""
 
     def __init__(self, rate: float, burst: float, now_us: int) -> None:
+        if not (math.isfinite(rate) and rate > 0 and math.isfinite(burst) and burst > 0):
+            raise ValueError(f"a lease needs a finite rate and burst above 0, not {rate!r} and {burst!r}")
         self.rate = rate
         self.burst = burst
         #: Closest to its reset first, spent ones dropped.
@@ -100,6 +102,11 @@ class Lease:
         self._cost = 1.0
         #: When the call of the newest reply so far was sent.
         self._newest_sent_us = -(2**63)
+        #: The cost of the requests told to wait on the refill in flight.
+        self._waiting = 0.0
+        #: The cost of the requests that waited on the refill that ended last and have not been admitted again: a
+        #: refill asked for meanwhile covers them too, however long ago they were counted.
+        self._waking = 0.0
 
     @property
     def in_flight(self) -> bool:
@@ -118,15 +125,23 @@ class Lease:
         """`admit` for a request that waited on a refill: it was counted toward the next lease's size then."""
         return self._decide(now_us, cost, counted=True)
 
+    def admit_held(self, now_us: int, cost: float) -> Admit | None:
+        """`admit`'s decision when it needs no call: `"spent"` from the leased tokens, or a remembered refusal;
+        None (nothing changed) when the request must wait for the refill in flight or send one."""
+        return self._held(now_us, cost, cost)
+
     def _decide(self, now_us: int, cost: float, *, counted: bool) -> Admit:
         self._cost = cost
         count = 0.0 if counted else cost
+        if counted:
+            self._waking = max(self._waking - cost, 0.0)
         decided = self._held(now_us, cost, count)
         if decided is not None:
             return decided
         if self._in_flight:
             # The requests that wait on a refill are the process's demand as much as those it decides.
             self._used(now_us, count)
+            self._waiting += cost
             return "wait"
         if self._direct:
             self._used(now_us, count)
@@ -158,7 +173,7 @@ class Lease:
         `now_us`, to the refill sent at `sent_us`. Returns the decision of the request that asked (`None` when none
         did): `"spent"` when the grant, with the leased tokens worth something now, covers its cost (the grant's
         own tokens first and whole), else a `Refused`."""
-        self._in_flight = False
+        self._ended()
         asking = self._asking
         self._asking = None
         worth_us = _counted_for_us(reset_after_ms)
@@ -201,8 +216,13 @@ class Lease:
 
     def failed(self) -> None:
         """The refill failed: nothing is known to be granted, and tokens Redis may have granted are never spent."""
-        self._in_flight = False
+        self._ended()
         self._asking = None
+
+    def _ended(self) -> None:
+        """The refill in flight ended: the requests that waited on it are to be admitted again."""
+        self._in_flight = False
+        self._waking, self._waiting = self._waiting, 0.0
 
     def observed(self, sent_us: int, now_us: int, allowed: bool, retry_after_ms: int, reset_after_ms: int) -> None:
         """The reply `[allowed, remaining, retry_after_ms, reset_after_ms]`, arrived at `now_us`, to a request's own
@@ -223,7 +243,10 @@ class Lease:
 
     def spendable(self, now_us: int) -> float:
         """Tokens the process may spend at `now_us`: over its grants, `min(held, rate * (reset - now))`."""
-        return sum(held.worth(now_us, self.rate) for held in self._grants)
+        total = 0.0
+        for held in self._grants:  # added left to right, as the Rust core does (sum() compensates on 3.12)
+            total += held.worth(now_us, self.rate)
+        return total
 
     def spend(self, now_us: int, cost: float) -> bool:
         """Spends `cost` leased tokens at `now_us` if the lease holds that many, the grants closest to their reset
@@ -269,7 +292,7 @@ class Lease:
 
     def _size_for(self, now_us: int, cost: float) -> int:
         window_us = max(now_us - self._demand_since_us, LEASE_HORIZON_US)
-        wanted = (self._demand + cost) * LEASE_HORIZON_US / window_us
+        wanted = max((self._demand + cost) * LEASE_HORIZON_US / window_us, self._waking + cost)
         need = min(max(math.ceil(cost), 1), MAX_AT_MOST)
         return max(min(max(math.ceil(wanted), 1), self.max_lease()), need)
 
@@ -291,8 +314,9 @@ class Lease:
 
 
 def _refused_until(sent_us: int, retry_after_ms: int) -> int:
-    """Until when a refusal of a call sent at `sent_us` holds: for ever when `retry_after_ms` is -1."""
-    return FOREVER_US if retry_after_ms < 0 else sent_us + retry_after_ms * _MICROS_PER_MS
+    """Until when a refusal of a call sent at `sent_us` holds: for ever when `retry_after_ms` is -1, and where the
+    core's 64-bit instant saturates."""
+    return FOREVER_US if retry_after_ms < 0 else min(sent_us + retry_after_ms * _MICROS_PER_MS, FOREVER_US)
 
 
 def _refusal(until_us: int, now_us: int) -> Refused:
@@ -304,4 +328,4 @@ def _refusal(until_us: int, now_us: int) -> Refused:
 
 def _counted_for_us(reset_after_ms: int) -> int:
     """How long after a call was sent the bucket still counts what it took: less the millisecond of rounding."""
-    return reset_after_ms * _MICROS_PER_MS - _MICROS_PER_MS
+    return min(reset_after_ms * _MICROS_PER_MS, FOREVER_US) - _MICROS_PER_MS

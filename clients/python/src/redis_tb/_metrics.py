@@ -24,7 +24,7 @@ except ImportError:  # the extra is not installed: no metrics by default
 #: Upper bounds of `redis_tb_call_duration_seconds`'s buckets: 0.5 ms to 2.5 s.
 DURATION_BOUNDS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 OUTCOMES = ("allowed", "refused", "shadow_refused", "skipped")
-SOURCES = ("module", "function", "script", "local", "open", "closed")
+SOURCES = ("module", "function", "script", "lease", "local", "open", "closed")
 
 
 class _Default:

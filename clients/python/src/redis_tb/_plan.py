@@ -69,6 +69,14 @@ class Plan:
             return None, self
         return self._chosen(not shadow for shadow in shadows), self._chosen(shadows)
 
+    def only(self, index: int) -> Plan:
+        """The plan of the limit at `index` alone."""
+        return self._chosen(position == index for position in range(len(self.limits)))
+
+    def without(self, index: int) -> Plan:
+        """The plan without the limit at `index`."""
+        return self._chosen(position != index for position in range(len(self.limits)))
+
     def _chosen(self, flags: Iterable[bool]) -> Plan:
         chosen = [index for index, flag in enumerate(flags) if flag]
         return Plan(
@@ -92,7 +100,7 @@ class Plan:
         """The replies of `parts` as the one `TB.ACQUIREEACH` reply of the whole plan, buckets in plan order."""
         found: dict[str, BucketResult] = {}
         for part, reply in zip(parts, replies, strict=True):
-            results = reply.buckets if isinstance(reply, AcquiredEach) else (_bucket_result(reply),)
+            results = reply.buckets if isinstance(reply, AcquiredEach) else (bucket_result(reply),)
             found.update(zip(part.keys, results, strict=True))
         buckets = tuple(found[key] for key in self.keys)
         allowed = all(reply.allowed for reply in replies)
@@ -110,7 +118,8 @@ class Plan:
         ]
 
 
-def _bucket_result(reply: Acquired) -> BucketResult:
+def bucket_result(reply: Acquired) -> BucketResult:
+    """A `TB.ACQUIRE` reply as the result of its one bucket."""
     return BucketResult(reply.allowed, reply.remaining, reply.retry_after_ms, reply.reset_after_ms)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from . import _decide
 from ._decide import Decision, Options, client_address
 from ._guard import MAX_IN_FLIGHT, STALL_FRACTION, NotSent
+from ._leases import Waiting
 from ._plan import LimitsSpec, by_path
 from .aio import AsyncTokenBucket
 
@@ -87,6 +89,9 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
                     self._probe_task = asyncio.ensure_future(self._probe())
                     action = next(flow)
                     continue
+                if isinstance(action, Waiting):
+                    action = flow.send(await _waited(action))
+                    continue
                 try:
                     result = await self._within_deadline(partial(self._send, action))
                 except Exception as error:
@@ -141,6 +146,23 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
             self.guard.probed(error)
         else:
             self.guard.probed(None)
+
+
+async def _waited(waiting: Waiting) -> bool:
+    """Waits for a leased limit's refill in flight to end, until the wait's deadline: whether it ended."""
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+
+    def end() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    waiting.register(lambda: loop.call_soon_threadsafe(end))
+    try:
+        await asyncio.wait_for(ended, max(waiting.deadline - time.monotonic(), 0.0))
+    except asyncio.TimeoutError:
+        return False
+    return True
 
 
 # The names the middleware sends, lower-cased and encoded once.

@@ -32,7 +32,9 @@ class Limit:
     finite number >= 0 (0 peeks). `key`, when given, overrides the middleware's key function for this limit (a
     per-tenant limit next to a per-user one); `redis_tb.SKIP` from a key function skips the limit for that request.
     `shadow=True` tries the limit without enforcing it: its bucket is charged, but a request it refuses is served
-    (counted and logged; docs/operating.md, "Shadow mode"). Anything else raises ValueError.
+    (counted and logged; docs/operating.md, "Shadow mode"). `lease=True` takes the limit's tokens from Redis in
+    batches and admits requests from them in memory, with the same bound (docs/clients.md, "How a leased limit
+    decides"): for a hot shared limit, with a burst of at least 1. Anything else raises ValueError.
     """
 
     name: str
@@ -41,6 +43,7 @@ class Limit:
     cost: float = 1
     key: KeyFunction | None = None
     shadow: bool = False
+    lease: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -55,6 +58,12 @@ class Limit:
             raise ValueError(f"limit {self.name!r}: key must be a function of the request, not {self.key!r}")
         if not isinstance(self.shadow, bool):
             raise ValueError(f"limit {self.name!r}: shadow must be True or False, not {self.shadow!r}")
+        if not isinstance(self.lease, bool):
+            raise ValueError(f"limit {self.name!r}: lease must be True or False, not {self.lease!r}")
+        if self.lease and self.burst < 1:
+            raise ValueError(
+                f"limit {self.name!r}: a leased limit needs a burst of at least 1 (grants are whole tokens)"
+            )
 
 
 def _check_number(name: str, field: str, value: object, *, minimum_excluded: bool) -> None:
@@ -80,10 +89,14 @@ def check_limits(limits: Limit | Sequence[Limit], *, allow_empty: bool = False) 
     if not chosen and not allow_empty:
         raise ValueError("limits must not be empty: give at least one Limit (SKIP from a key function skips one)")
     names: set[str] = set()
+    leased = 0
     for index, limit in enumerate(chosen):
         if not isinstance(limit, Limit):
             raise ValueError(f"limits[{index}] must be a Limit, not {limit!r}")
         if limit.name in names:
             raise ValueError(f"limits[{index}]: the name {limit.name!r} is used twice (it names the bucket)")
         names.add(limit.name)
+        leased += limit.lease
+        if leased > 1:
+            raise ValueError(f"limits[{index}]: at most one limit of a request may be leased (the shared, hot one)")
     return chosen

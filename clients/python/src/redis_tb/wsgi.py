@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from . import _decide
 from ._decide import Decision, client_address
 from ._guard import MAX_IN_FLIGHT, STALL_FRACTION, NotSent
+from ._leases import Waiting
 from ._plan import by_path
 from .client import TokenBucket
 
@@ -50,6 +51,9 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
                 if isinstance(action, _decide.Probe):
                     threading.Thread(target=self._probe, name="redis-tb probe", daemon=True).start()
                     action = next(flow)
+                    continue
+                if isinstance(action, Waiting):
+                    action = flow.send(_waited(action))
                     continue
                 try:
                     result = self._within_deadline(partial(self._send, action))
@@ -103,6 +107,13 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
             self.guard.probed(error)
         else:
             self.guard.probed(None)
+
+
+def _waited(waiting: Waiting) -> bool:
+    """Waits for a leased limit's refill in flight to end, until the wait's deadline: whether it ended."""
+    ended = threading.Event()
+    waiting.register(ended.set)
+    return ended.wait(max(waiting.deadline - time.monotonic(), 0.0))
 
 
 def _respond(start_response: StartResponse, verdict: _decide.Verdict) -> Iterable[bytes]:
