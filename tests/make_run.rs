@@ -25,6 +25,27 @@ fn server_pid(port: u16) -> Option<u32> {
         .and_then(|pid| pid.trim().parse().ok())
 }
 
+/// Whether process `pid` is `ancestor` or runs under it (its parents, read from /proc): the server make started,
+/// not one another test started on the port meanwhile.
+fn descends_from(pid: u32, ancestor: u32) -> bool {
+    let mut current = pid;
+    for _ in 0..64 {
+        if current == ancestor {
+            return true;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{current}/status")).unwrap_or_default();
+        let parent = status
+            .lines()
+            .find_map(|line| line.strip_prefix("PPid:"))
+            .and_then(|value| value.trim().parse::<u32>().ok());
+        match parent {
+            Some(parent) if parent > 1 => current = parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
 fn stops_with_make(signal: &str) {
     let port = common::free_port();
     let log = common::fresh_dir().with_extension("make-run.log");
@@ -44,8 +65,9 @@ fn stops_with_make(signal: &str) {
         .spawn()
         .expect("run make");
     let mut pid = None;
+    let make_pid = make.id();
     let started = common::wait_until(START_DEADLINE, || {
-        pid = server_pid(port);
+        pid = server_pid(port).filter(|&server| descends_from(server, make_pid));
         pid.is_some() || !matches!(make.try_wait(), Ok(None))
     });
     let output = std::fs::read_to_string(&log).unwrap_or_default();

@@ -346,13 +346,15 @@ fn release_artifacts_readme_tarball_commands_run_as_pasted() {
         .spawn()
         .expect("run the README block");
 
+    // The block's server, by the pid its wrapper wrote before it became the server: not another test's on the port.
     let answered = common::wait_until(Duration::from_secs(20), || {
         if !matches!(shell.try_wait(), Ok(None)) {
             return true;
         }
-        redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-            .and_then(|client| client.get_connection_with_timeout(Duration::from_millis(200)))
-            .is_ok()
+        std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|pid| pid.trim().parse::<u32>().ok())
+            .is_some_and(|pid| common::answers_as(port, pid))
     });
     let running = matches!(shell.try_wait(), Ok(None));
     let outcome = std::panic::catch_unwind(|| {

@@ -76,23 +76,37 @@ pub fn wait_until(deadline: Duration, mut condition: impl FnMut() -> bool) -> bo
     }
 }
 
-/// The ports [`free_port`] has handed out in this process: the OS may give a released port again, and two tests
+/// The ports [`free_port`] and [`free_port_with_bus`] have handed out in this process (a bus port too): the OS may
+/// give a released port again, and two tests
 /// running at once must not spawn their servers on one port.
 static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
 
 /// A port the OS just gave us, released for a server to take; never one handed out before in this process.
 pub fn free_port() -> u16 {
-    let mut handed_out = HANDED_OUT
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
     loop {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-        let port = listener.local_addr().expect("local address").port();
-        if !handed_out.contains(&port) {
-            handed_out.push(port);
+        let port = ephemeral_port();
+        if hand_out(&[port]) {
             return port;
         }
     }
+}
+
+/// A port the OS just gave us, released.
+fn ephemeral_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// Records `ports` as handed out, unless one of them already is (then nothing is recorded).
+fn hand_out(ports: &[u16]) -> bool {
+    let mut handed_out = HANDED_OUT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if ports.iter().any(|port| handed_out.contains(port)) {
+        return false;
+    }
+    handed_out.extend_from_slice(ports);
+    true
 }
 
 /// Whether the server on loopback `port` is the process `pid` and ready: it answers PING (not `LOADING`), and
@@ -126,9 +140,9 @@ const CLUSTER_BUS_OFFSET: u16 = 10_000;
 /// A free port whose cluster bus port (port + 10000) is free as well: Redis 6.2 cannot move the bus.
 pub fn free_port_with_bus() -> u16 {
     for _ in 0..1_000 {
-        let port = free_port();
+        let port = ephemeral_port();
         if let Some(bus) = port.checked_add(CLUSTER_BUS_OFFSET) {
-            if TcpListener::bind(("127.0.0.1", bus)).is_ok() {
+            if TcpListener::bind(("127.0.0.1", bus)).is_ok() && hand_out(&[port, bus]) {
                 return port;
             }
         }

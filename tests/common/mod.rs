@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tb_test_support::{answers_as, free_port_with_bus};
-pub use tb_test_support::{free_port, wait_until};
+use tb_test_support::free_port_with_bus;
+pub use tb_test_support::{answers_as, free_port, wait_until};
 
 /// How long a server may take to answer its first PING.
 const STARTUP_DEADLINE: Duration = Duration::from_secs(20);

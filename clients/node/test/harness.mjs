@@ -44,9 +44,15 @@ async function freePort(withBus) {
       });
     });
     if (handedOut.has(port)) continue;
-    handedOut.add(port);
-    if (!withBus) return port;
-    if (port + 10000 < 65536 && (await portIsFree(port + 10000))) return port;
+    if (!withBus) {
+      handedOut.add(port);
+      return port;
+    }
+    const bus = port + 10000;
+    if (bus < 65536 && !handedOut.has(bus) && (await portIsFree(bus))) {
+      handedOut.add(port).add(bus);
+      return port;
+    }
   }
 }
 
@@ -81,6 +87,7 @@ function answersAs(port, pid, deadlineMs) {
       if (found) done(Number(found[1]) === pid);
     });
     socket.on("error", () => done(false));
+    socket.on("close", () => done(false));
   });
 }
 

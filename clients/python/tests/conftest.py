@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from redis_tb import SCRIPT
 
@@ -57,16 +59,18 @@ def free_port(with_bus: bool = False) -> int:
             port = int(sock.getsockname()[1])
         if port in _HANDED_OUT:
             continue
-        _HANDED_OUT.add(port)
         if not with_bus:
+            _HANDED_OUT.add(port)
             return port
-        if port + 10000 < 65536:
+        bus_port = port + 10000
+        if bus_port < 65536 and bus_port not in _HANDED_OUT:
             try:
                 with socket.socket() as bus:
-                    bus.bind(("127.0.0.1", port + 10000))
-                return port
+                    bus.bind(("127.0.0.1", bus_port))
             except OSError:
                 continue
+            _HANDED_OUT.update((port, bus_port))
+            return port
 
 
 def answers_as(port: int, pid: int) -> bool:
@@ -74,7 +78,9 @@ def answers_as(port: int, pid: int) -> bool:
     `pid` as its process_id. A released port can still be taken by another process's server before ours binds it;
     ours then exits, and a check of PING alone would take the other for ours."""
     try:
-        with redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1) as conn:
+        with redis.Redis(
+            host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+        ) as conn:
             return bool(conn.ping()) and conn.info("server").get("process_id") == pid
     except redis.exceptions.RedisError:
         return False
