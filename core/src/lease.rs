@@ -297,6 +297,8 @@ impl Lease {
     /// first.
     pub fn failed(&mut self) {
         self.ended();
+        // The requests that waited are decided by the tokens held, then calls of their own: none asks again.
+        self.waking = 0.0;
         self.asking = None;
     }
 
@@ -442,6 +444,8 @@ impl Lease {
         let size = self.size_for(now_us, cost);
         self.demand = 0.0;
         self.demand_since_us = now_us;
+        // This refill covers the requests still to be admitted; those told to wait on it count in `waiting`.
+        self.waking = 0.0;
         size
     }
 

@@ -198,6 +198,8 @@ class Lease {
   /** The refill failed: nothing is known to be granted, and tokens Redis may have granted are never spent. */
   failed() {
     this._ended();
+    // The requests that waited are decided by the tokens held, then calls of their own: none asks again.
+    this.waking = 0;
     this.asking = null;
   }
 
@@ -278,6 +280,8 @@ class Lease {
     const size = this._sizeFor(nowUs, cost);
     this.demand = 0;
     this.demandSinceUs = nowUs;
+    // This refill covers the requests still to be admitted; those told to wait on it count in `waiting`.
+    this.waking = 0;
     return size;
   }
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -75,8 +77,8 @@ def test_a_leased_limit_decides_most_requests_without_a_call(server: Server, key
     statuses = [http.get("/hello").status_code for _ in range(200)]
     assert statuses == [200] * 200
     # A hot limit (requests far above its rate): the leases grow with the process's use, up to a tenth of the
-    # burst, so that the calls are far fewer than the requests.
-    assert calls(middleware) <= 30, calls(middleware)
+    # burst, so that the calls are far fewer than the requests (about 20 on an idle machine).
+    assert calls(middleware) <= 200 / 4, calls(middleware)
     response = http.get("/hello")
     assert response.headers["RateLimit-Policy"] == '"api";q=1000;w=10'
     remaining = int(response.headers["RateLimit-Remaining"])
@@ -85,29 +87,29 @@ def test_a_leased_limit_decides_most_requests_without_a_call(server: Server, key
 
 def test_a_refusal_is_remembered_until_its_retry_time(server: Server, key: str) -> None:
     app, middleware = flask_app(
-        server.client(), [Limit("api", rate=1, burst=3, lease=True)], prefix=f"{key}:", key=global_key
+        server.client(), [Limit("api", rate=0.01, burst=3, lease=True)], prefix=f"{key}:", key=global_key
     )
     http = app.test_client()
     statuses = [http.get("/hello").status_code for _ in range(3)]
     assert statuses == [200, 200, 200]
     refused = http.get("/hello")
-    assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+    assert refused.status_code == 429 and 99 <= int(refused.headers["Retry-After"]) <= 100
     before = calls(middleware)
     again = [http.get("/hello") for _ in range(20)]
     assert calls(middleware) == before
     assert {response.status_code for response in again} == {429}
-    assert all(response.headers["Retry-After"] == "1" for response in again)
+    assert all(99 <= int(response.headers["Retry-After"]) <= 100 for response in again)
 
 
 def test_the_other_limits_are_asked_first_and_give_back_when_the_leased_one_refuses(server: Server, key: str) -> None:
-    limits = [Limit("per-client", rate=1, burst=10), Limit("api", rate=1, burst=2, lease=True)]
+    limits = [Limit("per-client", rate=0.01, burst=10), Limit("api", rate=0.01, burst=2, lease=True)]
     app, _ = flask_app(server.client(), limits, prefix=f"{key}:")
     http = app.test_client()
     assert [http.get("/hello").status_code for _ in range(3)] == [200, 200, 429]
     refused = http.get("/hello")
     assert refused.status_code == 429 and json.loads(refused.data)["limit"] == "api"
     # Two requests allowed: the per-client bucket gave back what the refused ones took.
-    peeked = TokenBucket(server.client()).acquire(f"{key}:{{127.0.0.1}}:per-client", 1, 10, 0)
+    peeked = TokenBucket(server.client()).acquire(f"{key}:{{127.0.0.1}}:per-client", 0.01, 10, 0)
     assert peeked.remaining == 8, peeked
 
 
@@ -145,6 +147,54 @@ async def test_one_refill_in_flight_however_many_requests_wait(server: Server, k
     assert {response.status_code for response in responses} == {200}
     # Sent together, the requests wait on one refill after another, each sized by those that waited.
     assert limiter.calls <= 10, limiter.calls
+
+
+async def test_a_request_cancelled_during_its_refill_ends_the_refill(key: str) -> None:
+    """The client goes away while the refill it sent waits on a stopped server: the refill ends with it, and the
+    next request sends one of its own instead of waiting for the first."""
+    server = Server()
+    app = FastAPI()
+
+    @app.get("/hello")
+    async def hello() -> str:
+        return "ok"
+
+    middleware: list[asgi.RateLimitMiddleware] = []
+
+    def build(inner: Any) -> asgi.RateLimitMiddleware:
+        middleware.append(
+            asgi.RateLimitMiddleware(
+                inner,
+                limiter=AsyncTokenBucket(server.async_client()),
+                limits=[Limit("api", rate=10, burst=1_000, lease=True)],
+                prefix=f"{key}:",
+                key=global_key,
+                timeout=30,
+            )
+        )
+        return middleware[-1]
+
+    wrapped = build(app)
+    lease_key = f"{key}:{{everyone}}:api"
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=wrapped), base_url="http://test") as http:
+        assert (await http.get("/hello")).status_code == 200  # the backend known, a lease taken
+        leases = middleware[-1].leases
+        while leases.spendable(lease_key) >= 1:
+            assert (await http.get("/hello")).status_code == 200
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            request = asyncio.ensure_future(http.get("/hello"))
+            slot = leases._slots[lease_key]
+            while not slot.lease.in_flight:
+                await asyncio.sleep(0.005)
+            request.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await request
+            assert not slot.lease.in_flight
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        assert (await http.get("/hello")).status_code == 200
+    server.stop()
 
 
 def test_held_tokens_are_spent_first_when_redis_fails(key: str) -> None:
@@ -244,13 +294,13 @@ def test_three_processes_keep_the_bound_through_a_quiet_time(server: Server, key
     total = sum(len(times) for times in admitted)
     # Every grant was taken after `start`, and every admission was answered by the last one's instant: the
     # bucket, full at the first grant, granted at most burst + rate * (last - start) in between.
+    # The 5 ms allow for the server's reading of its clock, which may lag the instant a call arrives.
     last = max(times[-1] for times in admitted if times)
-    bound = 50 + 200 * (last - start)
+    bound = 50 + 200 * (last - start + 0.005)
     assert total <= bound, (total, bound)
     # The quiet time is longer than the bucket takes to fill (0.25 s), so every token held from the first phase has
     # lost its worth by the second: there the processes admit at most burst + rate * t again, counted from its start.
-    # The 5 ms allow for the server's reading of its clock, which may lag the instant a call arrives; a process
-    # spending tokens of the first phase would exceed it by up to its lease (5 tokens).
+    # A process spending tokens of the first phase would exceed it by up to its lease (5 tokens).
     second = sum(1 for times in admitted for at in times if at > quiet_until)
     second_bound = 50 + 200 * (last - quiet_until + 0.005)
     assert second <= second_bound, (second, second_bound)

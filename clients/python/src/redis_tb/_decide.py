@@ -433,7 +433,8 @@ class Middleware(Generic[App, Limiter]):
         try:
             grant = yield self._refill_lane(plan, refill, request)
         except BaseException as error:
-            self.leases.ended(key)
+            # Anything else than an error (the request cancelled, the flow closed) only dropped the refill.
+            self.leases.ended(key, failed=isinstance(error, Exception))
             if not isinstance(error, Exception):
                 raise
             held = self.leases.spend_held(key, limit)
@@ -442,13 +443,15 @@ class Middleware(Generic[App, Limiter]):
             if not isinstance(error, NotSent):  # a call never sent is no failure of its own
                 self._report(error, request, self.guard.failed(error))
             return held, False
+        # The lease first: whatever follows raises, the refill has ended and the requests waiting on it are told.
+        result = self.leases.answered(key, limit, grant)
         self.guard.answered()
         if self.fail == "local":
             # Redis's bucket after the grant, which the fail mode continues from: the tokens the process holds are
             # not in it, and are spent first when Redis fails.
             after = Acquired(True, grant.remaining, grant.retry_after_ms, grant.reset_after_ms)
             self.local.observe(plan.limits, plan.keys, after)
-        return self.leases.answered(key, limit, grant), True
+        return result, True
 
     def _refill_lane(self, plan: Plan, refill: Refill, request: Mapping[str, Any]) -> Calls[PartialGrant]:
         """The refill's lane: the key's charge-backs (fail mode `local`), then `TB.ACQUIREATMOST`."""

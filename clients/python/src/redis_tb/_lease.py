@@ -217,6 +217,8 @@ class Lease:
     def failed(self) -> None:
         """The refill failed: nothing is known to be granted, and tokens Redis may have granted are never spent."""
         self._ended()
+        # The requests that waited are decided by the tokens held, then calls of their own: none asks again.
+        self._waking = 0.0
         self._asking = None
 
     def _ended(self) -> None:
@@ -288,6 +290,8 @@ class Lease:
         size = self._size_for(now_us, cost)
         self._demand = 0.0
         self._demand_since_us = now_us
+        # This refill covers the requests still to be admitted; those told to wait on it count in `_waiting`.
+        self._waking = 0.0
         return size
 
     def _size_for(self, now_us: int, cost: float) -> int:

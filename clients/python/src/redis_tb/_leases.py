@@ -16,6 +16,7 @@ earlier instant than the one it is made at. Thread-safe: the WSGI middleware dec
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -26,6 +27,8 @@ from enum import Enum
 from ._lease import LEASE_IDLE_US, Call, Lease, Refused
 from .limit import Limit
 from .replies import BucketResult, PartialGrant
+
+logger = logging.getLogger("redis_tb")
 
 
 class Own(Enum):
@@ -95,6 +98,12 @@ class Waiting:
                 self._slot.waiters.append(callback)
                 return
         callback()
+
+    @property
+    def ended(self) -> bool:
+        """Whether the refill waited on has ended."""
+        with self._leases.lock:
+            return self._slot.round != self._round
 
     @property
     def failed(self) -> bool:
@@ -180,15 +189,16 @@ class Leases:
         _call(waiters)
         return result
 
-    def ended(self, key: str) -> None:
-        """The refill of `key` ended without a grant (it failed, or was never sent): nothing is known to be granted.
-        The requests waiting on it are told, and take the leased tokens, then a call of their own."""
+    def ended(self, key: str, *, failed: bool) -> None:
+        """The refill of `key` ended without a grant: nothing is known to be granted. `failed`: Redis failed it, and
+        the requests waiting on it take the leased tokens, then a call of their own; else it was dropped (its
+        request went away), and they are decided again, one of them sending the next refill."""
         with self.lock:
             slot = self._slots.get(key)
             if slot is None or not slot.lease.in_flight:
                 return
             slot.lease.failed()
-            waiters = self._end(slot, failed=True)
+            waiters = self._end(slot, failed=failed)
         _call(waiters)
 
     def observed(self, key: str, sent_us: int, result: BucketResult) -> None:
@@ -258,5 +268,9 @@ class Leases:
 
 
 def _call(waiters: list[Callable[[], object]]) -> None:
+    """Tells each waiter, whatever another's callback raises (a closed event loop): none is left to its deadline."""
     for waiter in waiters:
-        waiter()
+        try:
+            waiter()
+        except Exception:
+            logger.exception("redis-tb: waking a request that waited on a refill failed")

@@ -101,6 +101,10 @@ class RateLimitMiddleware(_decide.Middleware[ASGIApp, AsyncTokenBucket]):
         except StopIteration as done:
             value: T = done.value
             return value
+        finally:
+            # Cancelled (the client went away, the server stops): the flow ends now, not when it is collected, so
+            # that a leased limit's refill it sent is ended for the requests waiting on it.
+            flow.close()
 
     async def _within_deadline(self, send: Callable[[], Awaitable[T]]) -> T:
         """Runs `send()`, a lane, once one of the `MAX_IN_FLIGHT` slots is free and no call out has waited more than
@@ -161,7 +165,7 @@ async def _waited(waiting: Waiting) -> bool:
     try:
         await asyncio.wait_for(ended, max(waiting.deadline - time.monotonic(), 0.0))
     except asyncio.TimeoutError:
-        return False
+        return waiting.ended  # at the deadline, its wake-up may still be on its way
     return True
 
 

@@ -64,6 +64,10 @@ class RateLimitMiddleware(_decide.Middleware[WSGIApp, TokenBucket]):
         except StopIteration as done:
             value: T = done.value
             return value
+        finally:
+            # Interrupted by anything else than an error (gevent's GreenletExit): the flow ends now, not when it is
+            # collected, so that a leased limit's refill it sent is ended for the requests waiting on it.
+            flow.close()
 
     def _within_deadline(self, send: Callable[[], T]) -> T:
         """Runs `send()`, a lane, once one of the `MAX_IN_FLIGHT` slots is free and no call out has waited more than
@@ -113,7 +117,7 @@ def _waited(waiting: Waiting) -> bool:
     """Waits for a leased limit's refill in flight to end, until the wait's deadline: whether it ended."""
     ended = threading.Event()
     waiting.register(ended.set)
-    return ended.wait(max(waiting.deadline - time.monotonic(), 0.0))
+    return ended.wait(max(waiting.deadline - time.monotonic(), 0.0)) or waiting.ended
 
 
 def _respond(start_response: StartResponse, verdict: _decide.Verdict) -> Iterable[bytes]:
