@@ -56,18 +56,7 @@ redis_port="$(free_port)"
 "$server" --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$workdir" \
   --loadmodule "$module" --logfile "$workdir/redis.log" &
 pids+=($!)
-redis_pid=$!
-# Ours, not a server another test started on the port meanwhile.
-ours() {
-  "${REDIS_CLI:-/usr/bin/redis-cli}" -p "$redis_port" INFO server 2>/dev/null | tr -d '\r' \
-    | grep -qx "process_id:$redis_pid"
-}
-for _ in $(seq 100); do
-  ours && break
-  kill -0 "$redis_pid" 2>/dev/null || { cat "$workdir/redis.log" >&2; fail "redis-server exited at start"; }
-  sleep 0.1
-done
-ours || { cat "$workdir/redis.log" >&2; fail "redis-server never answered"; }
+wait_for_server "$redis_port" "$!" "$workdir/redis.log"
 grpc_port="$(free_port)"
 # By hand, as the docs say where systemd does not run: the service's user, the package's configuration.
 echo "== tb-rls as the tb-rls user, --config /etc/tb-rls, gRPC on port $grpc_port"

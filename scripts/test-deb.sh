@@ -75,17 +75,8 @@ echo "== $server with Debian's redis.conf + include /etc/redis/modules.d/*.conf 
 "${run_as[@]}" "$server" "$conf" --port "$port" --bind 127.0.0.1 --daemonize no --supervised no \
   --pidfile "$workdir/redis.pid" --logfile "$workdir/redis.log" --dir "$workdir" --save "" --appendonly no &
 pid=$!
-# Ours, not a server another test started on the port meanwhile (setpriv runs the server in its own process).
-ours() {
-  [ "$("$cli" -p "$port" PING 2>/dev/null)" = "PONG" ] \
-    && "$cli" -p "$port" INFO server 2>/dev/null | tr -d '\r' | grep -qx "process_id:$pid"
-}
-for _ in $(seq 100); do
-  ours && break
-  kill -0 "$pid" 2>/dev/null || { cat "$workdir/redis.log" >&2; fail "the server exited at start"; }
-  sleep 0.1
-done
-ours || { cat "$workdir/redis.log" >&2; fail "no PONG from the server started"; }
+# setpriv becomes the server: its pid is the server's.
+REDIS_CLI="$cli" wait_for_server "$port" "$pid" "$workdir/redis.log"
 
 check() {
   local what="$1" expected="$2"
