@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs dist/tb-rls_<version>_amd64.deb on this machine with dpkg (as root, or with sudo -n), checks its files and
 # its system user, starts the service by hand as that user (as the docs say to where systemd does not run) with the
-# package's own configuration, against a redis-server with the module ($TB_MODULE) on a free loopback port, makes
+# package's own configuration, against a redis-server with the module ($TB_MODULE; $REDIS_SERVER, and $REDIS_CLI to
+# see it answer, default Debian's) on a free loopback port, makes
 # gRPC ShouldRateLimit calls (scripts/rls_call.py) until one is over the limit, then removes the package (`dpkg -r`,
 # then `dpkg --purge`) and checks that nothing of it is left, the user included. An earlier install of tb-rls is
 # purged first: run it on a machine whose tb-rls package you can lose. tests/release.rs runs it under a lock.

@@ -302,6 +302,14 @@ impl Lease {
         self.asking = None;
     }
 
+    /// The refill was dropped before its reply (its request went away): nothing is known to be granted, and the
+    /// requests that waited on it are admitted again ([`Lease::admit_again`]), the first of them sending a refill
+    /// that covers the others.
+    pub fn dropped(&mut self) {
+        self.ended();
+        self.asking = None;
+    }
+
     /// The refill in flight ended: the requests that waited on it are to be admitted again.
     fn ended(&mut self) {
         self.in_flight = false;

@@ -82,6 +82,8 @@ fn leases_follow_the_shared_fixture() {
                 lease.observed(sent, now, allowed == 1, retry_after_ms, reset_after_ms);
             } else if step.get("failed").is_some() {
                 lease.failed();
+            } else if step.get("dropped").is_some() {
+                lease.dropped();
             } else if let Some(tokens) = step.get("spendable") {
                 let spendable = lease.spendable(now);
                 assert!(

@@ -203,6 +203,16 @@ class Lease {
     this.asking = null;
   }
 
+  /**
+   * The refill was dropped before its reply (its request went away): nothing is known to be granted, and the
+   * requests that waited on it are admitted again (`admitAgain`), the first of them sending a refill that covers the
+   * others.
+   */
+  dropped() {
+    this._ended();
+    this.asking = null;
+  }
+
   /** The refill in flight ended: the requests that waited on it are to be admitted again. */
   _ended() {
     this.inFlight = false;

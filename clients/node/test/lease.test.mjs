@@ -42,6 +42,8 @@ for (const testCase of FIXTURE.cases) {
         lease.observed(micros(step.sent_ms), now, allowed === 1, retryAfterMs, resetAfterMs);
       } else if ("failed" in step) {
         lease.failed();
+      } else if ("dropped" in step) {
+        lease.dropped();
       } else if ("spendable" in step) {
         const spendable = lease.spendable(now);
         assert.ok(Math.abs(spendable - Number(step.spendable)) < 1e-9, `${at}: ${spendable}`);

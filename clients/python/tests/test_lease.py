@@ -53,6 +53,8 @@ def test_leases_follow_the_shared_fixture(case: dict[str, Any]) -> None:
             lease.observed(micros(step["sent_ms"]), now, allowed == 1, retry_after_ms, reset_after_ms)
         elif "failed" in step:
             lease.failed()
+        elif "dropped" in step:
+            lease.dropped()
         elif "spendable" in step:
             assert math.isclose(lease.spendable(now), number(step["spendable"]), abs_tol=1e-9), at
         elif "refund_due" in step:

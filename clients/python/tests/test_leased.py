@@ -159,26 +159,24 @@ async def test_a_request_cancelled_during_its_refill_ends_the_refill(key: str) -
     async def hello() -> str:
         return "ok"
 
-    middleware: list[asgi.RateLimitMiddleware] = []
+    middleware = asgi.RateLimitMiddleware(
+        app,
+        limiter=AsyncTokenBucket(server.async_client()),
+        limits=[Limit("api", rate=10, burst=1_000, lease=True)],
+        prefix=f"{key}:",
+        key=global_key,
+        timeout=30,
+    )
+    try:
+        await _cancel_during_refill(middleware, server, f"{key}:{{everyone}}:api")
+    finally:
+        server.stop()
 
-    def build(inner: Any) -> asgi.RateLimitMiddleware:
-        middleware.append(
-            asgi.RateLimitMiddleware(
-                inner,
-                limiter=AsyncTokenBucket(server.async_client()),
-                limits=[Limit("api", rate=10, burst=1_000, lease=True)],
-                prefix=f"{key}:",
-                key=global_key,
-                timeout=30,
-            )
-        )
-        return middleware[-1]
 
-    wrapped = build(app)
-    lease_key = f"{key}:{{everyone}}:api"
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=wrapped), base_url="http://test") as http:
+async def _cancel_during_refill(middleware: asgi.RateLimitMiddleware, server: Server, lease_key: str) -> None:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=middleware), base_url="http://test") as http:
         assert (await http.get("/hello")).status_code == 200  # the backend known, a lease taken
-        leases = middleware[-1].leases
+        leases = middleware.leases
         while leases.spendable(lease_key) >= 1:
             assert (await http.get("/hello")).status_code == 200
         os.kill(server.process.pid, signal.SIGSTOP)
@@ -194,7 +192,6 @@ async def test_a_request_cancelled_during_its_refill_ends_the_refill(key: str) -
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
         assert (await http.get("/hello")).status_code == 200
-    server.stop()
 
 
 def test_held_tokens_are_spent_first_when_redis_fails(key: str) -> None:

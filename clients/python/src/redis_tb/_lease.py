@@ -221,6 +221,13 @@ class Lease:
         self._waking = 0.0
         self._asking = None
 
+    def dropped(self) -> None:
+        """The refill was dropped before its reply (its request went away): nothing is known to be granted, and the
+        requests that waited on it are admitted again (`admit_again`), the first of them sending a refill that covers
+        the others."""
+        self._ended()
+        self._asking = None
+
     def _ended(self) -> None:
         """The refill in flight ended: the requests that waited on it are to be admitted again."""
         self._in_flight = False

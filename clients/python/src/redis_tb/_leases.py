@@ -197,7 +197,10 @@ class Leases:
             slot = self._slots.get(key)
             if slot is None or not slot.lease.in_flight:
                 return
-            slot.lease.failed()
+            if failed:
+                slot.lease.failed()
+            else:
+                slot.lease.dropped()
             waiters = self._end(slot, failed=failed)
         _call(waiters)
 

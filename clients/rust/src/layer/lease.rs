@@ -207,7 +207,11 @@ impl Leases {
     pub(super) fn ended_without_grant(&self, key: &str, failed: bool) {
         let mut table = self.table();
         if let Some(slot) = table.slots.get_mut(key) {
-            slot.lease.failed();
+            if failed {
+                slot.lease.failed();
+            } else {
+                slot.lease.dropped();
+            }
             slot.ended.send_modify(|ended| {
                 ended.round = ended.round.wrapping_add(1);
                 ended.failed = failed;
