@@ -13,18 +13,6 @@ use std::time::Duration;
 const START_DEADLINE: Duration = Duration::from_secs(300);
 const STOP_DEADLINE: Duration = Duration::from_secs(10);
 
-/// The pid of the server answering on `port`, once it answers PING.
-fn server_pid(port: u16) -> Option<u32> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
-    let mut conn = client
-        .get_connection_with_timeout(Duration::from_millis(200))
-        .ok()?;
-    let info: String = redis::cmd("INFO").arg("server").query(&mut conn).ok()?;
-    info.lines()
-        .find_map(|line| line.strip_prefix("process_id:"))
-        .and_then(|pid| pid.trim().parse().ok())
-}
-
 /// Whether process `pid` is `ancestor` or runs under it (its parents, read from /proc): the server make started,
 /// not one another test started on the port meanwhile.
 fn descends_from(pid: u32, ancestor: u32) -> bool {
@@ -67,7 +55,7 @@ fn stops_with_make(signal: &str) {
     let mut pid = None;
     let make_pid = make.id();
     let started = common::wait_until(START_DEADLINE, || {
-        pid = server_pid(port).filter(|&server| descends_from(server, make_pid));
+        pid = tb_test_support::server_pid(port).filter(|&server| descends_from(server, make_pid));
         pid.is_some() || !matches!(make.try_wait(), Ok(None))
     });
     let output = std::fs::read_to_string(&log).unwrap_or_default();

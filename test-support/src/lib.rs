@@ -77,8 +77,7 @@ pub fn wait_until(deadline: Duration, mut condition: impl FnMut() -> bool) -> bo
 }
 
 /// The ports [`free_port`] and [`free_port_with_bus`] have handed out in this process (a bus port too): the OS may
-/// give a released port again, and two tests
-/// running at once must not spawn their servers on one port.
+/// give a released port again, and two tests running at once must not spawn their servers on one port.
 static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
 
 /// A port the OS just gave us, released for a server to take; never one handed out before in this process.
@@ -109,29 +108,26 @@ fn hand_out(ports: &[u16]) -> bool {
     true
 }
 
-/// Whether the server on loopback `port` is the process `pid` and ready: it answers PING (not `LOADING`), and
-/// `INFO server` gives `pid` as its `process_id`. A released port can still be taken by a server of another
-/// process before ours binds it; ours then exits, and a check of PING alone would take the other for ours.
+/// Whether the server on loopback `port` is the process `pid` and ready ([`server_pid`]). A released port can
+/// still be taken by a server of another process before ours binds it; ours then exits, and a check of PING alone
+/// would take the other for ours.
 pub fn answers_as(port: u16, pid: u32) -> bool {
-    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) else {
-        return false;
-    };
-    let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(500)) else {
-        return false;
-    };
-    if conn.set_read_timeout(Some(Duration::from_secs(2))).is_err()
-        || redis::cmd("PING").query::<String>(&mut conn).is_err()
-    {
-        return false;
-    }
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query(&mut conn)
-        .unwrap_or_default();
+    server_pid(port) == Some(pid)
+}
+
+/// The process id of the server on loopback `port` (`INFO server`'s `process_id`), once it answers PING (not
+/// `LOADING`); `None` before.
+pub fn server_pid(port: u16) -> Option<u32> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    redis::cmd("PING").query::<String>(&mut conn).ok()?;
+    let info: String = redis::cmd("INFO").arg("server").query(&mut conn).ok()?;
     info.lines()
         .find_map(|line| line.strip_prefix("process_id:"))
-        .and_then(|value| value.trim().parse::<u32>().ok())
-        == Some(pid)
+        .and_then(|value| value.trim().parse().ok())
 }
 
 /// Offset of a cluster node's bus port from its client port.

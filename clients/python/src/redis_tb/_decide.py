@@ -250,6 +250,9 @@ class Middleware(Generic[App, Limiter]):
         self.guard = Guard(fail)
         self.local = LocalBuckets(local_capacity)
         self.leases = Leases(local_capacity)
+        #: Whether a request may have a leased limit: not for a fixed list without one, whose requests then skip the
+        #: look for one.
+        self.leasing = callable(self.limits) or any(limit.lease for limit in self.limits)
         self.shadow = shadow
         self.refusals = Refusals(status_code, body)
         self.on_error = on_error
@@ -308,7 +311,7 @@ class Middleware(Generic[App, Limiter]):
     def _decision(self, plan: Plan, request: Mapping[str, Any], enforced: bool) -> Flow[Verdict | None]:
         """One limiter call for `plan`: Redis's answer, or the fail mode's when Redis fails or the gate is closed.
         `enforced`: the answer is the response's (headers, body); else only whether it allows."""
-        if any(limit.lease for limit in plan.limits):
+        if self.leasing and any(limit.lease for limit in plan.limits):
             return (yield from self._leased_decision(plan, request, enforced))
         started = time.perf_counter()
         verdict: Verdict | None
@@ -445,12 +448,9 @@ class Middleware(Generic[App, Limiter]):
             return held, False
         # The lease first: whatever follows raises, the refill has ended and the requests waiting on it are told.
         result = self.leases.answered(key, limit, grant)
-        self.guard.answered()
-        if self.fail == "local":
-            # Redis's bucket after the grant, which the fail mode continues from: the tokens the process holds are
-            # not in it, and are spent first when Redis fails.
-            after = Acquired(True, grant.remaining, grant.retry_after_ms, grant.reset_after_ms)
-            self.local.observe(plan.limits, plan.keys, after)
+        # Redis's bucket after the grant, which the fail mode continues from: the tokens the process holds are not
+        # in it, and are spent first when Redis fails.
+        self._remember(plan, Acquired(True, grant.remaining, grant.retry_after_ms, grant.reset_after_ms))
         return result, True
 
     def _refill_lane(self, plan: Plan, refill: Refill, request: Mapping[str, Any]) -> Calls[PartialGrant]:
@@ -566,9 +566,7 @@ class Middleware(Generic[App, Limiter]):
     def answered(self, plan: Plan, reply: Acquired | AcquiredEach, enforced: bool) -> Verdict:
         """Redis answered: the in-memory buckets of the plan's keys continue from its report. `enforced`: the answer
         is the response's (headers, body); else only whether it allows."""
-        self.guard.answered()
-        if self.fail == "local":
-            self.local.observe(plan.limits, plan.keys, reply)
+        self._remember(plan, reply)
         return verdict(plan, reply, self.standard, self.refusals if enforced else None)
 
     def _report(self, error: BaseException, request: Mapping[str, Any], failure: Failure) -> None:
